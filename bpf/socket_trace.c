@@ -1,0 +1,461 @@
+// Socket capture with stable kernel ABI only: syscall tracepoints, sock tracepoints, sched
+// tracepoints. No kprobes, no reads of kernel struct fields (DESIGN.md, principle 1).
+//
+// How a syscall's bytes are tied to a TCP connection, all on one thread:
+//   sys_enter_write(fd, buf)          remember fd and the user buffer           (active_io[tid])
+//   sock:sock_send_length(sk, ...)    the fd is an inet socket; here is its sk  (active_io[tid].sk)
+//   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
+// sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
+//
+// Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
+// MAX_TARGETS, RINGBUF_PAGES.
+
+#define EV_DATA 1
+#define EV_OPEN 2
+#define EV_CLOSE 3
+#define EV_EXEC 4
+#define EV_EXIT 5
+
+#define ROLE_UNKNOWN 0
+#define ROLE_CLIENT 1
+#define ROLE_SERVER 2
+
+#define DIR_EGRESS 0
+#define DIR_INGRESS 1
+
+#define IPPROTO_TCP_ 6
+#define AF_INET 2
+#define AF_INET6 10
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
+#define TCP_SYN_RECV 3
+#define EINPROGRESS 115
+
+// settings[] slots, written once by user space before attaching.
+#define SET_AGENT_TGID 0
+#define SET_FILTER_PIDS 1   // 1: only tgids in targets[]; 0: every process but the agent
+#define SET_FILTER_PORTS 2  // 1: only connections with a local or peer port in ports[]
+#define SET_WATCH_EXEC 3    // 1: report execs so user space can match --exe globs
+#define SET_READY 4         // 1 once the slots above are written: until then trace nothing
+#define NSETTINGS 5
+
+// stats[] slots (per-CPU counters read by user space).
+#define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
+#define STAT_ACTIVE_FULL 1   // syscalls not tracked because active_io was full
+#define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, counted not copied
+#define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg calls on sockets, counted not parsed
+#define NSTATS 4
+
+// The UAPI layouts of iovec and user_msghdr: user-space ABI, identical on every kernel.
+struct uiovec {
+    const char *base;
+    u64 len;
+};
+struct umsghdr {
+    void *name;
+    int namelen;
+    struct uiovec *iov;
+    u64 iovlen;
+};
+
+struct event_header {
+    u64 ts;
+    u32 type;
+    u32 tgid;
+    u32 tid;
+    s32 fd;
+    u32 generation;
+    u32 pad;
+};
+
+struct data_event {
+    struct event_header h;
+    u32 direction;
+    u32 length;    // bytes the syscall moved (for one iovec segment)
+    u32 captured;  // bytes copied into data[]
+    u32 pad;
+    // Twice the cap so that a length masked with (2 * PAYLOAD_CAP - 1) is provably in bounds.
+    char data[PAYLOAD_CAP * 2];
+};
+
+struct open_event {
+    struct event_header h;
+    u32 role;
+    u16 family;  // 0 when the tuple is unknown (socket predates the agent)
+    u16 lport;
+    u16 rport;
+    u16 pad[3];
+    u8 laddr[16];
+    u8 raddr[16];
+};
+
+struct tuple {
+    u16 family;
+    u16 lport;
+    u16 rport;
+    u16 role;
+    u8 laddr[16];
+    u8 raddr[16];
+};
+
+struct conn_info {
+    u64 sk;          // 0 until the first socket I/O names the kernel socket
+    u32 generation;
+    u8 role;
+    u8 ignored;      // port filter rejected it
+};
+
+struct active_io {
+    u64 buf;         // user buffer, or the iovec array for vectored I/O
+    u64 sk;
+    s32 fd;
+    u32 iovcnt;      // 0 for plain buffers
+    u32 direction;
+    u32 is_connect;
+};
+
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_HASH(active_io, u32, struct active_io, 16384);
+BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
+BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
+BPF_HASH(ignored, u64, u32, MAX_CONNS);  // (tgid<<32|fd) -> generation user space gave up on
+BPF_HASH(targets, u32, u8, MAX_TARGETS);
+BPF_HASH(ports, u16, u8, 64);
+BPF_ARRAY(settings, u32, NSETTINGS);
+BPF_PERCPU_ARRAY(generation_seq, u32, 1);
+BPF_PERCPU_ARRAY(stats, u64, NSTATS);
+BPF_PERCPU_ARRAY(data_scratch, struct data_event, 1);
+
+static __always_inline u32 setting(u32 slot) {
+    u32 *v = settings.lookup(&slot);
+    return v ? *v : 0;
+}
+
+static __always_inline void count(u32 slot, u64 n) {
+    u64 *v = stats.lookup(&slot);
+    if (v)
+        *v += n;
+}
+
+static __always_inline int is_target(u32 tgid) {
+    // BCC attaches each program as it loads it, before user space has written the filters.
+    if (!setting(SET_READY) || tgid == setting(SET_AGENT_TGID))
+        return 0;
+    if (!setting(SET_FILTER_PIDS))
+        return 1;
+    return targets.lookup(&tgid) != 0;
+}
+
+static __always_inline void fill_header(struct event_header *h, u32 type, u64 pid_tgid, s32 fd,
+                                        u32 generation) {
+    h->ts = bpf_ktime_get_ns();
+    h->type = type;
+    h->tgid = pid_tgid >> 32;
+    h->tid = (u32)pid_tgid;
+    h->fd = fd;
+    h->generation = generation;
+    h->pad = 0;
+}
+
+static __always_inline void emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
+    struct event_header h = {};
+    fill_header(&h, type, pid_tgid, fd, generation);
+    if (events.ringbuf_output(&h, sizeof(h), 0))
+        count(STAT_RINGBUF_FULL, 1);
+}
+
+// ---- connection lifecycle ------------------------------------------------------------------
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state) {
+    if (args->protocol != IPPROTO_TCP_ || args->newstate != TCP_ESTABLISHED)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    struct tuple t = {};
+    t.family = args->family;
+    t.lport = args->sport;
+    t.rport = args->dport;
+    t.role = args->oldstate == TCP_SYN_SENT ? ROLE_CLIENT
+           : args->oldstate == TCP_SYN_RECV ? ROLE_SERVER : ROLE_UNKNOWN;
+    if (args->family == AF_INET) {
+        __builtin_memcpy(t.laddr, args->saddr, 4);
+        __builtin_memcpy(t.raddr, args->daddr, 4);
+    } else {
+        __builtin_memcpy(t.laddr, args->saddr_v6, 16);
+        __builtin_memcpy(t.raddr, args->daddr_v6, 16);
+    }
+    sk_tuples.update(&sk, &t);
+    return 0;
+}
+
+// accept/connect only tell the role; the connection is announced at its first I/O, when the
+// socket's sk (and so its tuple) is known.
+static __always_inline void remember_role(u64 pid_tgid, s32 fd, u8 role) {
+    u64 key = (pid_tgid & 0xffffffff00000000ULL) | (u32)fd;
+    struct conn_info ci = {.role = role};
+    conns.update(&key, &ci);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (args->ret >= 0 && is_target(id >> 32))
+        remember_role(id, args->ret, ROLE_SERVER);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (args->ret >= 0 && is_target(id >> 32))
+        remember_role(id, args->ret, ROLE_SERVER);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_connect) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u32 tid = id;
+    struct active_io io = {.fd = args->fd, .is_connect = 1};
+    if (active_io.update(&tid, &io))
+        count(STAT_ACTIVE_FULL, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_connect) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id;
+    struct active_io *io = active_io.lookup(&tid);
+    if (!io)
+        return 0;
+    if (io->is_connect && (args->ret == 0 || args->ret == -EINPROGRESS))
+        remember_role(id, io->fd, ROLE_CLIENT);
+    active_io.delete(&tid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_close) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)args->fd;
+    struct conn_info *ci = conns.lookup(&key);
+    if (!ci)
+        return 0;
+    if (ci->sk && !ci->ignored)
+        emit_simple(args, EV_CLOSE, id, args->fd, ci->generation);
+    conns.delete(&key);
+    ignored.delete(&key);
+    return 0;
+}
+
+// ---- processes -------------------------------------------------------------------------------
+
+TRACEPOINT_PROBE(sched, sched_process_fork) {
+    if (!setting(SET_FILTER_PIDS))
+        return 0;
+    u32 parent = args->parent_pid, child = args->child_pid;
+    u8 one = 1;
+    // The tracepoint fires for new threads too; only a new process (child != parent tgid) is
+    // new here, and inheriting the parent's membership is right for both.
+    if (targets.lookup(&parent))
+        targets.update(&child, &one);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec) {
+    if (setting(SET_WATCH_EXEC))
+        emit_simple(args, EV_EXEC, bpf_get_current_pid_tgid(), -1, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id != tgid || !is_target(tgid))  // threads exiting are not the process exiting
+        return 0;
+    emit_simple(args, EV_EXIT, id, -1, 0);
+    targets.delete(&tgid);
+    return 0;
+}
+
+// ---- data ------------------------------------------------------------------------------------
+
+static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return;
+    u32 tid = id;
+    struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction};
+    if (active_io.update(&tid, &io))
+        count(STAT_ACTIVE_FULL, 1);
+}
+
+static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 direction) {
+    struct umsghdr m = {};
+    if (bpf_probe_read_user(&m, sizeof(m), msg) || m.iovlen == 0)
+        return;
+    enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction);
+}
+
+// Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight.
+static __always_inline void on_sock_io(u16 family, const void *sk) {
+    if (family != AF_INET && family != AF_INET6)
+        return;
+    u32 tid = bpf_get_current_pid_tgid();
+    struct active_io *io = active_io.lookup(&tid);
+    if (io)
+        io->sk = (u64)sk;
+}
+
+TRACEPOINT_PROBE(sock, sock_send_length) {
+    on_sock_io(args->family, args->sk);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sock, sock_recv_length) {
+    on_sock_io(args->family, args->sk);
+    return 0;
+}
+
+static __always_inline int port_wanted(u16 lport, u16 rport) {
+    if (!setting(SET_FILTER_PORTS))
+        return 1;
+    return ports.lookup(&lport) || ports.lookup(&rport);
+}
+
+// The connection for (tgid, fd) on socket sk, announced (EV_OPEN) when first seen or when the
+// fd now names another socket (closed and reused while we were not looking).
+static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk) {
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
+    struct conn_info *ci = conns.lookup(&key);
+    if (ci && ci->sk == sk)
+        return ci;
+    if (ci && ci->sk && !ci->ignored)
+        emit_simple(ctx, EV_CLOSE, id, fd, ci->generation);
+
+    // Generations only need to differ between successive connections on one fd: a per-CPU
+    // sequence tagged with the CPU id is unique without atomics.
+    u32 zero = 0;
+    u32 *seq = generation_seq.lookup(&zero);
+    if (!seq)
+        return 0;
+    *seq += 1;
+    struct conn_info fresh = {.sk = sk};
+    fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
+    fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
+
+    struct open_event ev = {};
+    struct tuple *t = sk_tuples.lookup(&sk);
+    if (t) {
+        if (fresh.role == ROLE_UNKNOWN)
+            fresh.role = t->role;
+        ev.family = t->family;
+        ev.lport = t->lport;
+        ev.rport = t->rport;
+        __builtin_memcpy(ev.laddr, t->laddr, 16);
+        __builtin_memcpy(ev.raddr, t->raddr, 16);
+        fresh.ignored = !port_wanted(t->lport, t->rport);
+    }
+    // Unknown tuple with a port filter: user space resolves it from /proc and marks the
+    // connection in ignored[] if it does not match.
+    ev.role = fresh.role;
+    conns.update(&key, &fresh);
+    if (!fresh.ignored) {
+        fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
+        if (events.ringbuf_output(&ev, sizeof(ev), 0))
+            count(STAT_RINGBUF_FULL, 1);
+    }
+    return conns.lookup(&key);
+}
+
+static __always_inline void emit_data(u64 id, s32 fd, u32 generation, u32 direction,
+                                      const char *buf, u32 length) {
+    u32 zero = 0;
+    struct data_event *ev = data_scratch.lookup(&zero);
+    if (!ev)
+        return;
+    u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
+    fill_header(&ev->h, EV_DATA, id, fd, generation);
+    ev->direction = direction;
+    ev->length = length;
+    ev->pad = 0;
+    // clang may drop the compare above from the register it passes on; the barrier and mask
+    // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
+    asm volatile("" : "+r"(n));
+    n &= (PAYLOAD_CAP << 1) - 1;
+    if (bpf_probe_read_user(ev->data, n, buf))
+        n = 0;
+    ev->captured = n;
+    if (events.ringbuf_output(ev, offsetof(struct data_event, data) + n, 0))
+        count(STAT_RINGBUF_FULL, 1);
+}
+
+static __always_inline void exit_io(void *ctx, long ret) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id;
+    struct active_io *iop = active_io.lookup(&tid);
+    if (!iop)
+        return;
+    struct active_io io = *iop;
+    active_io.delete(&tid);
+    if (!io.sk || ret <= 0 || io.is_connect)
+        return;
+
+    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk);
+    if (!ci || ci->ignored)
+        return;
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
+    u32 *gave_up = ignored.lookup(&key);
+    if (gave_up && *gave_up == ci->generation)
+        return;
+    u32 generation = ci->generation;
+
+    if (!io.iovcnt) {
+        emit_data(id, io.fd, generation, io.direction, (const char *)io.buf, ret);
+        return;
+    }
+    // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
+    u64 left = ret;
+    struct uiovec *iov = (struct uiovec *)io.buf;
+#pragma unroll
+    for (int i = 0; i < MAX_IOV; i++) {
+        if (i >= io.iovcnt || left == 0)
+            break;
+        struct uiovec seg = {};
+        if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
+            break;
+        u64 len = seg.len < left ? seg.len : left;
+        if (len)
+            emit_data(id, io.fd, generation, io.direction, seg.base, len);
+        left -= len;
+    }
+    count(STAT_IOV_BYTES, left);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_io(args, args->ret); return 0; }
+
+// sendmmsg/recvmmsg batch several messages per call; counted so the loss is visible.
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) {
+    if (args->ret > 0 && is_target(bpf_get_current_pid_tgid() >> 32))
+        count(STAT_MMSG_CALLS, 1);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) {
+    if (args->ret > 0 && is_target(bpf_get_current_pid_tgid() >> 32))
+        count(STAT_MMSG_CALLS, 1);
+    return 0;
+}

@@ -1,0 +1,188 @@
+"""The agent's main loop: an event source feeds the pipeline; spans and metrics go to the sink.
+
+Two sources share this loop: the live socket probe and a recording being replayed. Configuration
+is turned into objects here, at the edge; the pipeline behind it is pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from . import __version__
+from .config import AgentConfig
+from .connections import ConnectionTracker
+from .events import Event
+from .exporters import TelemetrySink, build_sink
+from .pipeline import Pipeline
+from .protocol import load_protocols
+from .recording import RecordingHeader, RecordingWriter
+from .selfmetrics import SelfMetrics
+from .telemetry import SDK_ATTRIBUTES, Telemetry
+
+log = logging.getLogger("otel_ebpf")
+
+POLL_MS = 100
+REPLAY_BATCH = 512
+
+
+class StopSignal:
+    """Set by SIGINT/SIGTERM or by the end of ``--duration``."""
+
+    def __init__(self, duration_s: float | None) -> None:
+        self._event = threading.Event()
+        self._deadline = time.monotonic() + duration_s if duration_s else None
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._event.set())
+
+    @property
+    def stopped(self) -> bool:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._event.set()
+        return self._event.is_set()
+
+
+class Agent:
+    """Wires protocols, pipeline, telemetry and sink from a configuration."""
+
+    def __init__(self, config: AgentConfig, host_name: str | None = None, sink: TelemetrySink | None = None) -> None:
+        self.config = config
+        self.host_name = host_name or socket.gethostname()
+        self.selfmetrics = SelfMetrics()
+        protocols = load_protocols(config.protocols.enabled, config.protocols.options)
+        self.sink = sink if sink is not None else build_sink(config, self.selfmetrics)
+        self.telemetry = Telemetry(
+            protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes
+        )
+        self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
+        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics)
+        self._self_reader = InMemoryMetricReader()
+        self._self_meters = MeterProvider(resource=self._agent_resource(), metric_readers=[self._self_reader])
+        self.selfmetrics.register(self._self_meters.get_meter("otel_ebpf", __version__))
+        self._next_metrics = time.monotonic() + config.export.metric_interval_s
+
+    def _agent_resource(self) -> Resource:
+        return Resource(
+            {
+                **self.config.resource.attributes,
+                "service.name": self.config.agent.service_name,
+                "service.version": __version__,
+                "host.name": self.host_name,
+                "process.pid": os.getpid(),
+                **SDK_ATTRIBUTES,
+            }
+        )
+
+    def process(self, events: list[Event]) -> None:
+        self.pipeline.handle(events)
+        self._export_spans()
+        if time.monotonic() >= self._next_metrics:
+            self._export_metrics()
+
+    def _export_spans(self) -> None:
+        spans = self.telemetry.take_spans()
+        if spans:
+            self.sink.export_spans(spans)
+
+    def _export_metrics(self) -> None:
+        self._next_metrics = time.monotonic() + self.config.export.metric_interval_s
+        self_data = self._self_reader.get_metrics_data()
+        self.sink.export_metrics(self.telemetry.collect_metrics([self_data] if self_data else []))
+
+    def finish(self, timeout_s: float = 10.0) -> None:
+        """Flush pending exchanges, spans and metrics, then shut the exporters down."""
+        self.pipeline.flush()
+        self._export_spans()
+        self._export_metrics()
+        self.sink.shutdown(timeout_s)
+        self.telemetry.shutdown()
+        self._self_meters.shutdown()
+
+
+def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool = True) -> int:
+    """Attach the probes and run until stopped. Returns the process exit code."""
+    from .probes.socket import SocketProbe, SocketProbeOptions
+
+    stop = StopSignal(config.run.duration_s)
+    stop.install()
+    agent = Agent(config) if export else None
+    probe = SocketProbe(
+        SocketProbeOptions(
+            payload_cap=config.capture.payload_cap,
+            ring_buffer_kb=config.capture.ring_buffer_kb,
+            max_connections=config.capture.max_connections,
+            max_processes=config.capture.max_processes,
+            pids=config.targets.pids,
+            ports=config.targets.ports,
+            executables=config.targets.executables,
+        )
+    )
+    if agent is not None:
+        agent.tracker.on_unknown = probe.ignore_connection
+    recorder = RecordingWriter(record_to, RecordingHeader(socket.gethostname())) if record_to else None
+    try:
+        probe.start()
+        log.info("probes attached (payload cap %d bytes)", probe.payload_cap)
+        if config.run.ready_file:
+            Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
+        while not stop.stopped:
+            events = probe.poll(POLL_MS)
+            if recorder is not None:
+                recorder.write(events)
+            if agent is not None:
+                agent.process(events)
+        # What the kernel handed over before the stop still counts.
+        events = probe.poll(0)
+        if recorder is not None:
+            recorder.write(events)
+        if agent is not None:
+            agent.process(events)
+            log.info("kernel drop counters: %s", probe.kernel_stats())
+    finally:
+        probe.close()
+        if agent is not None:
+            agent.finish()
+            log.info("stopped: %s", _summary(agent.selfmetrics))
+    return 0
+
+
+def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]) -> None:
+    """Run the pipeline over recorded events, as the live agent on ``header.host_name`` did."""
+    agent = Agent(config, host_name=header.host_name or None)
+    try:
+        for batch in _batches(events, REPLAY_BATCH):
+            agent.process(batch)
+    finally:
+        agent.finish()
+        log.info("replayed: %s", _summary(agent.selfmetrics))
+
+
+def _batches(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
+    batch: list[Event] = []
+    for event in events:
+        batch.append(event)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _summary(metrics: SelfMetrics) -> str:
+    totals = metrics.snapshot()
+    keys = ("events.received", "events.lost", "spans.exported", "spans.dropped", "parse.errors",
+            "connections.opened", "connections.evicted", "payload.not_captured")
+    return ", ".join(f"{k}={totals['otel_ebpf.' + k]}" for k in keys)

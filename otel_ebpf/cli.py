@@ -1,0 +1,152 @@
+"""``otel-ebpf``: run the agent, check the node, record and replay event streams."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+
+EXIT_CONFIG = 2
+
+
+def _add_config_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/configuration.md)")
+
+
+def _add_target_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("targets (none given: every process but the agent)")
+    g.add_argument("--pid", type=int, action="append", metavar="PID", help="trace this process (repeatable)")
+    g.add_argument("--port", type=int, action="append", metavar="PORT",
+                   help="only connections with this local or peer port (repeatable)")
+    g.add_argument("--exe", action="append", metavar="GLOB",
+                   help="trace processes whose executable path or name matches (repeatable)")
+
+
+def _add_export_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("export")
+    g.add_argument("--exporter", action="append", choices=("otlp", "file", "console"),
+                   help="where telemetry goes (repeatable); default: otlp when "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT is set, else file")
+    g.add_argument("--output", metavar="DIR", help="file exporter directory (default ./otel-ebpf-data)")
+    g.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default per OTEL_* variables)")
+    g.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP transport")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: until signalled)")
+    p.add_argument("--ready-file", metavar="PATH", help="created once every probe is attached")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-ebpf", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"otel-ebpf {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="attach the probes and export telemetry",
+                         argument_default=argparse.SUPPRESS)
+    _add_config_options(run)
+    _add_target_options(run)
+    _add_export_options(run)
+    _add_run_options(run)
+    run.add_argument("--record", metavar="FILE", help="also save the decoded event stream to FILE")
+
+    sub.add_parser("doctor", help="check the kernel features, mounts and libraries the agent needs")
+
+    record = sub.add_parser("record", help="save the decoded event stream (no export)",
+                            argument_default=argparse.SUPPRESS)
+    _add_config_options(record)
+    _add_target_options(record)
+    _add_run_options(record)
+    record.add_argument("--output", required=True, metavar="FILE", dest="record", help="recording to write")
+
+    replay = sub.add_parser("replay", help="run the pipeline over a recording",
+                            argument_default=argparse.SUPPRESS)
+    replay.add_argument("recording", metavar="FILE")
+    _add_config_options(replay)
+    _add_export_options(replay)
+    return parser
+
+
+# Flags that are not configuration keys.
+_NOT_CONFIG = {"command", "verbose", "record", "recording"}
+
+
+def _load_config(args: argparse.Namespace) -> Any:
+    from .config import ConfigError, load_config
+
+    flags = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG}
+    try:
+        return load_config(flags, os.environ)
+    except ConfigError as exc:
+        print(f"otel-ebpf: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from exc
+
+
+def _cmd_doctor() -> int:
+    from .doctor import print_report, run_checks
+
+    return print_report(run_checks(), sys.stdout)
+
+
+def _cmd_run(args: argparse.Namespace, export: bool) -> int:
+    from .agent import run_live
+
+    config = _load_config(args)
+    if os.geteuid() != 0:
+        print("otel-ebpf: attaching eBPF programs needs root (or CAP_BPF + CAP_PERFMON); "
+              "run `otel-ebpf doctor` for details", file=sys.stderr)
+        return 1
+    record_path = getattr(args, "record", None)
+    if record_path is None:
+        return run_live(config, None, export)
+    with open(record_path, "w", encoding="utf-8") as stream:
+        return run_live(config, stream, export)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .agent import replay
+    from .recording import RecordingError, read_recording
+
+    config = _load_config(args)
+    try:
+        with open(args.recording, encoding="utf-8") as stream:
+            header, events = read_recording(stream)
+            replay(config, header, events)
+    except OSError as exc:
+        print(f"otel-ebpf: cannot read recording: {exc}", file=sys.stderr)
+        return 1
+    except RecordingError as exc:
+        # Everything before the bad line was replayed and exported.
+        print(f"otel-ebpf: {args.recording}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "doctor":
+            return _cmd_doctor()
+        if args.command == "run":
+            return _cmd_run(args, export=True)
+        if args.command == "record":
+            return _cmd_run(args, export=False)
+        return _cmd_replay(args)
+    except RuntimeError as exc:
+        print(f"otel-ebpf: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Connection tracking and protocol dispatch: connection events in, exchanges out.
+
+Each tracked connection first runs the plugins' ``sniff`` over its bytes until one claims it; from
+then on that plugin's session parses both directions and its stitcher pairs the messages. A
+connection no plugin claims within a bounded amount of traffic is handed back to the kernel as
+"ignore" so it stops copying its bytes. The table is an LRU with a hard cap; evictions are counted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .events import ConnClose, ConnData, ConnKey, ConnOpen
+from .protocol import (
+    ConnectionInfo,
+    Direction,
+    Endpoint,
+    Exchange,
+    Protocol,
+    Role,
+    Session,
+    Stitcher,
+    Transport,
+)
+from .selfmetrics import SelfMetrics
+
+# How much undecided traffic a connection may show before it is declared unknown.
+SNIFF_MAX_EVENTS = 16
+SNIFF_MAX_BYTES = 64 * 1024
+# Bytes of one direction sniffed at most (a plugin that needs more says NO).
+SNIFF_HEAD = 4096
+
+
+@dataclass
+class Connection:
+    key: ConnKey
+    role: Role | None = None
+    local: Endpoint | None = None
+    peer: Endpoint | None = None
+    transport: Transport = Transport.TCP
+    protocol: Protocol | None = None
+    session: Session | None = None
+    stitcher: Stitcher | None = None
+    unknown: bool = False
+    exchanges: int = 0
+    # undecided traffic, kept until a plugin claims the connection
+    pending: list[ConnData] = field(default_factory=list)
+    pending_bytes: int = 0
+    heads: dict[Direction, bytearray] = field(default_factory=dict)
+    head_start: dict[Direction, int] = field(default_factory=dict)  # index into pending
+    # cumulative counters already reported for this connection's session and stitcher
+    reported_errors: int = 0
+    reported_unmatched: int = 0
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport)
+
+
+Completed = tuple[Connection, Exchange]
+
+
+class ConnectionTracker:
+    """Bounded table of connections; turns connection events into completed exchanges."""
+
+    def __init__(
+        self,
+        protocols: Sequence[Protocol],
+        selfmetrics: SelfMetrics,
+        max_connections: int = 16384,
+        on_unknown: Callable[[ConnKey], None] | None = None,
+    ) -> None:
+        self._protocols = list(protocols)
+        self._metrics = selfmetrics
+        self._max = max_connections
+        self.on_unknown = on_unknown  # told which connections no plugin claimed
+        self._table: OrderedDict[ConnKey, Connection] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    # ---- events ----------------------------------------------------------------------------------
+
+    def open(self, event: ConnOpen) -> list[Completed]:
+        done = self._finish(self._table.pop(event.key, None), event.timestamp_ns, closed=True)
+        conn = self._insert(event.key)
+        conn.role, conn.local, conn.peer, conn.transport = event.role, event.local, event.peer, event.transport
+        return done
+
+    def data(self, event: ConnData) -> list[Completed]:
+        conn = self._table.get(event.key)
+        if conn is None:
+            conn = self._insert(event.key)  # its open event was lost or predates a restart
+        else:
+            self._table.move_to_end(event.key)
+        not_captured = event.length - len(event.data)
+        if not_captured > 0:
+            self._metrics.add("otel_ebpf.payload.not_captured", not_captured)
+        if conn.unknown:
+            return []
+        if conn.session is None:
+            return self._sniff(conn, event)
+        return self._feed(conn, event)
+
+    def close(self, event: ConnClose) -> list[Completed]:
+        return self._finish(self._table.pop(event.key, None), event.timestamp_ns, closed=True)
+
+    def close_process(self, pid: int, timestamp_ns: int) -> list[Completed]:
+        done: list[Completed] = []
+        for key in [k for k in self._table if k[0] == pid]:
+            done += self._finish(self._table.pop(key), timestamp_ns, closed=True)
+        return done
+
+    def flush_all(self, timestamp_ns: int) -> list[Completed]:
+        """Agent stopping: report what every connection still holds (connections stay open)."""
+        done: list[Completed] = []
+        while self._table:
+            _, conn = self._table.popitem(last=False)
+            done += self._finish(conn, timestamp_ns, closed=False)
+        return done
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _insert(self, key: ConnKey) -> Connection:
+        while len(self._table) >= self._max:
+            _, evicted = self._table.popitem(last=False)
+            self._metrics.add("otel_ebpf.connections.evicted")
+            self._account(evicted)
+        conn = Connection(key)
+        self._table[key] = conn
+        self._metrics.add("otel_ebpf.connections.opened")
+        self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
+        return conn
+
+    def _sniff(self, conn: Connection, event: ConnData) -> list[Completed]:
+        conn.pending.append(event)
+        conn.pending_bytes += len(event.data)
+        head = conn.heads.setdefault(event.direction, bytearray())
+        if not head:
+            conn.head_start[event.direction] = len(conn.pending) - 1
+        head += event.data[: SNIFF_HEAD - len(head)]
+        undecided = False
+        for protocol in self._protocols:
+            if conn.transport not in protocol.transports:
+                continue
+            verdict = protocol.sniff(event.direction, bytes(head))
+            if verdict.matched:
+                return self._claim(conn, protocol, verdict.role, conn.head_start[event.direction])
+            undecided |= verdict.need_more
+        if not undecided or len(head) >= SNIFF_HEAD:
+            head.clear()  # these bytes start no known message: try again from the next syscall
+        if len(conn.pending) >= SNIFF_MAX_EVENTS or conn.pending_bytes >= SNIFF_MAX_BYTES:
+            conn.unknown = True
+            conn.pending.clear()
+            conn.heads.clear()
+            self._metrics.add("otel_ebpf.connections.unknown_protocol")
+            if self.on_unknown is not None:
+                self.on_unknown(conn.key)
+        return []
+
+    def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Completed]:
+        conn.protocol = protocol
+        conn.role = role or conn.role or Role.SERVER
+        conn.session = protocol.new_session(conn.role)
+        conn.stitcher = protocol.new_stitcher(conn.role)
+        replay, conn.pending = conn.pending[start:], []
+        conn.heads.clear()
+        done: list[Completed] = []
+        for event in replay:
+            done += self._feed(conn, event)
+        return done
+
+    def _feed(self, conn: Connection, event: ConnData) -> list[Completed]:
+        session = conn.session
+        messages = list(session.feed(event.direction, event.data, event.timestamp_ns))
+        gap = event.length - len(event.data)
+        if gap > 0:
+            messages += session.feed_gap(event.direction, gap, event.timestamp_ns)
+        done = [(conn, exchange) for m in messages for exchange in conn.stitcher.add(m)]
+        self._account(conn)
+        return done
+
+    def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Completed]:
+        if conn is None:
+            return []
+        self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
+        if conn.session is None:
+            return []
+        done: list[Completed] = []
+        if closed:
+            for message in conn.session.close(timestamp_ns):
+                done += [(conn, exchange) for exchange in conn.stitcher.add(message)]
+        done += [(conn, exchange) for exchange in conn.stitcher.flush(timestamp_ns)]
+        self._account(conn)
+        return done
+
+    def _account(self, conn: Connection) -> None:
+        """Report growth of the session's and stitcher's own error counters."""
+        if conn.session is None:
+            return
+        name = {"protocol": conn.protocol.name}
+        errors, unmatched = conn.session.parse_errors, conn.stitcher.unmatched
+        self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, name)
+        self._metrics.add("otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, name)
+        conn.reported_errors, conn.reported_unmatched = errors, unmatched

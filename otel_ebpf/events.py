@@ -1,0 +1,93 @@
+"""Typed events: what the probes hand to the user-space pipeline.
+
+Everything downstream of these events is a pure function of the event stream plus configuration
+(DESIGN.md, principle 6), so the probe layer puts every fact the pipeline needs into an event —
+including what it learned from ``/proc`` (process identity, tuples of sockets that predate the
+agent). Timestamps are Unix-epoch nanoseconds, converted from the kernel clock by the probe layer.
+
+A connection is ``(pid, fd, generation)``: the generation changes when an fd is closed and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from .protocol import Direction, Endpoint, Role, Transport
+
+ConnKey = tuple[int, int, int]  # (pid, fd, generation)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """Identity of an observed process, sent before its first connection event."""
+
+    timestamp_ns: int
+    pid: int
+    executable: str  # full path of the executable, "" when unknown
+    command_line: str
+    # the process's own OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, from /proc/<pid>/environ
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnOpen:
+    timestamp_ns: int
+    pid: int
+    fd: int
+    generation: int
+    role: Role | None  # from accept/connect; None for sockets that predate the agent
+    local: Endpoint | None
+    peer: Endpoint | None
+    transport: Transport = Transport.TCP
+
+    @property
+    def key(self) -> ConnKey:
+        return (self.pid, self.fd, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnData:
+    """Bytes one syscall moved on a connection: ``data`` is the captured prefix of ``length``."""
+
+    timestamp_ns: int
+    pid: int
+    tid: int
+    fd: int
+    generation: int
+    direction: Direction
+    length: int
+    data: bytes
+
+    @property
+    def key(self) -> ConnKey:
+        return (self.pid, self.fd, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnClose:
+    timestamp_ns: int
+    pid: int
+    fd: int
+    generation: int
+
+    @property
+    def key(self) -> ConnKey:
+        return (self.pid, self.fd, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    timestamp_ns: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLoss:
+    """Events the kernel could not deliver since the previous report (ring buffer full)."""
+
+    timestamp_ns: int
+    events: int
+
+
+Event = Union[ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss]

@@ -1,0 +1,163 @@
+"""OTLP JSON Lines files, byte-compatible with the OpenTelemetry Collector's ``file`` exporter.
+
+Each export appends one line: an ``ExportTraceServiceRequest`` (``traces.jsonl``) or
+``ExportMetricsServiceRequest`` (``metrics.jsonl``) in the OTLP/JSON encoding — protobuf JSON with
+lowerCamelCase field names, enums as integers, 64-bit integers as strings, and (unlike plain
+protobuf JSON, which uses base64 for bytes) trace and span ids as lowercase hex, as the OTLP
+specification requires. Any tool that reads the Collector's files (``otlpjsonfile`` receiver,
+``jq``) reads these, and :func:`from_json_line` reads them back into protobuf messages.
+
+Lines are flushed per export so a reader can ``tail -f`` them; files are opened for append, so a
+restarted agent adds to what an earlier run wrote.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_ebpf.exporters.errors import ExporterSetupError
+
+_logger = logging.getLogger(__name__)
+
+TRACES_FILE = "traces.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+# OTLP/JSON fields holding trace/span ids (spans, links, exemplars, log records, profiles).
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+M = TypeVar("M", bound=Message)
+
+
+def _convert_ids(node: Any, convert: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: convert(value) if key in _ID_FIELDS and isinstance(value, str) else _convert_ids(value, convert)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_convert_ids(item, convert) for item in node]
+    return node
+
+
+def _base64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_base64(value: str) -> str:
+    try:
+        return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+    except ValueError:
+        raise ValueError(f"id {value!r} is not hex") from None
+
+
+def to_json_line(message: Message) -> str:
+    """``message`` as one line of OTLP/JSON, formatted as the Collector writes it (no newline)."""
+    document = json_format.MessageToDict(message, use_integers_for_enums=True)
+    return json.dumps(_convert_ids(document, _base64_to_hex), separators=(",", ":"), ensure_ascii=False)
+
+
+def from_json_line(line: str, message: M) -> M:
+    """Parse one OTLP/JSON line (hex ids) into ``message``; returns it. Raises ``ValueError``."""
+    try:
+        document = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    try:
+        json_format.ParseDict(_convert_ids(document, _hex_to_base64), message)
+    except json_format.ParseError as exc:
+        raise ValueError(str(exc)) from None
+    return message
+
+
+class _JsonLinesFile:
+    """An append-only file of JSON lines, flushed after every line, safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ExporterSetupError(f"file exporter cannot write {path}: {exc.strerror or exc}") from None
+
+    def write(self, line: str) -> bool:
+        with self._lock:
+            if self._file.closed:
+                _logger.warning("file exporter: %s is closed, batch dropped", self.path)
+                return False
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as exc:
+                _logger.error("file exporter: cannot write %s: %s", self.path, exc)
+                return False
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class FileSpanExporter(SpanExporter):
+    """Appends each batch to ``<output_dir>/traces.jsonl`` as one ``ExportTraceServiceRequest``."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self._out = _JsonLinesFile(Path(output_dir) / TRACES_FILE)
+
+    @property
+    def path(self) -> Path:
+        return self._out.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        ok = self._out.write(to_json_line(encode_spans(spans)))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self._out.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True  # every export is flushed as it is written
+
+
+class FileMetricExporter(MetricExporter):
+    """Appends each collection to ``<output_dir>/metrics.jsonl`` as one ``ExportMetricsServiceRequest``."""
+
+    def __init__(
+        self, output_dir: Path, preferred_temporality: dict[type, AggregationTemporality] | None = None
+    ) -> None:
+        super().__init__(preferred_temporality=preferred_temporality)
+        self._out = _JsonLinesFile(Path(output_dir) / METRICS_FILE)
+
+    @property
+    def path(self) -> Path:
+        return self._out.path
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        ok = self._out.write(to_json_line(encode_metrics(metrics_data)))
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._out.close()

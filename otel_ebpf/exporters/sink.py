@@ -1,0 +1,387 @@
+"""The :class:`TelemetrySink`: the one object the agent writes spans and metrics into.
+
+The agent's event loop must never wait for a backend, and a backend that is down must cost neither
+memory nor the other exporters' data. So every exporter gets its own bounded queue and its own
+worker thread:
+
+- ``export_spans`` / ``export_metrics`` only append to each exporter's queue (under a lock, no I/O)
+  and return. A full queue drops the incoming items and counts them
+  (``otel_ebpf.spans.dropped{reason=queue_full}``, ``otel_ebpf.metrics.export.failed{reason=queue_full}``).
+- A worker exports a batch when ``max_batch`` spans are waiting or ``interval_s`` has passed since
+  its last export, whichever is first; a failed export is counted
+  (``reason=export_failed``), never retried here — the SDK OTLP exporters already retry within
+  their timeout, so one batch costs at most ``otlp.timeout_s`` and the queue bound holds meanwhile.
+- ``shutdown`` drains what it can within its timeout, counts the rest (``reason=shutdown``) and
+  shuts the exporters down.
+
+Every span handed in is eventually counted exactly once per exporter: exported or dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
+from typing import Generic, TypeVar
+
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_ebpf.config import AgentConfig
+from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
+from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter
+from otel_ebpf.exporters.otlp import otlp_metric_exporter, otlp_span_exporter
+from otel_ebpf.selfmetrics import SelfMetrics
+
+_logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# What became of items handed to a worker; everything but EXPORTED is a drop ``reason``.
+EXPORTED = "exported"
+QUEUE_FULL = "queue_full"
+EXPORT_FAILED = "export_failed"
+SHUTDOWN = "shutdown"
+
+Account = Callable[[str, int], None]  # (outcome, number of items)
+
+METRIC_QUEUE_BATCHES = 8  # metric collections are few and large: a short queue suffices
+
+
+def temporality_preference(name: str) -> dict[type, AggregationTemporality]:
+    """The presets of ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` (OTLP exporter spec):
+    ``cumulative``, ``delta`` (counters and histograms delta) and ``lowmemory`` (synchronous
+    counters and histograms delta)."""
+    delta_kinds = {
+        "cumulative": (),
+        "delta": (Counter, ObservableCounter, Histogram),
+        "lowmemory": (Counter, Histogram),
+    }[name]
+    kinds = (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge)
+    return {
+        kind: AggregationTemporality.DELTA if kind in delta_kinds else AggregationTemporality.CUMULATIVE
+        for kind in kinds
+    }
+
+
+class _ExportWorker(Generic[T]):
+    """One exporter's bounded queue and the daemon thread that drains it."""
+
+    def __init__(
+        self,
+        name: str,
+        export: Callable[[list[T]], bool],
+        account: Account,
+        *,
+        capacity: int,
+        max_batch: int,
+        interval_s: float,
+    ) -> None:
+        self.name = name
+        self._export = export
+        self._account = account
+        self._capacity = capacity
+        self._max_batch = max_batch
+        self._interval_s = interval_s
+        self._items: deque[T] = deque()
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._flushes = 0
+        self._stopping = False
+        self._gave_up = False
+        self._warned_full = False
+        self._last_export = float("-inf")
+        self._thread = threading.Thread(target=self._run, name=f"otel-ebpf-export-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._items) + self._in_flight
+
+    def put(self, items: Sequence[T]) -> None:
+        with self._cond:
+            stopping = self._stopping
+            accepted = 0 if stopping else min(len(items), self._capacity - len(self._items))
+            if accepted:
+                before = len(self._items)
+                self._items.extend(islice(items, accepted))
+                if before == 0 or before < self._max_batch <= len(self._items):
+                    self._cond.notify_all()
+        dropped = len(items) - accepted
+        if dropped:
+            if not (stopping or self._warned_full):
+                self._warned_full = True
+                _logger.warning("export queue of %s is full; dropping and counting what does not fit", self.name)
+            self._account(SHUTDOWN if stopping else QUEUE_FULL, dropped)
+
+    def _due(self) -> bool:
+        return (
+            self._stopping
+            or self._flushes > 0
+            or len(self._items) >= self._max_batch
+            or time.monotonic() >= self._last_export + self._interval_s
+        )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._items and self._due()):
+                    if self._stopping and not self._items:
+                        return
+                    wait = self._last_export + self._interval_s - time.monotonic() if self._items else None
+                    self._cond.wait(wait)
+                batch = [self._items.popleft() for _ in range(min(len(self._items), self._max_batch))]
+                self._in_flight = len(batch)
+            try:
+                ok = self._export(batch)
+            except Exception:  # an exporter bug must not kill the worker
+                _logger.exception("exporter %s raised", self.name)
+                ok = False
+            with self._cond:
+                counted = not self._gave_up  # else give_up() already counted this batch
+                self._in_flight = 0
+                self._last_export = time.monotonic()
+                self._cond.notify_all()
+            if counted:
+                self._account(EXPORTED if ok else EXPORT_FAILED, len(batch))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Export everything queued now; False if that did not finish within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._flushes += 1
+            self._cond.notify_all()
+            try:
+                while self._items or self._in_flight:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+                return True
+            finally:
+                self._flushes -= 1
+
+    def stop(self) -> None:
+        """Refuse new items; the worker exports what is queued, then exits."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(max(0.0, timeout_s))
+
+    def drop_queued(self) -> None:
+        """Count whatever is still queued as dropped at shutdown and forget it."""
+        with self._cond:
+            left = len(self._items)
+            self._items.clear()
+        if left:
+            self._account(SHUTDOWN, left)
+
+    def give_up(self) -> None:
+        """Count a batch still being exported as dropped at shutdown, so every span is accounted
+        for when shutdown returns; the worker will not count it again when the export returns."""
+        with self._cond:
+            self._gave_up = True
+            left = self._in_flight
+        if left:
+            self._account(SHUTDOWN, left)
+
+
+def _span_account(selfmetrics: SelfMetrics, exporter: str) -> Account:
+    def account(outcome: str, count: int) -> None:
+        if outcome == EXPORTED:
+            selfmetrics.add("otel_ebpf.spans.exported", count, {"exporter": exporter})
+        else:
+            selfmetrics.add("otel_ebpf.spans.dropped", count, {"reason": outcome, "exporter": exporter})
+
+    return account
+
+
+def _metric_account(selfmetrics: SelfMetrics, exporter: str) -> Account:
+    def account(outcome: str, count: int) -> None:
+        if outcome != EXPORTED:
+            selfmetrics.add("otel_ebpf.metrics.export.failed", count, {"reason": outcome, "exporter": exporter})
+
+    return account
+
+
+class TelemetrySink:
+    """Fans spans and metrics out to exporters without ever blocking the caller.
+
+    ``span_exporters`` / ``metric_exporters`` map a short exporter name (the ``exporter`` attribute
+    of the self-metrics) to an SDK exporter; the sink owns them and shuts them down.
+    ``preferred_temporality`` is what the agent's metric reader should use, so the points it hands
+    to :meth:`export_metrics` have the temporality the configuration asks for.
+    """
+
+    def __init__(
+        self,
+        selfmetrics: SelfMetrics,
+        span_exporters: Mapping[str, SpanExporter],
+        metric_exporters: Mapping[str, MetricExporter],
+        *,
+        max_queue_spans: int = 20000,
+        max_batch: int = 512,
+        interval_s: float = 1.0,
+        preferred_temporality: dict[type, AggregationTemporality] | None = None,
+    ) -> None:
+        self.preferred_temporality = preferred_temporality or temporality_preference("cumulative")
+        self._span_exporters = dict(span_exporters)
+        self._metric_exporters = dict(metric_exporters)
+        self._span_workers = {
+            name: _ExportWorker(
+                f"spans-{name}",
+                _export_spans_with(exporter),
+                _span_account(selfmetrics, name),
+                capacity=max_queue_spans,
+                max_batch=max_batch,
+                interval_s=interval_s,
+            )
+            for name, exporter in self._span_exporters.items()
+        }
+        self._metric_workers = {
+            name: _ExportWorker(
+                f"metrics-{name}",
+                _export_metrics_with(exporter),
+                _metric_account(selfmetrics, name),
+                capacity=METRIC_QUEUE_BATCHES,
+                max_batch=1,
+                interval_s=0.0,
+            )
+            for name, exporter in self._metric_exporters.items()
+        }
+        self._shut_down = False
+
+    @property
+    def exporters(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self._span_exporters, *self._metric_exporters]))
+
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """Queue ``spans`` for every exporter; never blocks on I/O. Overflow is dropped and counted."""
+        for worker in self._span_workers.values():
+            worker.put(spans)
+
+    def export_metrics(self, data: MetricsData) -> None:
+        """Queue one metrics collection for every exporter; never blocks on I/O."""
+        for worker in self._metric_workers.values():
+            worker.put((data,))
+
+    def pending_spans(self) -> dict[str, int]:
+        """Spans queued or being exported, per exporter (each at most ``export.max_queue_spans``
+        plus one batch in flight)."""
+        return {name: worker.pending for name, worker in self._span_workers.items()}
+
+    def force_flush(self, timeout_s: float) -> bool:
+        """Export everything queued so far; True if all exporters finished within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        workers = [*self._span_workers.values(), *self._metric_workers.values()]
+        return all([worker.flush(deadline - time.monotonic()) for worker in workers])
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush what is queued, then shut every exporter down; returns within ``timeout_s``.
+
+        Four fifths of the time go to draining the queues. What is still queued then is counted as
+        dropped (``reason=shutdown``) and the exporters are shut down, which also aborts an OTLP
+        export waiting to retry; a batch whose export has not returned shortly after that is
+        counted as dropped too, so the counters are complete when this returns. Idempotent.
+        """
+        if self._shut_down:
+            return
+        self._shut_down = True
+        start = time.monotonic()
+        workers = [*self._span_workers.values(), *self._metric_workers.values()]
+        for worker in workers:
+            worker.stop()
+        for worker in workers:
+            worker.join(start + 0.8 * timeout_s - time.monotonic())
+        for worker in workers:
+            worker.drop_queued()
+        for name, span_exporter in self._span_exporters.items():
+            _shutdown_quietly(name, span_exporter.shutdown)
+        left_ms = max(0.0, (start + 0.95 * timeout_s - time.monotonic()) * 1000)
+        for name, metric_exporter in self._metric_exporters.items():
+            _shutdown_quietly(name, lambda exporter=metric_exporter: exporter.shutdown(timeout_millis=left_ms))
+        for worker in workers:
+            worker.join(start + 0.95 * timeout_s - time.monotonic())
+        for worker in workers:
+            worker.give_up()
+
+
+def _export_spans_with(exporter: SpanExporter) -> Callable[[list[ReadableSpan]], bool]:
+    def export(batch: list[ReadableSpan]) -> bool:
+        return exporter.export(batch) is SpanExportResult.SUCCESS
+
+    return export
+
+
+def _export_metrics_with(exporter: MetricExporter) -> Callable[[list[MetricsData]], bool]:
+    def export(batch: list[MetricsData]) -> bool:
+        results = [exporter.export(data) for data in batch]
+        return all(result is MetricExportResult.SUCCESS for result in results)
+
+    return export
+
+
+def _shutdown_quietly(name: str, shutdown: Callable[[], None]) -> None:
+    try:
+        shutdown()
+    except Exception:  # one exporter failing to close must not keep the others open
+        _logger.exception("exporter %s failed to shut down", name)
+
+
+def _otlp(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+    return otlp_span_exporter(config.otlp), otlp_metric_exporter(config.otlp, temporality)
+
+
+def _file(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+    return FileSpanExporter(config.file.output_dir), FileMetricExporter(config.file.output_dir, temporality)
+
+
+def _console(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+    return ConsoleSpanExporter(), ConsoleMetricExporter(preferred_temporality=temporality)
+
+
+_FACTORIES = {"otlp": _otlp, "file": _file, "console": _console}
+
+
+def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
+    """The sink for ``config.exporters`` (none when ``export.disabled`` / ``OTEL_SDK_DISABLED``).
+
+    Raises :class:`~otel_ebpf.exporters.errors.ExporterSetupError` when an exporter cannot start.
+    """
+    temporality = temporality_preference(config.export.metric_temporality)
+    span_exporters: dict[str, SpanExporter] = {}
+    metric_exporters: dict[str, MetricExporter] = {}
+    if config.export.disabled:
+        _logger.info("OTEL_SDK_DISABLED is set: exporting nothing (self-metrics are still counted)")
+    else:
+        for name in config.exporters:
+            span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
+    return TelemetrySink(
+        selfmetrics,
+        span_exporters,
+        metric_exporters,
+        max_queue_spans=config.export.max_queue_spans,
+        max_batch=config.export.max_batch,
+        interval_s=config.export.interval_s,
+        preferred_temporality=temporality,
+    )

@@ -1,0 +1,204 @@
+"""Socket probe: loads ``bpf/socket_trace.c``, attaches it, and yields typed events.
+
+The only module (with its siblings in ``probes/``) that imports ``bcc``. Besides decoding the ring
+buffer it fills in from ``/proc`` what the kernel events cannot tell (process identity, tuples of
+sockets that predate the agent), so the pipeline behind it needs nothing but the event stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import logging
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from .. import procfs
+from ..events import ConnClose, ConnKey, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from ..protocol import Direction, Endpoint, Role
+
+log = logging.getLogger(__name__)
+
+EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT = 1, 2, 3, 4, 5
+SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
+STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls")
+MAX_IOV = 8
+
+_HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
+_DATA = struct.Struct("<IIII")  # direction, length, captured, pad
+_OPEN = struct.Struct("<IHHH6x16s16s")  # role, family, lport, rport, pad, laddr, raddr
+_ROLES = {1: Role.CLIENT, 2: Role.SERVER}
+
+
+@dataclass(frozen=True)
+class SocketProbeOptions:
+    payload_cap: int = 4096
+    ring_buffer_kb: int = 4096
+    max_connections: int = 16384
+    max_processes: int = 1024
+    pids: Sequence[int] = ()
+    ports: Sequence[int] = ()
+    executables: Sequence[str] = ()
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _endpoint(family: int, raw: bytes, port: int) -> Endpoint:
+    addr = ipaddress.IPv4Address(raw[:4]) if family == 2 else ipaddress.IPv6Address(raw)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+        addr = addr.ipv4_mapped
+    return Endpoint(str(addr), port)
+
+
+class SocketProbe:
+    """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
+
+    def __init__(self, options: SocketProbeOptions) -> None:
+        self.options = options
+        self.payload_cap = _power_of_two_at_least(options.payload_cap)
+        self._bpf = None
+        self._events: list[Event] = []
+        self._known_pids: set[int] = set()
+        self._lost_reported = 0
+        self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
+        # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
+        from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
+
+        source = resources.files("otel_ebpf.bpf").joinpath("socket_trace.c").read_text()
+        pages = _power_of_two_at_least(max(1, self.options.ring_buffer_kb // 4))
+        cflags = [
+            f"-DPAYLOAD_CAP={self.payload_cap}",
+            f"-DMAX_IOV={MAX_IOV}",
+            f"-DMAX_CONNS={self.options.max_connections}",
+            f"-DMAX_TARGETS={self.options.max_processes}",
+            f"-DRINGBUF_PAGES={pages}",
+            "-Wno-macro-redefined",
+        ]
+        try:
+            self._bpf = BPF(text=source, cflags=cflags)
+        except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
+            raise RuntimeError(f"cannot load the socket probe: {exc} (run `otel-ebpf doctor`)") from exc
+        settings = self._bpf["settings"]
+        settings[ctypes.c_int(SET_AGENT_TGID)] = ctypes.c_uint32(os.getpid())
+        filtering = bool(self.options.pids or self.options.executables)
+        settings[ctypes.c_int(SET_FILTER_PIDS)] = ctypes.c_uint32(int(filtering))
+        settings[ctypes.c_int(SET_WATCH_EXEC)] = ctypes.c_uint32(int(bool(self.options.executables)))
+        if self.options.ports:
+            ports = self._bpf["ports"]
+            for port in self.options.ports:
+                ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
+            settings[ctypes.c_int(SET_FILTER_PORTS)] = ctypes.c_uint32(1)
+        for pid in self.options.pids:
+            self.add_target(pid)
+        if self.options.executables:
+            for pid in procfs.iter_pids():
+                if pid != os.getpid() and procfs.executable_matches(pid, self.options.executables):
+                    self.add_target(pid)
+        self._bpf["events"].open_ring_buffer(self._on_event)
+        settings[ctypes.c_int(SET_READY)] = ctypes.c_uint32(1)
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def add_target(self, pid: int) -> None:
+        self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+
+    def ignore_connection(self, conn: ConnKey) -> None:
+        """Tell the kernel to stop copying this connection's bytes (user space gave up on it)."""
+        if self._bpf is None:
+            return
+        pid, fd, generation = conn
+        key = ctypes.c_uint64((pid << 32) | (fd & 0xFFFFFFFF))
+        self._bpf["ignored"][key] = ctypes.c_uint32(generation)
+
+    # ---- events ----------------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int) -> list[Event]:
+        """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing)."""
+        self._bpf.ring_buffer_poll(timeout_ms)
+        events, self._events = self._events, []
+        lost = self.kernel_stats()["ringbuf_full"]
+        if lost > self._lost_reported:
+            events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
+            self._lost_reported = lost
+        return events
+
+    def kernel_stats(self) -> dict[str, int]:
+        """Totals of the kernel's per-CPU drop counters since start."""
+        table = self._bpf["stats"]
+        return {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
+
+    def _on_event(self, _ctx: int, data: int, size: int) -> None:
+        raw = ctypes.string_at(data, size)
+        ts, kind, tgid, tid, fd, generation, _ = _HEADER.unpack_from(raw)
+        if (tgid, fd, generation) in self._filtered_out:
+            if kind == EV_CLOSE:
+                self._filtered_out.discard((tgid, fd, generation))
+            return
+        ts += self.clock_offset_ns
+        if tgid not in self._known_pids and kind in (EV_DATA, EV_OPEN, EV_CLOSE):
+            self._announce_process(tgid, ts)
+        if kind == EV_DATA:
+            direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
+            start = _HEADER.size + _DATA.size
+            self._events.append(
+                ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
+                         raw[start : start + captured])
+            )
+        elif kind == EV_OPEN:
+            opened = self._conn_open(raw, ts, tgid, fd, generation)
+            if opened is not None:
+                self._events.append(opened)
+        elif kind == EV_CLOSE:
+            self._events.append(ConnClose(ts, tgid, fd, generation))
+        elif kind == EV_EXEC:
+            self._on_exec(tgid)
+        elif kind == EV_EXIT and tgid in self._known_pids:  # others never had a connection event
+            self._known_pids.discard(tgid)
+            self._events.append(ProcessExit(ts, tgid))
+
+    def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> ConnOpen | None:
+        role_code, family, lport, rport, laddr, raddr = _OPEN.unpack_from(raw, _HEADER.size)
+        role = _ROLES.get(role_code)
+        if family:
+            local, peer = _endpoint(family, laddr, lport), _endpoint(family, raddr, rport)
+        else:
+            # The socket predates the agent: no state change was seen, ask /proc.
+            found = procfs.socket_tuple(tgid, fd)
+            local, peer = (found.local, found.peer) if found else (None, None)
+            role = role or (found.role if found else None)
+            if self.options.ports and not (
+                found and (found.local.port in self.options.ports or found.peer.port in self.options.ports)
+            ):
+                self.ignore_connection((tgid, fd, generation))
+                self._filtered_out.add((tgid, fd, generation))
+                return None
+        return ConnOpen(ts, tgid, fd, generation, role, local, peer)
+
+    def _announce_process(self, pid: int, ts: int) -> None:
+        self._known_pids.add(pid)
+        ident = procfs.process_identity(pid)
+        if ident is not None:
+            self._events.append(
+                ProcessInfo(ts, pid, ident.executable, ident.command_line, ident.environment)
+            )
+
+    def _on_exec(self, pid: int) -> None:
+        if procfs.executable_matches(pid, self.options.executables):
+            self.add_target(pid)
+            self._known_pids.discard(pid)  # a new image: announce its identity again
+

@@ -1,0 +1,122 @@
+"""What ``/proc`` tells about processes and sockets the kernel events do not.
+
+Used by the probe layer only (the pipeline sees the results as events): process identity on first
+sight of a pid, and the tuple of a socket that was connected before the agent started.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .protocol import Endpoint, Role
+
+# Environment variables of an observed process that decide its resource (REFERENCE.md).
+RESOURCE_ENV_VARS = ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
+_TCP_LISTEN = "0A"
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    executable: str
+    command_line: str
+    environment: dict[str, str]
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def process_identity(pid: int, proc: str = "/proc") -> ProcessIdentity | None:
+    """Executable, command line and resource-related environment of ``pid``; None if it is gone."""
+    cmdline = _read(f"{proc}/{pid}/cmdline")
+    if cmdline is None:
+        return None
+    try:
+        exe = os.readlink(f"{proc}/{pid}/exe")
+    except OSError:
+        exe = ""
+    environ = _read(f"{proc}/{pid}/environ") or b""
+    env: dict[str, str] = {}
+    for entry in environ.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name.decode(errors="replace") in RESOURCE_ENV_VARS:
+            env[name.decode()] = value.decode(errors="replace")
+    args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
+    return ProcessIdentity(pid, exe.removesuffix(" (deleted)"), " ".join(args), env)
+
+
+def iter_pids(proc: str = "/proc") -> Iterator[int]:
+    for name in os.listdir(proc):
+        if name.isdigit():
+            yield int(name)
+
+
+def executable_matches(pid: int, globs: Iterable[str], proc: str = "/proc") -> bool:
+    """True when the executable path or its basename (or argv[0]'s) matches one of ``globs``."""
+    names: list[str] = []
+    try:
+        exe = os.readlink(f"{proc}/{pid}/exe").removesuffix(" (deleted)")
+        names += [exe, os.path.basename(exe)]
+    except OSError:
+        pass
+    cmdline = _read(f"{proc}/{pid}/cmdline")
+    if cmdline:
+        argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+        names += [argv0, os.path.basename(argv0)]
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names if name)
+
+
+def _parse_endpoint(field: str, v6: bool) -> Endpoint:
+    # /proc/net/tcp prints addresses as host-order 32-bit words in hex.
+    addr_hex, port_hex = field.split(":")
+    raw = bytes.fromhex(addr_hex)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.IPv6Address(words) if v6 else ipaddress.IPv4Address(words)
+    if v6 and addr.ipv4_mapped:
+        addr = addr.ipv4_mapped
+    return Endpoint(str(addr), int(port_hex, 16))
+
+
+@dataclass(frozen=True)
+class SocketTuple:
+    local: Endpoint
+    peer: Endpoint
+    role: Role | None  # SERVER when the local port is one the process's namespace listens on
+
+
+def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
+    """The TCP tuple of ``pid``'s ``fd`` from its network namespace's tables, or None."""
+    try:
+        target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+    except OSError:
+        return None
+    if not target.startswith("socket:["):
+        return None
+    inode = target[len("socket:[") : -1]
+    found: tuple[Endpoint, Endpoint] | None = None
+    listening: set[int] = set()
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        text = _read(f"{proc}/{pid}/net/{table}")
+        if not text:
+            continue
+        for line in text.decode(errors="replace").splitlines()[1:]:
+            cols = line.split()
+            if len(cols) < 10:
+                continue
+            if cols[3] == _TCP_LISTEN:
+                listening.add(int(cols[1].rsplit(":", 1)[1], 16))
+            elif cols[9] == inode:
+                found = (_parse_endpoint(cols[1], v6), _parse_endpoint(cols[2], v6))
+    if found is None:
+        return None
+    local, peer = found
+    return SocketTuple(local, peer, Role.SERVER if local.port in listening else Role.CLIENT)

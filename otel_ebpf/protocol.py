@@ -1,0 +1,268 @@
+"""The protocol plugin API.
+
+A protocol plugin turns the bytes of one connection into *exchanges* (a request paired with its
+response) that know how to describe themselves as a span and as metric points. Built-in protocols
+(``otel_ebpf.protocols.*``) and third-party ones use this same API and register the same way: an
+entry point in the ``otel_ebpf.protocols`` group whose object is a :class:`Protocol` instance.
+
+Everything here is sans-I/O: a session is fed bytes with the timestamp of the syscall that moved them
+and returns messages; it never touches sockets, BPF, clocks or globals, it resumes at any byte
+boundary, and it never raises on hostile input (it reports it through :attr:`Session.parse_errors`).
+
+The pipeline owns everything around a plugin: which connection the bytes came from, the addresses
+of both ends, ids, resources and exporters. A plugin only sees ``(direction, bytes, timestamp)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+AttributeValue = Union[str, bool, int, float, Sequence[str], Sequence[int], Sequence[float]]
+Attributes = Mapping[str, AttributeValue]
+
+
+class Direction(enum.IntEnum):
+    """Which way bytes moved, seen from the observed process."""
+
+    EGRESS = 0  # written / sent by the observed process
+    INGRESS = 1  # read / received by the observed process
+
+    def reverse(self) -> Direction:
+        return Direction.INGRESS if self is Direction.EGRESS else Direction.EGRESS
+
+
+class Transport(enum.Enum):
+    TCP = "tcp"
+    UDP = "udp"
+
+
+class Role(enum.Enum):
+    """The observed process's part in a connection."""
+
+    CLIENT = "client"  # it sends requests (EGRESS requests, INGRESS responses)
+    SERVER = "server"  # it serves requests (INGRESS requests, EGRESS responses)
+
+
+class SpanKind(enum.Enum):
+    """Mirrors ``opentelemetry.trace.SpanKind`` so plugins need not import the SDK."""
+
+    SERVER = "server"
+    CLIENT = "client"
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+    INTERNAL = "internal"
+
+
+class StatusCode(enum.Enum):
+    UNSET = "unset"
+    OK = "ok"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Sniff:
+    """Result of :meth:`Protocol.sniff`.
+
+    ``role`` is the observed process's role implied by the bytes (e.g. a request line arriving
+    INGRESS means the process is a server); ``None`` when the bytes do not tell.
+    """
+
+    matched: bool
+    need_more: bool = False
+    role: Role | None = None
+
+
+NO_MATCH = Sniff(matched=False)
+NEED_MORE = Sniff(matched=False, need_more=True)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """What the pipeline knows about the connection an exchange travelled on.
+
+    ``local`` is the observed process's end, ``peer`` the other end; either may be ``None`` when the
+    agent could not learn the tuple (a socket that predates the agent and has left ``/proc``).
+    ``scheme`` is ``"https"`` when the bytes were captured as TLS plaintext.
+    """
+
+    role: Role
+    local: Endpoint | None = None
+    peer: Endpoint | None = None
+    transport: Transport = Transport.TCP
+    scheme: str = "http"
+
+    @property
+    def server(self) -> Endpoint | None:
+        return self.local if self.role is Role.SERVER else self.peer
+
+    @property
+    def client(self) -> Endpoint | None:
+        return self.peer if self.role is Role.SERVER else self.local
+
+
+class InstrumentKind(enum.Enum):
+    HISTOGRAM = "histogram"
+    COUNTER = "counter"
+    UP_DOWN_COUNTER = "up_down_counter"
+
+
+@dataclass(frozen=True)
+class InstrumentSpec:
+    """A metric instrument a protocol records into; the pipeline creates it once per resource."""
+
+    name: str
+    kind: InstrumentKind
+    unit: str
+    description: str
+    boundaries: tuple[float, ...] | None = None  # explicit histogram buckets
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    instrument: str  # InstrumentSpec.name
+    value: float
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpanDescription:
+    """Everything about a span that the protocol decides; ids and resource come from the pipeline."""
+
+    name: str
+    kind: SpanKind
+    start_ns: int
+    end_ns: int
+    attributes: Attributes
+    status: StatusCode = StatusCode.UNSET
+    status_description: str | None = None
+
+
+class Message(ABC):
+    """One protocol message (a request or a response) parsed from one direction of a connection.
+
+    ``start_ns`` is the timestamp of the syscall that carried its first byte, ``end_ns`` that of the
+    syscall that carried its last byte.
+    """
+
+    direction: Direction
+    start_ns: int
+    end_ns: int
+
+
+class Exchange(ABC):
+    """A request with its response (or what was seen of them): one span and its metric points."""
+
+    @abstractmethod
+    def span(self, conn: ConnectionInfo) -> SpanDescription:
+        """Describe this exchange as a span, given the connection it travelled on."""
+
+    @abstractmethod
+    def metric_points(self, conn: ConnectionInfo) -> Iterable[MetricPoint]:
+        """Metric points for the instruments the protocol declared."""
+
+
+class Session(ABC):
+    """Parses both directions of one connection. Sans-I/O, never raises on bad input."""
+
+    parse_errors: int = 0  # malformed input the session skipped past (exported as a self-metric)
+
+    @abstractmethod
+    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> Iterable[Message]:
+        """Bytes that moved in ``direction`` in one syscall at ``timestamp_ns``."""
+
+    @abstractmethod
+    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> Iterable[Message]:
+        """``length`` bytes moved in ``direction`` but were not captured (past the payload cap).
+
+        Called right after the ``feed`` of the captured prefix of the same syscall. A session that
+        is inside a body of known length just skips them; otherwise it must resynchronise.
+        """
+
+    @abstractmethod
+    def close(self, timestamp_ns: int) -> Iterable[Message]:
+        """The connection closed: finish messages delimited by close (read-until-close bodies)."""
+
+
+class Stitcher(ABC):
+    """Pairs the messages of one connection into exchanges (FIFO, stream id, ...)."""
+
+    unmatched: int = 0  # messages dropped without a partner (exported as a self-metric)
+
+    @abstractmethod
+    def add(self, message: Message) -> Iterable[Exchange]:
+        """Take one message; return the exchanges it completes."""
+
+    @abstractmethod
+    def flush(self, timestamp_ns: int) -> Iterable[Exchange]:
+        """The connection is gone: return what can still be reported (e.g. requests never answered,
+        as exchanges with an error), and forget the rest."""
+
+
+class Protocol(ABC):
+    """A protocol plugin.
+
+    Subclasses are registered under the ``otel_ebpf.protocols`` entry point; the agent constructs
+    each with the ``protocols.<name>`` section of its configuration. A constructor rejects an
+    unknown or invalid option with ``ValueError("<option>: <problem>")``.
+    """
+
+    name: str  # short, stable, lowercase: "http1"
+    transports: frozenset[Transport] = frozenset({Transport.TCP})
+    instruments: Sequence[InstrumentSpec] = ()
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        if options:
+            raise ValueError(f"{next(iter(options))}: unknown option for protocol {self.name!r}")
+
+    @abstractmethod
+    def sniff(self, direction: Direction, data: bytes) -> Sniff:
+        """Cheap check on the first bytes seen in one direction of a connection."""
+
+    @abstractmethod
+    def new_session(self, role: Role) -> Session:
+        """A parser for both directions of one connection where the observed process has ``role``."""
+
+    @abstractmethod
+    def new_stitcher(self, role: Role) -> Stitcher:
+        """A request/response pairer for one connection."""
+
+
+ENTRY_POINT_GROUP = "otel_ebpf.protocols"
+
+
+def load_protocols(
+    enabled: Iterable[str] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Protocol]:
+    """Construct every registered protocol plugin (only those named in ``enabled`` when given).
+
+    ``options`` maps a plugin name to its options. Raises ``LookupError`` naming plugins that
+    ``enabled`` asks for but are not installed, ``TypeError`` when an entry point is not a
+    :class:`Protocol` subclass, and ``ValueError`` from a plugin that rejects its options.
+    """
+    from importlib.metadata import entry_points
+
+    found: dict[str, type[Protocol]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Protocol)):
+            raise TypeError(f"entry point {ep.name!r} ({ep.value}) is not an otel_ebpf Protocol")
+        found[cls.name] = cls
+    wanted = sorted(found) if enabled is None else list(enabled)
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise LookupError(
+            f"protocol plugin(s) not installed: {', '.join(missing)} "
+            f"(installed: {', '.join(sorted(found)) or 'none'})"
+        )
+    options = options or {}
+    return [found[name](options.get(name)) for name in wanted]

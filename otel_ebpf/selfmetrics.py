@@ -1,0 +1,78 @@
+"""The agent's own counters: every loss and drop, exported as metrics, never hidden.
+
+Counters are monotonic (``add``); gauges hold the latest value (``set``). Both are keyed by a name
+from :data:`DESCRIPTIONS` plus optional attributes, and are cheap enough for the event path (a dict
+update under a lock). :func:`register` exposes them as observable instruments on a meter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+# name -> (unit, description, is_gauge)
+DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
+    "otel_ebpf.events.received": ("{event}", "Events decoded from the kernel ring buffer", False),
+    "otel_ebpf.events.lost": ("{event}", "Events the kernel could not hand over (ring buffer full)", False),
+    "otel_ebpf.payload.not_captured": ("By", "Payload bytes beyond the capture cap, counted not copied", False),
+    "otel_ebpf.parse.errors": ("{error}", "Malformed protocol input skipped by a parser", False),
+    "otel_ebpf.messages.unmatched": ("{message}", "Messages that found no request/response partner", False),
+    "otel_ebpf.connections.tracked": ("{connection}", "Connections in the connection table", True),
+    "otel_ebpf.connections.opened": ("{connection}", "Connections the agent started tracking", False),
+    "otel_ebpf.connections.evicted": ("{connection}", "Connections evicted from the full table", False),
+    "otel_ebpf.connections.unknown_protocol": ("{connection}", "Connections no protocol plugin claimed", False),
+    "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
+    "otel_ebpf.spans.dropped": ("{span}", "Spans dropped: export queue full or export failed", False),
+    "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
+    "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
+}
+
+
+def _key(attributes: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(attributes.items())) if attributes else ()
+
+
+class SelfMetrics:
+    """Thread-safe named counters and gauges with attributes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, dict[tuple[tuple[str, str], ...], int]] = {n: {} for n in DESCRIPTIONS}
+
+    def add(self, name: str, amount: int = 1, attributes: Mapping[str, str] | None = None) -> None:
+        if amount == 0:
+            return
+        key = _key(attributes)
+        with self._lock:
+            series = self._values[name]
+            series[key] = series.get(key, 0) + amount
+
+    def set(self, name: str, value: int, attributes: Mapping[str, str] | None = None) -> None:
+        with self._lock:
+            self._values[name][_key(attributes)] = value
+
+    def total(self, name: str) -> int:
+        with self._lock:
+            return sum(self._values[name].values())
+
+    def snapshot(self) -> dict[str, int]:
+        """Totals per name, for summaries and logs."""
+        with self._lock:
+            return {name: sum(series.values()) for name, series in self._values.items()}
+
+    def _observe(self, name: str) -> Iterable[Observation]:
+        with self._lock:
+            items = list(self._values[name].items())
+        return [Observation(value, dict(key)) for key, value in items]
+
+    def register(self, meter: Meter) -> None:
+        """Expose every counter and gauge as an observable instrument on ``meter``."""
+        for name, (unit, description, is_gauge) in DESCRIPTIONS.items():
+
+            def callback(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
+                return self._observe(name)
+
+            create = meter.create_observable_gauge if is_gauge else meter.create_observable_counter
+            create(name, callbacks=[callback], unit=unit, description=description)

@@ -1,0 +1,602 @@
+"""Incremental, sans-I/O HTTP/1.x parsers: one per direction of a connection.
+
+A parser is a state machine in the style of h11: bytes in, :class:`Request` / :class:`Response`
+messages out, resumable at any byte boundary. It differs from a server-side parser in what it must
+survive rather than reject, because it watches traffic it cannot influence:
+
+* the capture may start mid-stream, and bytes past the capture cap are reported only as a length
+  (:meth:`_Parser.gap`); after either the parser *resynchronises* by skipping to the next thing
+  that looks like a start line;
+* once a message head is parsed, exactly one message is emitted for it, complete or marked
+  ``incomplete``, so the request/response FIFOs on both sides stay aligned;
+* every buffer is bounded (``MAX_HEAD``, ``MAX_LINE``), so hostile input cannot grow memory.
+
+Byte-level work is done by ``bytes.find`` and compiled regular expressions, never Python loops
+over bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from otel_ebpf.protocol import Direction, Message
+
+from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
+from .types import CAPTURE_GAP, Request, Response
+
+MAX_HEAD = 64 * 1024  # start line + header section, and the trailer section
+MAX_LINE = 8 * 1024  # start line, chunk-size line
+MAX_PENDING = 256  # requests awaiting a response, per connection
+MALFORMED = "malformed"  # ``incomplete`` reason: framing the parser could not follow
+
+# states
+_HEAD = 0  # at a message boundary: start line and header section
+_SYNC = 1  # skipping bytes up to the next plausible start line
+_LENGTH = 2  # Content-Length body
+_CHUNK_SIZE = 3
+_CHUNK_DATA = 4
+_CHUNK_END = 5  # the CRLF after a chunk's data
+_TRAILERS = 6
+_UNTIL_CLOSE = 7  # response body delimited by the connection's end
+_OPAQUE = 8  # no more HTTP/1 in this direction (tunnel, upgrade, closed)
+_PEEK = 9  # response Content-Length body, unless it starts with the next status line
+
+# what a head says about the body that follows
+_NO_BODY, _INTERIM, _TUNNEL, _FIXED, _PEEK_FIXED, _CHUNKED, _TO_CLOSE, _INVALID = range(8)
+
+_TCHARS = rb"!#$%&'*+.^_`|~0-9A-Za-z-"
+_TARGET_CHARS = rb"\x21-\x7e\x80-\xff"
+_REQUEST_LINE = re.compile(rb"([%s]{1,32}) ([%s]+) HTTP/1\.([01])\r?\n" % (_TCHARS, _TARGET_CHARS))
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?:[ \t]([^\r\n]*))?\r?\n")
+_TCHAR = re.compile(rb"[%s]" % _TCHARS)
+_BLANK = re.compile(rb"[\r\n]*")
+_HEAD_END = re.compile(rb"\n\r?\n")
+_FIELD = re.compile(r"^([^ \t\r\n:]+):[ \t]*(.*?)[ \t]*\r?\n", re.MULTILINE)
+_CHUNK_LINE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r?\n")
+
+# Resynchronisation accepts only upper-case methods, which is what real clients send; at a known
+# message boundary any token is a method.
+_VERSION_TAIL = re.compile(rb" HTTP/1\.[01]\r?\n")
+_TARGET = re.compile(rb"[%s]+" % _TARGET_CHARS)
+_METHOD_TAIL = re.compile(rb"[A-Z][A-Z_-]{0,31}\Z")
+_STATUS_START = re.compile(rb"HTTP/1\.[01] [0-9]{3}[ \t\r\n]")
+_STATUS_PREFIX = b"HTTP/1."
+_KNOWN_METHODS_LONGEST_FIRST = sorted(
+    (m.encode() for m in KNOWN_METHODS), key=lambda m: (-len(m), m)
+)
+
+
+def parse_fields(block: bytes | bytearray) -> tuple[tuple[str, str], ...] | None:
+    """Header (or trailer) lines, each ending in LF → ``(lower-case name, value)`` pairs;
+    ``None`` if malformed.
+
+    Values are decoded as Latin-1, which maps every byte, as RFC 9110 treats field octets.
+    One regular expression handles the usual case; obsolete line folding (joined with a space, as
+    RFC 9112 section 5.2 allows) and malformed lines take the line-by-line path.
+    """
+    text = block.decode("latin-1")
+    fields = _FIELD.findall(text)
+    if len(fields) == text.count("\n"):
+        return tuple([(name.lower(), value) for name, value in fields])
+    return _parse_fields_by_line(text)
+
+
+def _parse_fields_by_line(text: str) -> tuple[tuple[str, str], ...] | None:
+    fields: list[tuple[str, str]] = []
+    for line in text.split("\n"):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        if line[0] in " \t":
+            if not fields:
+                return None
+            name, value = fields[-1]
+            fields[-1] = (name, value + " " + line.strip(" \t"))
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or " " in name or "\t" in name:
+            return None
+        fields.append((name.lower(), value.strip(" \t")))
+    return tuple(fields)
+
+
+def _content_length(values: list[str]) -> int:
+    """The body length the Content-Length fields agree on; -1 when they are invalid or disagree."""
+    found = -1
+    for value in values:
+        for item in value.split(","):
+            item = item.strip(" \t")
+            if not (item.isascii() and item.isdigit() and len(item) <= 18):
+                return -1
+            if found not in (-1, int(item)):
+                return -1
+            found = int(item)
+    return found
+
+
+def _body_framing(headers: Headers) -> tuple[bool | None, int]:
+    """(chunked?, length) from Transfer-Encoding / Content-Length.
+
+    ``chunked`` is ``None`` without Transfer-Encoding; ``length`` is -1 for an invalid
+    Content-Length and -2 for none.
+    """
+    codings: list[str] = []
+    lengths: list[str] = []
+    for name, value in headers:
+        if name == "transfer-encoding":
+            codings.append(value)
+        elif name == "content-length":
+            lengths.append(value)
+    chunked = None
+    if codings:
+        chunked = ",".join(codings).rsplit(",", 1)[-1].strip(" \t").lower() == "chunked"
+    return chunked, (_content_length(lengths) if lengths else -2)
+
+
+class _Parser:
+    """The state machine shared by both directions; subclasses know their start line and framing."""
+
+    KEEP_TAIL = (
+        0  # bytes kept while resynchronising: the longest prefix of a start line to look for
+    )
+
+    def __init__(self, direction: Direction, methods: deque[str]) -> None:
+        self.direction = direction
+        self.parse_errors = 0
+        # methods of requests whose final response has not been parsed, shared by both parsers
+        self._methods = methods
+        self._state = _HEAD
+        self._buf = bytearray()  # unconsumed bytes; empty in body states
+        self._base = 0  # stream offset of _buf[0]
+        self._marks: list[tuple[int, int]] = []  # (stream offset, timestamp) of feeds still in _buf
+        self._scan = 0  # stream offset where the search for the end of a header section resumes
+        self._last_ts = 0
+        # the message being parsed
+        self._line: tuple = ()  # parsed start line; empty until it is valid
+        self._headers: Headers = ()
+        self._start_ns = 0
+        self._head_ns = 0  # timestamp of the head's last byte
+        self._remaining = 0  # bytes left in a Content-Length body or chunk
+        self._body = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    @property
+    def opaque(self) -> bool:
+        return self._state == _OPAQUE
+
+    def stop(self) -> None:
+        """The connection stopped speaking HTTP/1 in this direction (upgrade, tunnel)."""
+        self._state = _OPAQUE
+        self._buf = bytearray()
+        self._marks = []
+
+    def feed(self, data: bytes, timestamp_ns: int) -> list[Message]:
+        if not data or self._state == _OPAQUE:
+            return []
+        self._last_ts = timestamp_ns
+        if not self._buf:
+            # Large bodies arrive here: count them without copying.
+            if self._state == _UNTIL_CLOSE:
+                self._body += len(data)
+                return []
+            if self._state in (_LENGTH, _CHUNK_DATA) and len(data) < self._remaining:
+                self._remaining -= len(data)
+                self._body += len(data)
+                return []
+            self._marks = [(self._base, timestamp_ns)]
+            buf: bytes | bytearray = data
+        else:
+            self._marks.append((self._base + len(self._buf), timestamp_ns))
+            self._buf += data
+            buf = self._buf
+        out: list[Message] = []
+        pos = self._run(buf, timestamp_ns, out)
+        if self._state == _OPAQUE:
+            self.stop()
+            return out
+        if buf is data:
+            if pos < len(data):
+                self._buf = bytearray(data[pos:])
+        else:
+            del self._buf[:pos]
+        self._base += pos
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= self._base:
+            del marks[0]
+        return out
+
+    def gap(self, length: int, timestamp_ns: int) -> list[Message]:
+        """``length`` bytes moved right after the last feed but were not captured."""
+        if length <= 0 or self._state == _OPAQUE:
+            return []
+        self._last_ts = timestamp_ns
+        out: list[Message] = []
+        self._settle_peek()
+        state = self._state
+        if state == _UNTIL_CLOSE:
+            self._body += length
+            return out
+        if state in (_LENGTH, _CHUNK_DATA) and length <= self._remaining:
+            self._remaining -= length
+            self._body += length
+            if self._remaining == 0:
+                if state == _LENGTH:
+                    self._emit(timestamp_ns, out, self._body)
+                else:
+                    self._state = _CHUNK_END
+            return out
+        # The gap hides framing: finish what can be finished, then look for the next message.
+        if state == _LENGTH:
+            self._emit(timestamp_ns, out, self._body + self._remaining)
+        elif state == _HEAD:
+            self._salvage_head(CAPTURE_GAP, timestamp_ns, out)
+        elif state != _SYNC:
+            self._emit(timestamp_ns, out, self._body if state == _TRAILERS else None, CAPTURE_GAP)
+        if self._state != _OPAQUE:
+            self._state = _SYNC
+        self._buf = bytearray()
+        self._marks = []
+        return out
+
+    def close(self) -> list[Message]:
+        """The connection ended: finish a body delimited by close, report a cut-off message."""
+        out: list[Message] = []
+        self._settle_peek()
+        state = self._state
+        if state == _UNTIL_CLOSE:
+            self._emit(self._last_ts, out, self._body)
+        elif state == _HEAD:
+            self._salvage_head(CONNECTION_CLOSED, self._last_ts, out)
+        elif state not in (_SYNC, _OPAQUE):
+            self._emit(self._last_ts, out, self._body, CONNECTION_CLOSED)
+        self.stop()
+        return out
+
+    def _settle_peek(self) -> None:
+        """More bytes moved (a gap) or none will (close): the bytes held for a peek are body."""
+        if self._state == _PEEK:
+            self._remaining -= len(self._buf)
+            self._body += len(self._buf)
+            self._buf = bytearray()
+            self._state = _LENGTH
+
+    # -- the state machine --------------------------------------------------------------------
+
+    def _run(self, buf: bytes | bytearray, ts: int, out: list[Message]) -> int:
+        """Consume ``buf`` as far as possible; return how many bytes were consumed."""
+        pos, end = 0, len(buf)
+        while pos < end:
+            state = self._state
+            if state in (_LENGTH, _CHUNK_DATA):
+                take = min(self._remaining, end - pos)
+                new = pos + take
+                self._remaining -= take
+                self._body += take
+                if self._remaining == 0:
+                    if state == _LENGTH:
+                        self._emit(ts, out, self._body)
+                    else:
+                        self._state = _CHUNK_END
+            elif state == _HEAD:
+                new = self._head(buf, pos, ts, out)
+            elif state == _CHUNK_SIZE:
+                new = self._chunk_size(buf, pos, ts, out)
+            elif state == _CHUNK_END:
+                new = self._chunk_end(buf, pos, ts, out)
+            elif state == _TRAILERS:
+                new = self._trailers(buf, pos, ts, out)
+            elif state == _SYNC:
+                found = self._find_start(buf, pos)
+                if found == -1:
+                    new = max(pos, end - self.KEEP_TAIL)
+                else:
+                    new = found
+                    self._state = _HEAD
+            elif state == _UNTIL_CLOSE:
+                self._body += end - pos
+                new = end
+            elif state == _PEEK:
+                new = pos
+                want = min(len(_STATUS_PREFIX), self._remaining)
+                if end - pos >= want:
+                    if buf.startswith(_STATUS_PREFIX[:want], pos):
+                        self._emit(self._head_ns, out, 0)
+                    else:
+                        self._state = _LENGTH
+            else:  # _OPAQUE
+                return end
+            if new == pos and self._state == state:
+                break
+            pos = new
+        return pos
+
+    def _ts_at(self, offset: int) -> int:
+        """Timestamp of the feed that carried ``_buf``-relative byte ``offset``."""
+        target = self._base + offset
+        for mark, ts in reversed(self._marks):
+            if mark <= target:
+                return ts
+        return self._last_ts
+
+    def _resync(self, pos: int) -> int:
+        """Malformed input at ``pos``: count it once, then skip to the next plausible start line."""
+        self.parse_errors += 1
+        self._line = ()
+        self._state = _SYNC
+        return pos + 1
+
+    def _head(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+        pos = _BLANK.match(buf, pos).end()  # type: ignore[union-attr]  # always matches
+        end = len(buf)
+        if pos == end:
+            return pos
+        if not self._line:
+            eol = buf.find(b"\n", pos, pos + MAX_LINE)
+            if eol == -1:
+                if end - pos >= MAX_LINE or not self._could_start(buf, pos):
+                    return self._resync(pos)
+                return pos
+            line = self._parse_start_line(buf, pos, eol + 1)
+            if line is None:
+                return self._resync(pos)
+            self._line = line
+            self._start_ns = self._ts_at(pos)
+            self._scan = self._base + eol
+        # A valid start line followed by a bad header section is skipped whole: resuming inside
+        # it would find its own tail ("ET /a HTTP/1.1") and fail again.
+        eol = buf.find(b"\n", pos)
+        found = _HEAD_END.search(buf, max(pos, self._scan - self._base))
+        if found is None:
+            if end - pos > MAX_HEAD:
+                return self._resync(eol)
+            self._scan = self._base + max(pos, end - 2)
+            return pos
+        headers = parse_fields(buf[eol + 1 : found.start() + 1])
+        if headers is None:
+            return self._resync(eol)
+        self._headers = headers
+        self._head_ns = ts
+        framing = self._framing()
+        if framing == _INTERIM:
+            self._line = ()
+        elif framing in (_NO_BODY, _TUNNEL) or (
+            framing in (_FIXED, _PEEK_FIXED) and self._remaining == 0
+        ):
+            self._emit(ts, out, 0)
+            if framing == _TUNNEL:
+                self._state = _OPAQUE
+        elif framing == _FIXED:
+            self._state = _LENGTH
+        elif framing == _PEEK_FIXED:
+            self._state = _PEEK
+        elif framing == _CHUNKED:
+            self._state = _CHUNK_SIZE
+        elif framing == _TO_CLOSE:
+            self._state = _UNTIL_CLOSE
+        else:
+            self._emit(ts, out, None, MALFORMED)
+            return self._resync(found.end() - 1)
+        return found.end()
+
+    def _chunk_size(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+        eol = buf.find(b"\n", pos, pos + MAX_LINE)
+        if eol == -1:
+            return self._malformed(pos, ts, out) if len(buf) - pos >= MAX_LINE else pos
+        match = _CHUNK_LINE.fullmatch(buf, pos, eol + 1)
+        if match is None:
+            return self._malformed(pos, ts, out)
+        size = int(match.group(1), 16)
+        if size:
+            self._remaining = size
+            self._state = _CHUNK_DATA
+        else:
+            self._scan = self._base + eol + 1
+            self._state = _TRAILERS
+        return eol + 1
+
+    def _chunk_end(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+        if buf.startswith(b"\n", pos):
+            self._state = _CHUNK_SIZE
+            return pos + 1
+        if buf.startswith(b"\r\n", pos):
+            self._state = _CHUNK_SIZE
+            return pos + 2
+        if len(buf) - pos == 1 and buf[pos] == 13:
+            return pos
+        return self._malformed(pos, ts, out)
+
+    def _trailers(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+        if buf.startswith(b"\n", pos):
+            end = pos + 1
+        elif buf.startswith(b"\r\n", pos):
+            end = pos + 2
+        elif len(buf) - pos == 1 and buf[pos] == 13:
+            return pos
+        else:
+            found = _HEAD_END.search(buf, max(pos, self._scan - self._base))
+            if found is None:
+                if len(buf) - pos > MAX_HEAD:
+                    return self._malformed(pos, ts, out, self._body)
+                self._scan = self._base + max(pos, len(buf) - 2)
+                return pos
+            end = found.end()
+        self._emit(ts, out, self._body)
+        return end
+
+    def _malformed(
+        self, pos: int, ts: int, out: list[Message], body_size: int | None = None
+    ) -> int:
+        """The body's framing broke: report the message as far as it went and resynchronise."""
+        self._emit(ts, out, body_size, MALFORMED)
+        return self._resync(pos)
+
+    def _salvage_head(self, reason: str, ts: int, out: list[Message]) -> None:
+        """Report a message whose head was cut off, with the header lines seen so far."""
+        if not self._line:
+            return
+        buf = self._buf
+        first = buf.find(b"\n")
+        last = buf.rfind(b"\n")
+        self._headers = parse_fields(buf[first + 1 : last + 1]) or ()
+        framing = self._framing()
+        if framing != _INTERIM:
+            self._emit(ts, out, None, reason)
+        if framing == _TUNNEL:
+            self._state = _OPAQUE
+
+    def _emit(
+        self, end_ns: int, out: list[Message], body_size: int | None, incomplete: str | None = None
+    ) -> None:
+        out.append(self._message(end_ns, body_size, incomplete))
+        self._line = ()
+        self._headers = ()
+        self._body = 0
+        self._remaining = 0
+        self._state = _HEAD
+
+    # -- what differs between requests and responses ------------------------------------------
+
+    def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
+        raise NotImplementedError
+
+    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
+        raise NotImplementedError
+
+    def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
+        """Offset of the first plausible start line at or after ``pos``, or -1."""
+        raise NotImplementedError
+
+    def _framing(self) -> int:
+        """Classify the body of the message whose head was just parsed (sets ``_remaining``)."""
+        raise NotImplementedError
+
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Message:
+        raise NotImplementedError
+
+
+class RequestParser(_Parser):
+    KEEP_TAIL = MAX_LINE + 16
+
+    def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
+        return _TCHAR.match(buf, pos) is not None
+
+    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
+        match = _REQUEST_LINE.fullmatch(buf, pos, end)
+        if match is None:
+            return None
+        method, target, minor = match.groups()
+        return method.decode("ascii"), _decode_target(target), "1.1" if minor == b"1" else "1.0"
+
+    def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
+        # Anchor on " HTTP/1.x" (a fast find), then walk back over the target and the method.
+        at = buf.find(b" HTTP/1.", pos)
+        while at != -1:
+            if _VERSION_TAIL.match(buf, at):
+                space = buf.rfind(b" ", max(pos, at - MAX_LINE), at)
+                if space > pos and _TARGET.fullmatch(buf, space + 1, at):
+                    method = _METHOD_TAIL.search(buf, max(pos, space - 32), space)
+                    if method is not None:
+                        return _known_method_start(bytes(buf[method.start() : space]), space)
+            at = buf.find(b" HTTP/1.", at + 1)
+        return -1
+
+    def _framing(self) -> int:
+        self._methods.append(self._line[0])
+        chunked, length = _body_framing(self._headers)
+        if chunked is not None:
+            return _CHUNKED if chunked else _INVALID
+        if length == -1:
+            return _INVALID
+        self._remaining = max(length, 0)
+        return _FIXED
+
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Request:
+        method, target, version = self._line
+        return Request(
+            direction=self.direction,
+            start_ns=self._start_ns,
+            end_ns=end_ns,
+            method=method,
+            target=target,
+            version=version,
+            headers=self._headers,
+            body_size=body_size,
+            incomplete=incomplete,
+        )
+
+
+class ResponseParser(_Parser):
+    KEEP_TAIL = 12  # len(b"HTTP/1.1 200")
+
+    def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
+        prefix = bytes(buf[pos : pos + 7])
+        return b"HTTP/1.".startswith(prefix)
+
+    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
+        match = _STATUS_LINE.fullmatch(buf, pos, end)
+        if match is None:
+            return None
+        minor, status, reason = match.groups()
+        return int(status), (reason or b"").decode("latin-1"), "1.1" if minor == b"1" else "1.0"
+
+    def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
+        at = buf.find(b"HTTP/1.", pos)
+        while at != -1 and not _STATUS_START.match(buf, at):
+            at = buf.find(b"HTTP/1.", at + 1)
+        return at
+
+    def _framing(self) -> int:
+        status = self._line[0]
+        if status < 200 and status != 101:
+            return _INTERIM  # 100 Continue, 103 Early Hints: the final response follows
+        # Responses come in request order; an empty FIFO means the request was not captured.
+        method = self._methods.popleft() if self._methods else None
+        if status == 101 or (method == "CONNECT" and status < 300):
+            return _TUNNEL
+        if method == "HEAD" or status in (204, 304):
+            return _NO_BODY
+        chunked, length = _body_framing(self._headers)
+        if chunked is not None:
+            return _CHUNKED if chunked else _TO_CLOSE
+        if length == -2:
+            return _TO_CLOSE
+        if length == -1:
+            return _INVALID
+        self._remaining = length
+        if method in KNOWN_METHODS:
+            return _FIXED
+        # Unsure what was asked: the request was not captured, or the capture began inside its
+        # method ("EAD"). A "body" that starts with a status line is the next response, and
+        # this one answered a HEAD request.
+        return _PEEK_FIXED
+
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Response:
+        status, reason, version = self._line
+        return Response(
+            direction=self.direction,
+            start_ns=self._start_ns,
+            end_ns=end_ns,
+            status=status,
+            reason=reason,
+            version=version,
+            headers=self._headers,
+            body_size=body_size,
+            incomplete=incomplete,
+        )
+
+
+def _decode_target(raw: bytes) -> str:
+    """Targets are ASCII on the wire; stray non-ASCII bytes are shown as UTF-8 where they are."""
+    return raw.decode("ascii") if raw.isascii() else raw.decode("utf-8", "replace")
+
+
+def _known_method_start(token: bytes, end: int) -> int:
+    """Where a resynchronised method starts: bytes glued before a known method are garbage."""
+    for method in _KNOWN_METHODS_LONGEST_FIRST:
+        if token.endswith(method):
+            return end - len(method)
+    return end - len(token)

@@ -1,0 +1,55 @@
+"""One HTTP/1.x connection: a request parser and a response parser that share the request FIFO."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from otel_ebpf.protocol import Direction, Message, Role, Session
+
+from .parser import MAX_PENDING, RequestParser, ResponseParser
+
+
+class HTTP1Session(Session):
+    """Routes each direction to its parser and keeps the two in step.
+
+    The response parser must know the method of the request each response answers (a response to
+    HEAD has no body whatever its headers say), and responses come in request order, so the
+    request parser appends methods to a bounded FIFO that the response parser consumes. When a
+    response switches protocols (101, or 2xx to CONNECT) both directions stop being HTTP/1.
+    """
+
+    def __init__(self, role: Role) -> None:
+        methods: deque[str] = deque(maxlen=MAX_PENDING)
+        requests = Direction.INGRESS if role is Role.SERVER else Direction.EGRESS
+        self._requests = RequestParser(requests, methods)
+        self._responses = ResponseParser(requests.reverse(), methods)
+        self._parsers = {requests: self._requests, requests.reverse(): self._responses}
+
+    @property
+    def parse_errors(self) -> int:  # type: ignore[override]
+        return self._requests.parse_errors + self._responses.parse_errors
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an unfinished head or line: at most ``MAX_HEAD`` per direction."""
+        return self._requests.buffered + self._responses.buffered
+
+    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:
+        parser = self._parsers[direction]
+        messages = parser.feed(data, timestamp_ns)
+        self._follow_upgrade(parser)
+        return messages
+
+    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[Message]:
+        parser = self._parsers[direction]
+        messages = parser.gap(length, timestamp_ns)
+        self._follow_upgrade(parser)
+        return messages
+
+    def close(self, timestamp_ns: int) -> list[Message]:
+        # Requests first: an unanswered request must reach the stitcher before a late response.
+        return self._requests.close() + self._responses.close()
+
+    def _follow_upgrade(self, parser: RequestParser | ResponseParser) -> None:
+        if parser is self._responses and parser.opaque and not self._requests.opaque:
+            self._requests.stop()

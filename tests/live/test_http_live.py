@@ -1,0 +1,181 @@
+"""Live BPF: real HTTP/1.1 servers and clients, the agent attached, a real OTLP receiver.
+
+One agent run covers the whole scenario of ``http_workload.py`` plus curl; the assertions compare
+what the OTLP receiver got with what the clients say they did, request by request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import AGENT, REPO
+from tests.otlp_receiver import OTLPReceiver, load_file_spans
+
+pytestmark = pytest.mark.bpf
+WORKLOAD = [sys.executable, str(Path(__file__).with_name("http_workload.py"))]
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear within {timeout}s")
+
+
+class LiveRun:
+    """Server, agent and clients for one scenario; results read after the agent stopped."""
+
+    def __init__(self, tmp: Path, receiver: OTLPReceiver) -> None:
+        self.tmp = tmp
+        self.receiver = receiver
+        self.requests: list[dict] = []
+
+    def __enter__(self) -> LiveRun:
+        port_file = self.tmp / "port"
+        self.server = subprocess.Popen([*WORKLOAD, "serve", str(port_file)])
+        self.port = int(_wait_for_file(port_file, self.server))
+        ready = self.tmp / "ready"
+        self.agent = subprocess.Popen(
+            [*AGENT, "run", "--port", str(self.port),
+             "--exporter", "otlp", "--otlp-endpoint", self.receiver.grpc_endpoint,
+             "--exporter", "file", "--output", str(self.tmp / "out"),
+             "--record", str(self.tmp / "events.jsonl"), "--ready-file", str(ready)],
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
+        )
+        _wait_for_file(ready, self.agent)
+        return self
+
+    def run_clients(self) -> None:
+        client = subprocess.Popen([*WORKLOAD, "client", str(self.port)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        out, _ = client.communicate("go\n", timeout=120)
+        assert client.returncode == 0
+        self.requests += [json.loads(line) for line in out.splitlines()]
+        base = f"http://127.0.0.1:{self.port}"
+        for path, status in (("/items/4711", 200), ("/missing-curl", 404)):
+            subprocess.run(["curl", "-s", "-o", "/dev/null", base + path], check=True, timeout=30)
+            self.requests.append({"method": "GET", "path": path, "status": status})
+
+    def __exit__(self, *exc: object) -> None:
+        self.agent.send_signal(signal.SIGINT)
+        try:
+            self.agent_stderr = self.agent.communicate(timeout=60)[1]
+        finally:
+            self.server.kill()
+            self.server.wait()
+        assert self.agent.returncode == 0, self.agent_stderr
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("live-http")
+    with OTLPReceiver() as receiver:
+        with LiveRun(tmp, receiver) as run:
+            run.run_clients()
+        receiver.wait_for(lambda r: len(r.spans()) >= 2 * len(run.requests), timeout=30)
+        yield run, receiver.spans(), receiver.metrics()
+
+
+def _by_kind(spans: list[dict], kind: str) -> list[dict]:
+    return [s for s in spans if s["kind"] == kind]
+
+
+def _request_key(span: dict) -> tuple[str, str, int]:
+    a = span["attributes"]
+    path = a["url.path"] if "url.path" in a else "/" + a["url.full"].split("/", 3)[3]
+    return a["http.request.method"], path.split("?")[0], a.get("http.response.status_code")
+
+
+def test_one_server_and_one_client_span_per_request(live) -> None:
+    run, spans, _ = live
+    expected = Counter((r["method"], r["path"], r["status"]) for r in run.requests)
+    assert len(run.requests) == 200 + 5 + 3 + 2
+    for kind in ("SERVER", "CLIENT"):
+        got = Counter(_request_key(s) for s in _by_kind(spans, kind))
+        assert got == expected, f"{kind}: missing {expected - got}, unexpected {got - expected}"
+
+
+def test_span_names_statuses_and_resources(live) -> None:
+    run, spans, _ = live
+    server = _by_kind(spans, "SERVER")
+    names = Counter(s["name"] for s in server)
+    assert names["GET /items/{id}"] == 200 + 1  # every numeric id, curl's included
+    assert names["POST /upload"] == 1
+    errors = {s["attributes"]["http.response.status_code"] for s in server if s["status_code"] == "ERROR"}
+    assert errors == {500}  # 404 is not a server error
+    client_errors = Counter(
+        s["attributes"]["http.response.status_code"] for s in _by_kind(spans, "CLIENT") if s["status_code"] == "ERROR"
+    )
+    assert client_errors == Counter({404: 2, 500: 1})
+    assert {s["resource"]["process.pid"] for s in server} == {run.server.pid}
+    interpreter = os.path.basename(os.path.realpath(sys.executable))
+    assert {s["resource"]["service.name"] for s in server} == {interpreter}
+    curl = [s for s in _by_kind(spans, "CLIENT") if s["resource"]["process.executable.name"] == "curl"]
+    assert len(curl) == 2
+    for s in server:
+        # server.* come from the Host header: the pipelined requests send one without a port.
+        pipelined = "pipelined" in s["attributes"]["url.path"]
+        assert s["attributes"]["server.port"] == (80 if pipelined else run.port)
+        assert s["attributes"]["client.address"] == "127.0.0.1"
+        assert s["attributes"]["network.peer.port"] != run.port
+
+
+def test_body_sizes_past_the_capture_cap(live) -> None:
+    from tests.live.http_workload import LARGE_BODY, UPLOAD_BODY
+
+    _, spans, _ = live
+    server = {s["name"]: s["attributes"] for s in _by_kind(spans, "SERVER")}
+    assert server["GET /large"]["http.response.body.size"] == LARGE_BODY
+    assert server["POST /upload"]["http.request.body.size"] == UPLOAD_BODY
+    assert server["GET /chunked"]["http.response.body.size"] == len(b"hello chunked world")
+
+
+def test_timing_order_client_encloses_server(live) -> None:
+    _, spans, _ = live
+    servers: dict[tuple, list[dict]] = {}
+    for s in _by_kind(spans, "SERVER"):
+        servers.setdefault(_request_key(s), []).append(s)
+    for c in _by_kind(spans, "CLIENT"):
+        assert c["start_ns"] <= c["end_ns"]
+        candidates = servers[_request_key(c)]
+        assert any(c["start_ns"] <= s["start_ns"] <= s["end_ns"] <= c["end_ns"] for s in candidates), c
+
+
+def test_duration_histograms_count_every_request(live) -> None:
+    run, spans, metrics = live
+    for name, kind in (("http.server.request.duration", "SERVER"), ("http.client.request.duration", "CLIENT")):
+        points = metrics[name]
+        assert sum(p["count"] for p in points) == len(_by_kind(spans, kind))
+        assert all(p["explicit_bounds"][:2] == [0.005, 0.01] for p in points)
+
+
+def test_file_exporter_got_the_same_spans(live) -> None:
+    run, spans, _ = live
+    from_file = load_file_spans(run.tmp / "out" / "traces.jsonl")
+    key = lambda s: (s["trace_id"], s["span_id"])  # noqa: E731
+    assert sorted(from_file, key=key) == sorted(spans, key=key)
+
+
+def test_replay_reproduces_the_live_spans(live, tmp_path: Path) -> None:
+    run, spans, _ = live
+    result = subprocess.run(
+        [*AGENT, "replay", str(run.tmp / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    replayed = load_file_spans(tmp_path / "traces.jsonl")
+    key = lambda s: (s["trace_id"], s["span_id"])  # noqa: E731
+    assert sorted(replayed, key=key) == sorted(spans, key=key)

@@ -1,0 +1,335 @@
+"""Edge cases of the HTTP/1 session and stitcher, on hand-written byte streams."""
+
+from __future__ import annotations
+
+import pytest
+from http1_replay import Chunk, replay
+from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
+from otel_ebpf.protocols.http1.parser import MALFORMED, MAX_HEAD, MAX_PENDING
+from otel_ebpf.protocols.http1.types import CAPTURE_GAP
+from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
+
+from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Role, Sniff
+
+IN, OUT = Direction.INGRESS, Direction.EGRESS
+GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+def ok(body: bytes = b"", status: int = 200, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 %d OK\r\n%sContent-Length: %d\r\n\r\n%s" % (status, extra, len(body), body)
+
+
+def chunks(*items: tuple[Direction, bytes] | tuple[Direction, bytes, int]) -> list[Chunk]:
+    """Chunks at t = 10, 20, 30, ...; a third element is a gap after the chunk's bytes."""
+    return [
+        Chunk(item[0], 10 * (i + 1), item[1], item[2] if len(item) > 2 else 0)
+        for i, item in enumerate(items)
+    ]
+
+
+def brief(run) -> list[tuple]:
+    return [
+        (
+            e.request.method,
+            e.request.target,
+            e.request.body_size,
+            e.request.incomplete,
+            e.response and e.response.status,
+            e.response and e.response.body_size,
+            e.response and e.response.incomplete,
+        )
+        for e in run.exchanges
+    ]
+
+
+# -- sniff ----------------------------------------------------------------------------------------
+
+SERVER, CLIENT = Sniff(True, role=Role.SERVER), Sniff(True, role=Role.CLIENT)
+
+
+@pytest.mark.parametrize(
+    ("direction", "data", "want"),
+    [
+        (IN, b"GET /x HTTP/1.1\r\nHost: a\r\n", SERVER),
+        (OUT, b"GET /x HTTP/1.1\r\n", CLIENT),
+        (IN, b"PROPFIND /dav HTTP/1.0\n", SERVER),
+        (OUT, b"HTTP/1.1 200 OK\r\n", SERVER),
+        (IN, b"HTTP/1.0 404 Not Found\r\n", CLIENT),
+        (IN, b"HTTP/1.1 204\r\n", CLIENT),
+        (IN, b"", NEED_MORE),
+        (IN, b"G", NEED_MORE),
+        (IN, b"GET /x HT", NEED_MORE),
+        (IN, b"GET /x HTTP/1.1", NEED_MORE),
+        (IN, b"GET /x HTTP/1.1\r", NEED_MORE),
+        (OUT, b"HTTP/1.", NEED_MORE),
+        (OUT, b"HTTP/1.1 2", NEED_MORE),
+        (IN, b"get /x HTTP/1.1\r\n", NO_MATCH),
+        (IN, b"GET /x HTTP/2.0\r\n", NO_MATCH),
+        (IN, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", NO_MATCH),
+        (IN, b"GET /x y HTTP/1.1\r\n", NO_MATCH),
+        (IN, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", NO_MATCH),
+        (OUT, b"HTTP/1.1 20x OK\r\n", NO_MATCH),
+        (OUT, b"HTTP/1.1 2x", NO_MATCH),
+        (IN, b"GET  /x", NO_MATCH),
+        (IN, b"*1\r\n$4\r\nPING\r\n", NO_MATCH),
+    ],
+)
+def test_sniff(direction: Direction, data: bytes, want: Sniff) -> None:
+    assert HTTP1().sniff(direction, data) == want
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+def test_options() -> None:
+    assert HTTP1({"capture_headers": ["Content-Type", "X-Request-Id"]}).capture_headers == {
+        "content-type",
+        "x-request-id",
+    }
+    assert HTTP1().capture_headers == frozenset()
+    with pytest.raises(ValueError, match=r"^capture_headers: "):
+        HTTP1({"capture_headers": "content-type"})
+    with pytest.raises(ValueError, match=r"^capture_headers: "):
+        HTTP1({"capture_headers": ["ok", 3]})
+    with pytest.raises(ValueError, match=r"^capture_headers: .*'bad name'"):
+        HTTP1({"capture_headers": ["bad name"]})
+    with pytest.raises(ValueError, match=r"^capture_body: unknown option"):
+        HTTP1({"capture_body": True})
+
+
+# -- framing --------------------------------------------------------------------------------------
+
+
+def test_bare_lf_and_folded_headers() -> None:
+    session = HTTP1Session(Role.SERVER)
+    (request,) = session.feed(IN, b"GET /a HTTP/1.0\nX-Long: one\n  two\nHost: h\n\n", 1)
+    assert (request.version, request.headers) == ("1.0", (("x-long", "one two"), ("host", "h")))
+
+
+def test_interim_responses_are_not_exchanges() -> None:
+    run = replay(
+        chunks(
+            (IN, b"POST /u HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n"),
+            (OUT, b"HTTP/1.1 100 Continue\r\n\r\n"),
+            (IN, b"abc"),
+            (OUT, b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n"),
+            (OUT, ok(b"done", 201)),
+        )
+    )
+    assert brief(run) == [("POST", "/u", 3, None, 201, 4, None)]
+    (exchange,) = run.exchanges
+    assert (exchange.request.start_ns, exchange.request.end_ns) == (10, 30)
+    assert (exchange.response.start_ns, exchange.end_ns) == (50, 50)
+
+
+def test_read_until_close_ends_at_the_last_byte() -> None:
+    run = replay(chunks((IN, GET), (OUT, b"HTTP/1.0 200 OK\r\n\r\nab"), (OUT, b"cd")))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 4, None)]
+    assert run.exchanges[0].end_ns == 30
+    assert run.exchanges[0].response.version == "1.0"
+
+
+def test_response_cut_by_close_is_an_error() -> None:
+    run = replay(chunks((IN, GET), (OUT, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 3, CONNECTION_CLOSED)]
+    assert run.exchanges[0].transaction().error == CONNECTION_CLOSED
+
+
+def test_unanswered_request_is_flushed_with_the_close_time() -> None:
+    run = replay(chunks((IN, GET), (IN, b"POST /b HTTP/1.1\r\nContent-Length: 5\r\n\r\nab")))
+    assert brief(run) == [
+        ("GET", "/a", 0, None, None, None, None),
+        ("POST", "/b", 2, CONNECTION_CLOSED, None, None, None),
+    ]
+    assert [e.end_ns for e in run.exchanges] == [21, 21]  # replay closes at last t + 1
+
+
+def test_upgrade_switches_both_directions_off() -> None:
+    frames = b"\x81\x05hello" * 3
+    run = replay(
+        chunks(
+            (IN, b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+            (OUT, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n" + frames),
+            (IN, frames + b"GET /not-http HTTP/1.1\r\n\r\n"),
+            (OUT, frames + ok()),
+        )
+    )
+    assert brief(run) == [("GET", "/ws", 0, None, 101, 0, None)]
+    assert run.session.parse_errors == 0
+    assert run.session.buffered == 0
+
+
+def test_connect_tunnel() -> None:
+    run = replay(
+        chunks(
+            (OUT, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
+            (IN, b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            (OUT, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03"),
+            (IN, b"\x16\x03\x03\x00\x7a\x02\x00\x00\x76"),
+        ),
+        Role.CLIENT,
+    )
+    assert brief(run) == [("CONNECT", "example.com:443", 0, None, 200, 0, None)]
+    assert run.session.parse_errors == 0
+
+
+def test_early_response_pairs_with_the_request_it_interrupted() -> None:
+    """A server may answer (413, 401) before reading the whole upload; the client then gives up."""
+    run = replay(
+        chunks(
+            (IN, b"PUT /big HTTP/1.1\r\nContent-Length: 1000000\r\n\r\nxxxx"),
+            (OUT, ok(b"too big", 413, b"Connection: close\r\n")),
+            (IN, b"yyyy"),
+        )
+    )
+    assert brief(run) == [("PUT", "/big", 8, CONNECTION_CLOSED, 413, 7, None)]
+    assert run.stitcher.unmatched == 0
+
+
+def test_head_response_whose_request_was_not_seen() -> None:
+    """Content-Length on a response to an uncaptured HEAD: the next status line is not its body."""
+    run = replay(chunks((OUT, ok(b"x" * 50)[:-50]), (IN, GET), (OUT, ok(b"hi"))))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 2, None)]
+    assert run.stitcher.unmatched == 1
+
+
+def test_invalid_content_length_keeps_the_fifo_aligned() -> None:
+    run = replay(
+        chunks(
+            (IN, b"POST /a HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\n"),
+            (IN, GET),
+            (OUT, ok(b"1")),
+            (OUT, ok(b"2")),
+        )
+    )
+    assert brief(run) == [
+        ("POST", "/a", None, MALFORMED, 200, 1, None),
+        ("GET", "/a", 0, None, 200, 1, None),
+    ]
+    assert run.session.parse_errors == 1
+
+
+def test_matching_content_length_duplicates_are_accepted() -> None:
+    (request,) = HTTP1Session(Role.SERVER).feed(
+        IN, b"POST /a HTTP/1.1\r\nContent-Length: 2, 2\r\ncontent-length: 2\r\n\r\nab", 1
+    )
+    assert request.body_size == 2
+
+
+def test_transfer_encoding_wins_over_content_length() -> None:
+    (request,) = HTTP1Session(Role.SERVER).feed(
+        IN,
+        b"POST /a HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        b"2\r\nab\r\n0\r\n\r\n",
+        1,
+    )
+    assert (request.body_size, request.incomplete) == (2, None)
+
+
+# -- resynchronisation ----------------------------------------------------------------------------
+
+
+def test_mid_stream_garbage_counts_one_error_per_resync() -> None:
+    run = replay(chunks((IN, b'ue", "tail": [1, 2, 3]}' * 50 + GET), (OUT, ok())))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 0, None)]
+    assert run.session.parse_errors == 1
+
+
+def test_known_method_preferred_when_glued_to_garbage() -> None:
+    run = replay(chunks((IN, b"\x00\x01ZZGET /a HTTP/1.1\r\n\r\n"), (OUT, ok())))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 0, None)]
+
+
+def test_bad_chunk_size_reports_the_message_and_resyncs() -> None:
+    run = replay(
+        chunks(
+            (IN, GET),
+            (IN, GET),
+            (OUT, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"),
+            (OUT, ok(b"x")),
+        )
+    )
+    assert brief(run) == [
+        ("GET", "/a", 0, None, 200, None, MALFORMED),
+        ("GET", "/a", 0, None, 200, 1, None),
+    ]
+    assert run.session.parse_errors == 1
+
+
+# -- capture gaps ---------------------------------------------------------------------------------
+
+
+def test_gap_inside_a_chunk_is_skipped() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    run = replay(chunks((IN, GET), (OUT, head + b"100\r\nab", 254), (OUT, b"\r\n0\r\n\r\n")))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 256, None)]
+
+
+def test_gap_across_chunk_framing_resyncs_to_the_next_response() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    run = replay(
+        chunks(
+            (IN, GET + GET),
+            (OUT, head + b"10\r\nab", 500),
+            (OUT, b"more chunks\r\n0\r\n\r\n" + ok(b"next")),
+        )
+    )
+    assert brief(run) == [
+        ("GET", "/a", 0, None, 200, None, CAPTURE_GAP),
+        ("GET", "/a", 0, None, 200, 4, None),
+    ]
+    assert run.session.parse_errors == 0  # a gap is a known loss, not malformed input
+    assert run.exchanges[0].transaction().error is None
+
+
+def test_gap_past_the_end_of_a_known_length_body() -> None:
+    run = replay(chunks((IN, GET + GET + GET), (OUT, ok(b"a" * 100)[:60], 200), (OUT, ok(b"c"))))
+    # the gap held the rest of the first response and all of the second
+    assert brief(run)[0] == ("GET", "/a", 0, None, 200, 100, None)
+    assert brief(run)[1][4:] == (200, 1, None)
+
+
+def test_gap_inside_the_head_salvages_start_line_and_complete_header_lines() -> None:
+    head = b"POST /up?x=1 HTTP/1.1\r\nHost: example.com\r\nX-Big: " + b"v" * 50
+    run = replay(chunks((IN, head, 5000), (IN, b"tail of the body"), (OUT, ok(b"k"))))
+    (exchange,) = run.exchanges
+    assert brief(run) == [("POST", "/up?x=1", None, CAPTURE_GAP, 200, 1, None)]
+    assert exchange.request.headers == (("host", "example.com"),)
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+
+def test_header_section_is_bounded() -> None:
+    session = HTTP1Session(Role.SERVER)
+    session.feed(IN, b"GET /a HTTP/1.1\r\n", 1)
+    for i in range(20):
+        session.feed(IN, b"X-Filler: " + b"f" * 8000 + b"\r\n", i)
+        assert session.buffered <= MAX_HEAD
+    assert session.parse_errors == 1
+    assert session.feed(IN, b"\r\n" + GET, 99)[0].target == "/a"
+
+
+def test_pending_requests_are_bounded() -> None:
+    protocol = HTTP1()
+    session, stitcher = protocol.new_session(Role.CLIENT), protocol.new_stitcher(Role.CLIENT)
+    for i in range(MAX_PENDING + 44):
+        for message in session.feed(OUT, b"GET /%d HTTP/1.1\r\n\r\n" % i, i):
+            assert stitcher.add(message) == []
+    assert stitcher.pending == MAX_PENDING
+    assert stitcher.unmatched == 44
+    (message,) = session.feed(IN, ok(b"x" * 10), 10_000)
+    assert message.body_size == 10  # the response parser used the method of a request still queued
+    (exchange,) = stitcher.add(message)
+    assert exchange.request.target == "/44"
+
+
+def test_stitcher_counts_foreign_and_orphan_messages() -> None:
+    stitcher = FifoStitcher()
+    response = Response(IN, 5, 6, 200, "OK", "1.1", (), 0)
+    assert stitcher.add(response) == []
+    assert stitcher.add(Request(OUT, 7, 7, "GET", "/", "1.1", (), 0)) == []  # started after it
+    assert stitcher.unmatched == 1
+    (exchange,) = stitcher.flush(100)
+    assert (exchange.response, exchange.end_ns) == (None, 100)
+    assert stitcher.pending == 0

@@ -1,0 +1,60 @@
+"""procfs helpers against this machine's real /proc, with real sockets and processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from otel_ebpf import procfs
+from otel_ebpf.protocol import Endpoint, Role
+
+
+def test_socket_tuple_of_a_connected_pair() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                client_port = client.getsockname()[1]
+                got_client = procfs.socket_tuple(os.getpid(), client.fileno())
+                got_server = procfs.socket_tuple(os.getpid(), accepted.fileno())
+    assert got_client == procfs.SocketTuple(Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port), Role.CLIENT)
+    assert got_server == procfs.SocketTuple(Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", client_port), Role.SERVER)
+
+
+def test_socket_tuple_ipv6_and_non_sockets() -> None:
+    with socket.create_server(("::1", 0), family=socket.AF_INET6) as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("::1", port)) as client:
+            got = procfs.socket_tuple(os.getpid(), client.fileno())
+    assert got is not None and got.peer == Endpoint("::1", port)
+    r, w = os.pipe()
+    try:
+        assert procfs.socket_tuple(os.getpid(), r) is None
+    finally:
+        os.close(r)
+        os.close(w)
+    assert procfs.socket_tuple(2**22, 3) is None  # no such process
+
+
+def test_process_identity_reads_only_resource_variables() -> None:
+    env = {"PATH": os.environ["PATH"], "OTEL_SERVICE_NAME": "checkout", "SECRET_TOKEN": "x",
+           "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
+    child = subprocess.Popen([sys.executable, "-c", "print(flush=True); import time; time.sleep(30)"],
+                             env=env, stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # exec has completed
+        ident = procfs.process_identity(child.pid)
+        assert ident is not None
+        assert ident.environment == {"OTEL_SERVICE_NAME": "checkout",
+                                     "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
+        assert ident.executable == os.path.realpath(sys.executable)
+        assert ident.command_line == f"{sys.executable} -c print(flush=True); import time; time.sleep(30)"
+        assert procfs.executable_matches(child.pid, ["python3*"])
+        assert not procfs.executable_matches(child.pid, ["nginx"])
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.process_identity(child.pid) is None

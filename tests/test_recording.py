@@ -1,0 +1,54 @@
+"""Recording format: every event type round-trips exactly; bad files give errors naming the line."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from otel_ebpf.events import ConnClose, ConnData, ConnOpen, KernelLoss, ProcessExit, ProcessInfo
+from otel_ebpf.protocol import Direction, Endpoint, Role
+from otel_ebpf.recording import RecordingError, RecordingHeader, RecordingWriter, read_recording
+
+EVENTS = [
+    ProcessInfo(1, 42, "/usr/bin/python3", "python3 app.py", {"OTEL_SERVICE_NAME": "app"}),
+    ConnOpen(2, 42, 7, 99, Role.SERVER, Endpoint("127.0.0.1", 80), Endpoint("::1", 5555)),
+    ConnOpen(3, 42, 8, 100, None, None, None),
+    ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 10_000, b"GET / HTTP/1.1\r\n\x00\xff"),
+    ConnClose(5, 42, 7, 99),
+    KernelLoss(6, 3),
+    ProcessExit(7, 42),
+]
+
+
+def test_round_trip() -> None:
+    buf = io.StringIO()
+    RecordingWriter(buf, RecordingHeader("node-1")).write(EVENTS)
+    header, events = read_recording(io.StringIO(buf.getvalue()))
+    assert header.host_name == "node-1"
+    assert list(events) == EVENTS
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "line 1: not a recording header"),
+        ('{"format": "pcap"}\n', "line 1: not an otel-ebpf-events recording"),
+        ('{"format": "otel-ebpf-events", "version": 99}\n', "line 1: recording version 99"),
+    ],
+)
+def test_bad_header(text: str, message: str) -> None:
+    with pytest.raises(RecordingError, match=message):
+        read_recording(io.StringIO(text))
+
+
+def test_truncated_recording_names_the_line_after_yielding_what_came_before() -> None:
+    buf = io.StringIO()
+    RecordingWriter(buf, RecordingHeader("n")).write(EVENTS[:2])
+    text = buf.getvalue() + '{"type": "ConnData", "timestamp_ns": 1'
+    _, events = read_recording(io.StringIO(text))
+    got = []
+    with pytest.raises(RecordingError, match="line 4"):
+        for event in events:
+            got.append(event)
+    assert got == EVENTS[:2]
