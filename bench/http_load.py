@@ -44,7 +44,7 @@ class Result:
 
 def _wrk(port: int, duration: float, connections: int) -> tuple[int, float]:
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", f"http://127.0.0.1:{port}/health"],
+        ["wrk", "-t1", f"-c{connections}", f"-d{round(duration)}s", f"http://127.0.0.1:{port}/health"],
         capture_output=True, text=True, check=True,
     ).stdout
     requests = int(re.search(r"(\d+) requests in", out).group(1))

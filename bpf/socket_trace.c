@@ -108,6 +108,7 @@ struct conn_info {
 struct active_io {
     u64 buf;         // user buffer, or the iovec array for vectored I/O
     u64 sk;
+    u64 enter_ns;
     s32 fd;
     u32 iovcnt;      // 0 for plain buffers
     u32 direction;
@@ -284,7 +285,8 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
     if (!is_target(id >> 32))
         return;
     u32 tid = id;
-    struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction};
+    struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
+                           .enter_ns = bpf_ktime_get_ns()};
     if (active_io.update(&tid, &io))
         count(STAT_ACTIVE_FULL, 1);
 }
@@ -367,7 +369,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     return conns.lookup(&key);
 }
 
-static __always_inline void emit_data(u64 id, s32 fd, u32 generation, u32 direction,
+static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u32 direction,
                                       const char *buf, u32 length) {
     u32 zero = 0;
     struct data_event *ev = data_scratch.lookup(&zero);
@@ -375,6 +377,7 @@ static __always_inline void emit_data(u64 id, s32 fd, u32 generation, u32 direct
         return;
     u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
     fill_header(&ev->h, EV_DATA, id, fd, generation);
+    ev->h.ts = ts;
     ev->direction = direction;
     ev->length = length;
     ev->pad = 0;
@@ -382,8 +385,8 @@ static __always_inline void emit_data(u64 id, s32 fd, u32 generation, u32 direct
     // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
     asm volatile("" : "+r"(n));
     n &= (PAYLOAD_CAP << 1) - 1;
-    if (bpf_probe_read_user(ev->data, n, buf))
-        n = 0;
+    if (!buf || bpf_probe_read_user(ev->data, n, buf))
+        n = 0;  // sendfile: bytes moved from a file, never through a user buffer
     ev->captured = n;
     if (events.ringbuf_output(ev, offsetof(struct data_event, data) + n, 0))
         count(STAT_RINGBUF_FULL, 1);
@@ -408,9 +411,13 @@ static __always_inline void exit_io(void *ctx, long ret) {
     if (gave_up && *gave_up == ci->generation)
         return;
     u32 generation = ci->generation;
+    // Bytes leave a sender when its syscall starts and reach a receiver when its syscall ends;
+    // stamping them so keeps a client's span around the server's even on loopback, where the
+    // reader can return before the writer's syscall does.
+    u64 ts = io.direction == DIR_EGRESS ? io.enter_ns : bpf_ktime_get_ns();
 
     if (!io.iovcnt) {
-        emit_data(id, io.fd, generation, io.direction, (const char *)io.buf, ret);
+        emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret);
         return;
     }
     // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
@@ -425,7 +432,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
             break;
         u64 len = seg.len < left ? seg.len : left;
         if (len)
-            emit_data(id, io.fd, generation, io.direction, seg.base, len);
+            emit_data(ts, id, io.fd, generation, io.direction, seg.base, len);
         left -= len;
     }
     count(STAT_IOV_BYTES, left);
@@ -447,6 +454,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struc
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_io(args, args->ret); return 0; }
+
+// sendfile moves bytes the process never holds: reported as moved, none captured, so parsers
+// can skip over them (a body) instead of losing their place.
+TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { enter_io(args->out_fd, 0, 0, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { exit_io(args, args->ret); return 0; }
 
 // sendmmsg/recvmmsg batch several messages per call; counted so the loss is visible.
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) {

@@ -12,19 +12,20 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
 from . import __version__
 from .config import AgentConfig
 from .connections import ConnectionTracker
 from .events import Event
-from .exporters import TelemetrySink, build_sink
+from .exporters import build_sink
+from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
@@ -58,18 +59,21 @@ class StopSignal:
 class Agent:
     """Wires protocols, pipeline, telemetry and sink from a configuration."""
 
-    def __init__(self, config: AgentConfig, host_name: str | None = None, sink: TelemetrySink | None = None) -> None:
+    def __init__(self, config: AgentConfig, clock: Callable[[], int], host_name: str | None = None) -> None:
+        """``clock`` stamps metric collections: wall time when live, event time when replaying."""
         self.config = config
+        self.clock = clock
         self.host_name = host_name or socket.gethostname()
         self.selfmetrics = SelfMetrics()
         protocols = load_protocols(config.protocols.enabled, config.protocols.options)
-        self.sink = sink if sink is not None else build_sink(config, self.selfmetrics)
+        self.sink = build_sink(config, self.selfmetrics)
         self.telemetry = Telemetry(
-            protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes
+            protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes,
+            DELTA_KINDS[config.export.metric_temporality],
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics)
-        self._self_reader = InMemoryMetricReader()
+        self._self_reader = InMemoryMetricReader(preferred_temporality=self.sink.preferred_temporality)
         self._self_meters = MeterProvider(resource=self._agent_resource(), metric_readers=[self._self_reader])
         self.selfmetrics.register(self._self_meters.get_meter("otel_ebpf", __version__))
         self._next_metrics = time.monotonic() + config.export.metric_interval_s
@@ -99,8 +103,11 @@ class Agent:
 
     def _export_metrics(self) -> None:
         self._next_metrics = time.monotonic() + self.config.export.metric_interval_s
+        resource_metrics = self.telemetry.collect_metrics(self.clock())
         self_data = self._self_reader.get_metrics_data()
-        self.sink.export_metrics(self.telemetry.collect_metrics([self_data] if self_data else []))
+        if self_data is not None:
+            resource_metrics += self_data.resource_metrics
+        self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
 
     def finish(self, timeout_s: float = 10.0) -> None:
         """Flush pending exchanges, spans and metrics, then shut the exporters down."""
@@ -108,7 +115,6 @@ class Agent:
         self._export_spans()
         self._export_metrics()
         self.sink.shutdown(timeout_s)
-        self.telemetry.shutdown()
         self._self_meters.shutdown()
 
 
@@ -118,7 +124,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
-    agent = Agent(config) if export else None
+    agent = Agent(config, time.time_ns) if export else None
     probe = SocketProbe(
         SocketProbeOptions(
             payload_cap=config.capture.payload_cap,
@@ -161,7 +167,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
 def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]) -> None:
     """Run the pipeline over recorded events, as the live agent on ``header.host_name`` did."""
-    agent = Agent(config, host_name=header.host_name or None)
+    pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
+    agent = Agent(config, pipeline_time, host_name=header.host_name or None)
     try:
         for batch in _batches(events, REPLAY_BATCH):
             agent.process(batch)

@@ -26,6 +26,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
     "otel_ebpf.spans.dropped": ("{span}", "Spans dropped: export queue full or export failed", False),
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
+    "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
 }
 

@@ -1,22 +1,19 @@
 """Exchanges become OpenTelemetry spans and metric points, one resource per observed process.
 
 Span ids are derived from the exchange's identity (connection, position on it, start time), not
-drawn at random, so that replaying a recording produces the very same spans (DESIGN.md,
-principle 6). Metrics are recorded through ``opentelemetry-sdk`` meters, one ``MeterProvider`` per
-observed process (the SDK ties a provider to one resource), collected together on a timer.
+drawn at random, and metric points are stamped with event times, so that replaying a recording
+produces the very same telemetry (DESIGN.md, principle 6).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
-from opentelemetry.metrics import Histogram
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import ResourceMetrics
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -24,15 +21,8 @@ from opentelemetry.trace import SpanContext, Status, TraceFlags
 
 from . import __version__
 from .events import ConnKey, ProcessInfo
-from .protocol import (
-    ConnectionInfo,
-    Exchange,
-    InstrumentKind,
-    InstrumentSpec,
-    Protocol,
-    SpanKind,
-    StatusCode,
-)
+from .metrics import ProcessMetrics
+from .protocol import ConnectionInfo, Exchange, InstrumentKind, InstrumentSpec, Protocol, SpanKind, StatusCode
 from .selfmetrics import SelfMetrics
 
 _KINDS = {
@@ -53,6 +43,7 @@ SDK_ATTRIBUTES = {
     "telemetry.sdk.version": __version__,
 }
 OVERFLOW_PID = -1
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 def parse_resource_attributes(text: str) -> dict[str, str]:
@@ -87,15 +78,6 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     return attributes
 
 
-@dataclass
-class _ProcessTelemetry:
-    resource: Resource
-    meters: MeterProvider
-    reader: InMemoryMetricReader
-    instruments: dict[str, object]
-    exited: bool = False
-
-
 def _identity_digest(salt: bytes, key: ConnKey, seq: int, start_ns: int, size: int) -> int:
     h = hashlib.blake2b(salt, digest_size=size)
     h.update(b"%d/%d/%d/%d/%d" % (*key, seq, start_ns))
@@ -103,7 +85,7 @@ def _identity_digest(salt: bytes, key: ConnKey, seq: int, start_ns: int, size: i
 
 
 class Telemetry:
-    """Turns exchanges into spans (handed to ``export_spans``) and metric points (recorded)."""
+    """Turns exchanges into spans (collected by ``take_spans``) and metric points (``collect_metrics``)."""
 
     def __init__(
         self,
@@ -112,8 +94,9 @@ class Telemetry:
         extra_resource_attributes: Mapping[str, str],
         selfmetrics: SelfMetrics,
         max_processes: int = 1024,
+        delta_kinds: frozenset[InstrumentKind] = frozenset(),
     ) -> None:
-        self._instrument_specs: dict[str, InstrumentSpec] = {
+        self._specs: dict[str, InstrumentSpec] = {
             spec.name: spec for protocol in protocols for spec in protocol.instruments
         }
         self._scopes = {p.name: InstrumentationScope(f"otel_ebpf.protocols.{p.name}", __version__) for p in protocols}
@@ -121,39 +104,35 @@ class Telemetry:
         self._extra = dict(extra_resource_attributes)
         self._selfmetrics = selfmetrics
         self._max_processes = max_processes
-        self._processes: dict[int, _ProcessTelemetry] = {}
+        self._delta_kinds = delta_kinds
+        self._processes: dict[int, ProcessMetrics] = {}
+        self._exited: set[int] = set()
         self._pending_spans: list[ReadableSpan] = []
 
     # ---- processes -------------------------------------------------------------------------------
 
     def process_info(self, info: ProcessInfo) -> None:
-        previous = self._processes.get(info.pid)
-        if previous is None and len(self._processes) >= self._max_processes:
+        """A process (or a new image of it, after exec) gets its own resource from now on."""
+        if info.pid not in self._processes and len(self._processes) >= self._max_processes:
             self._selfmetrics.add("otel_ebpf.resources.overflow")
             return
-        if previous is not None:
-            previous.meters.shutdown()  # a new image (exec): its own resource from now on
         attributes = {**self._extra, **process_resource_attributes(info, self._host_name), **SDK_ATTRIBUTES}
-        self._processes[info.pid] = self._new_process(Resource(attributes))
+        self._processes[info.pid] = ProcessMetrics(Resource(attributes), self._specs)
+        self._exited.discard(info.pid)
 
     def process_exit(self, pid: int) -> None:
         """Keep the process until its last metrics were collected, then forget it."""
-        process = self._processes.get(pid)
-        if process is not None:
-            process.exited = True
+        if pid in self._processes:
+            self._exited.add(pid)
 
-    def _new_process(self, resource: Resource) -> _ProcessTelemetry:
-        reader = InMemoryMetricReader()
-        return _ProcessTelemetry(resource, MeterProvider(resource=resource, metric_readers=[reader]), reader, {})
-
-    def _process(self, pid: int) -> _ProcessTelemetry:
+    def _process(self, pid: int) -> ProcessMetrics:
         process = self._processes.get(pid)
         if process is None:
             # No identity event (lost, or past max_processes): fold into one overflow resource.
             process = self._processes.get(OVERFLOW_PID)
             if process is None:
                 attributes = {**self._extra, "service.name": "unknown_process", "host.name": self._host_name}
-                process = self._new_process(Resource({**attributes, **SDK_ATTRIBUTES}))
+                process = ProcessMetrics(Resource({**attributes, **SDK_ATTRIBUTES}), self._specs)
                 self._processes[OVERFLOW_PID] = process
         return process
 
@@ -165,7 +144,8 @@ class Telemetry:
         description = exchange.span(conn)
         trace_id = _identity_digest(b"trace", key, seq, description.start_ns, 16)
         span_id = _identity_digest(b"span", key, seq, description.start_ns, 8)
-        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+        scope = self._scopes[protocol]
         self._pending_spans.append(
             ReadableSpan(
                 name=description.name,
@@ -177,51 +157,26 @@ class Telemetry:
                 status=Status(_STATUS[description.status], description.status_description),
                 start_time=description.start_ns,
                 end_time=description.end_ns,
-                instrumentation_scope=self._scopes.get(protocol),
+                instrumentation_scope=scope,
             )
         )
-        meter = None
         for point in exchange.metric_points(conn):
-            instrument = process.instruments.get(point.instrument)
-            if instrument is None:
-                meter = meter or process.meters.get_meter(f"otel_ebpf.protocols.{protocol}", __version__)
-                instrument = self._create_instrument(meter, point.instrument)
-                process.instruments[point.instrument] = instrument
-            if isinstance(instrument, Histogram):
-                instrument.record(point.value, point.attributes)
-            else:
-                instrument.add(point.value, point.attributes)
-
-    def _create_instrument(self, meter, name: str) -> object:
-        spec = self._instrument_specs[name]
-        if spec.kind is InstrumentKind.HISTOGRAM:
-            return meter.create_histogram(
-                spec.name, spec.unit, spec.description,
-                explicit_bucket_boundaries_advisory=list(spec.boundaries) if spec.boundaries else None,
-            )
-        if spec.kind is InstrumentKind.COUNTER:
-            return meter.create_counter(spec.name, spec.unit, spec.description)
-        return meter.create_up_down_counter(spec.name, spec.unit, spec.description)
+            process.record(scope, point, description.end_ns)
 
     def take_spans(self) -> list[ReadableSpan]:
         spans, self._pending_spans = self._pending_spans, []
         return spans
 
-    def collect_metrics(self, extra: Iterable[MetricsData] = ()) -> MetricsData:
-        """Cumulative metrics of every process (plus ``extra``); forgets processes that exited."""
+    def collect_metrics(self, now_ns: int) -> list[ResourceMetrics]:
+        """Every process's points as of ``now_ns``; forgets processes that exited."""
         resource_metrics = []
         for pid, process in list(self._processes.items()):
-            data = process.reader.get_metrics_data()
-            if data is not None:
-                resource_metrics.extend(data.resource_metrics)
-            if process.exited:
-                process.meters.shutdown()
+            collected = process.collect(now_ns, self._delta_kinds)
+            if collected is not None:
+                resource_metrics.append(collected)
+            self._selfmetrics.add("otel_ebpf.metrics.overflow", process.overflowed)
+            process.overflowed = 0
+            if pid in self._exited:
                 del self._processes[pid]
-        for data in extra:
-            resource_metrics.extend(data.resource_metrics)
-        return MetricsData(resource_metrics=resource_metrics)
-
-    def shutdown(self) -> None:
-        for process in self._processes.values():
-            process.meters.shutdown()
-        self._processes.clear()
+                self._exited.discard(pid)
+        return resource_metrics

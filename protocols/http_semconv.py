@@ -7,8 +7,13 @@ and metrics under the current OpenTelemetry semantic conventions.
 Choices the conventions leave open, made here once:
 
 * ``http.route`` is never set: the agent sees URLs, not the application's routing table. The span
-  name uses :func:`route_template` instead, which replaces the parts of a path that look like values
-  with placeholders, so span names stay low-cardinality. The placeholders are documented there.
+  name is ``"{method} {template}"`` with :func:`route_template`, which replaces the parts of a path
+  that look like values with placeholders, so span names stay low-cardinality (the placeholders
+  are documented there); targets without a path (``CONNECT host:port``, ``*``) give ``"{method}"``.
+* Methods outside the conventions' list become ``_OTHER`` (the original goes to
+  ``http.request.method_original``), and span names then use ``HTTP`` as the conventions require.
+* An exchange without a final response is an error with ``error.type`` ``response_missing``; one
+  whose response the connection's end cut short, ``connection_closed``.
 * Secrets never leave the agent: the values of credential-bearing headers become ``REDACTED`` even
   when the user allow-lists those headers, every query-string value becomes ``REDACTED`` (keys are
   kept), and bodies are only ever counted.

@@ -18,17 +18,17 @@ over bytes.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections import deque
 
 from otel_ebpf.protocol import Direction, Message
 
 from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
-from .types import CAPTURE_GAP, Request, Response
+from .types import CAPTURE_GAP, MALFORMED, Request, Response
 
 MAX_HEAD = 64 * 1024  # start line + header section, and the trailer section
 MAX_LINE = 8 * 1024  # start line, chunk-size line
 MAX_PENDING = 256  # requests awaiting a response, per connection
-MALFORMED = "malformed"  # ``incomplete`` reason: framing the parser could not follow
 
 # states
 _HEAD = 0  # at a message boundary: start line and header section
@@ -134,7 +134,7 @@ def _body_framing(headers: Headers) -> tuple[bool | None, int]:
     return chunked, (_content_length(lengths) if lengths else -2)
 
 
-class _Parser:
+class _Parser(ABC):
     """The state machine shared by both directions; subclasses know their start line and framing."""
 
     KEEP_TAIL = (
@@ -317,10 +317,7 @@ class _Parser:
     def _ts_at(self, offset: int) -> int:
         """Timestamp of the feed that carried ``_buf``-relative byte ``offset``."""
         target = self._base + offset
-        for mark, ts in reversed(self._marks):
-            if mark <= target:
-                return ts
-        return self._last_ts
+        return next((ts for mark, ts in reversed(self._marks) if mark <= target), self._last_ts)
 
     def _resync(self, pos: int) -> int:
         """Malformed input at ``pos``: count it once, then skip to the next plausible start line."""
@@ -460,22 +457,25 @@ class _Parser:
 
     # -- what differs between requests and responses ------------------------------------------
 
+    @abstractmethod
     def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
-        raise NotImplementedError
+        """Whether the bytes at ``pos``, not yet a whole line, may still begin a start line."""
 
+    @abstractmethod
     def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
-        raise NotImplementedError
+        """The start line ``buf[pos:end]`` (ending in LF) as a tuple, or ``None`` if invalid."""
 
+    @abstractmethod
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         """Offset of the first plausible start line at or after ``pos``, or -1."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _framing(self) -> int:
         """Classify the body of the message whose head was just parsed (sets ``_remaining``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Message:
-        raise NotImplementedError
+        """The message parsed so far, ending at ``end_ns``."""
 
 
 class RequestParser(_Parser):

@@ -37,19 +37,19 @@ class HTTP1Session(Session):
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:
         parser = self._parsers[direction]
         messages = parser.feed(data, timestamp_ns)
-        self._follow_upgrade(parser)
+        self._follow_upgrade()
         return messages
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[Message]:
         parser = self._parsers[direction]
         messages = parser.gap(length, timestamp_ns)
-        self._follow_upgrade(parser)
+        self._follow_upgrade()
         return messages
 
     def close(self, timestamp_ns: int) -> list[Message]:
         # Requests first: an unanswered request must reach the stitcher before a late response.
         return self._requests.close() + self._responses.close()
 
-    def _follow_upgrade(self, parser: RequestParser | ResponseParser) -> None:
-        if parser is self._responses and parser.opaque and not self._requests.opaque:
+    def _follow_upgrade(self) -> None:
+        if self._responses.opaque and not self._requests.opaque:
             self._requests.stop()

@@ -23,18 +23,20 @@ from ..http_semconv import (
     metric_points,
 )
 
-# Why a message's end was not seen (``incomplete``).
+# Why a message's end was not seen (``incomplete``); CONNECTION_CLOSED (shared with error.type)
+# means the connection ended mid-message.
 CAPTURE_GAP = "capture_gap"  # bytes past the capture cap hid the framing
-# CONNECTION_CLOSED (from http_semconv): the connection ended mid-message
+MALFORMED = "malformed"  # framing the parser could not follow
 
 
 @dataclass(frozen=True, slots=True)
 class Request(Message):
     """A request head and the size of its body.
 
-    ``body_size`` is ``None`` when a capture gap hid part of a chunked body. ``incomplete`` is
-    ``None`` for a message seen to its last byte, else why not (``CAPTURE_GAP`` or
-    ``CONNECTION_CLOSED``); ``headers`` then holds the header lines seen before the loss.
+    ``incomplete`` is ``None`` for a message seen to its last byte, else why not
+    (``CAPTURE_GAP``, ``CONNECTION_CLOSED``, ``MALFORMED``); ``headers`` then holds the header
+    lines seen before the loss. ``body_size`` counts content bytes without chunk framing; it is
+    ``None`` when the loss hid how much content there was.
     """
 
     direction: Direction

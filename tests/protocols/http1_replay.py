@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Exchange, HTTP1Session
-
 from otel_ebpf.protocol import Direction, Role
+from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Exchange, HTTP1Session
 
 DATA = Path(__file__).parent / "data"
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))

@@ -278,7 +278,7 @@ def main(names: list[str]) -> None:
     try:
         for name in names or list(SCENARIOS):
             description, client = SCENARIOS[name]
-            record(name, description, client, server.server_address[:2])
+            record(name, description, client, ("127.0.0.1", server.server_port))
     finally:
         server.shutdown()
 

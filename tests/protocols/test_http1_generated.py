@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from http1_replay import Chunk, cut, replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_ebpf.protocol import Direction, Role
+
+from http1_replay import Chunk, cut, replay
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "PURGE", "PROPFIND"]
 HEADER_NAMES = ["Accept", "User-Agent", "X-Request-Id", "traceparent", "Cache-Control", "X-Custom"]
@@ -16,7 +17,9 @@ SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~"
 
 
 @dataclass(frozen=True)
-class Message:
+class Wire:
+    """One message as bytes on the wire, and the body size the parser must report."""
+
     wire: bytes
     body_size: int
 
@@ -59,7 +62,7 @@ def headers(draw: st.DrawFn, eol: str) -> str:
 
 
 @st.composite
-def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Message, Message, tuple]:
+def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Wire, Wire, tuple]:
     method = draw(st.sampled_from(METHODS))
     segments = draw(st.lists(st.text(SAFE, min_size=1, max_size=8), max_size=4))
     query = draw(st.sampled_from(["", "?a=1", "?q=x&page=2"]))
@@ -69,7 +72,7 @@ def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Message, Message, 
         framing, encoded, body = draw(bodies(eol, allow_close=False))
     else:
         framing, encoded, body = "", b"", b""
-    request = Message((request_head + framing + eol).encode() + encoded, len(body))
+    request = Wire((request_head + framing + eol).encode() + encoded, len(body))
 
     status = draw(st.sampled_from([200, 201, 204, 301, 304, 404, 500, 503]))
     interim = draw(
@@ -83,19 +86,19 @@ def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Message, Message, 
     )
     response_head = f"{interim}HTTP/1.1 {status} Whatever{eol}" + draw(headers(eol))
     if status in (204, 304):
-        response = Message((response_head + eol).encode(), 0)
+        response = Wire((response_head + eol).encode(), 0)
     elif method == "HEAD":  # announces the body a GET would have had, sends none
-        response = Message(
+        response = Wire(
             (response_head + f"Content-Length: {draw(st.integers(0, 999))}{eol}{eol}").encode(), 0
         )
     else:
         framing, encoded, body = draw(bodies(eol, allow_close=last))
-        response = Message((response_head + framing + eol).encode() + encoded, len(body))
+        response = Wire((response_head + framing + eol).encode() + encoded, len(body))
     return request, response, (method, target, request.body_size, status, response.body_size)
 
 
 @st.composite
-def conversations(draw: st.DrawFn) -> tuple[list[list[tuple[Message, Message, tuple]]], Role]:
+def conversations(draw: st.DrawFn) -> tuple[list[list[tuple[Wire, Wire, tuple]]], Role]:
     eol = draw(st.sampled_from(["\r\n", "\n"]))
     count = draw(st.integers(1, 6))
     items = [draw(exchanges(eol, last=i == count - 1)) for i in range(count)]

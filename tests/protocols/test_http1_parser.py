@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from http1_replay import Chunk, replay
+
+from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Message, Role, Sniff
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
-from otel_ebpf.protocols.http1.parser import MALFORMED, MAX_HEAD, MAX_PENDING
-from otel_ebpf.protocols.http1.types import CAPTURE_GAP
+from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
+from otel_ebpf.protocols.http1.types import CAPTURE_GAP, MALFORMED
 from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
 
-from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Role, Sniff
+from http1_replay import Chunk, replay
 
 IN, OUT = Direction.INGRESS, Direction.EGRESS
 GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
@@ -330,6 +331,49 @@ def test_stitcher_counts_foreign_and_orphan_messages() -> None:
     assert stitcher.add(response) == []
     assert stitcher.add(Request(OUT, 7, 7, "GET", "/", "1.1", (), 0)) == []  # started after it
     assert stitcher.unmatched == 1
+    assert stitcher.add(Foreign()) == []
+    assert stitcher.unmatched == 2
     (exchange,) = stitcher.flush(100)
     assert (exchange.response, exchange.end_ns) == (None, 100)
     assert stitcher.pending == 0
+
+
+class Foreign(Message):
+    """A message from some other protocol's session, handed to the wrong stitcher."""
+
+    direction, start_ns, end_ns = IN, 0, 0
+
+
+# -- timestamps -----------------------------------------------------------------------------------
+
+
+def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None:
+    session = HTTP1Session(Role.SERVER)
+    assert session.feed(IN, b"\x00garbage\xffGE", 1) == []
+    assert session.feed(IN, b"T /a HTTP/1.1\r\nHost:", 2) == []
+    (request,) = session.feed(IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + session.feed(
+        IN, b"y", 4
+    )
+    assert (request.start_ns, request.end_ns, request.body_size) == (1, 4, 2)
+    assert session.parse_errors == 1
+
+
+def test_pipelined_messages_start_in_the_feed_that_carries_them() -> None:
+    session = HTTP1Session(Role.CLIENT)
+    first, second = session.feed(IN, ok(b"1") + ok(b"22")[:20], 5) + session.feed(
+        IN, ok(b"22")[20:], 6
+    )
+    assert (first.start_ns, first.end_ns, second.start_ns, second.end_ns) == (5, 5, 5, 6)
+
+
+def test_close_reports_a_head_cut_short_and_ignores_later_input() -> None:
+    session = HTTP1Session(Role.SERVER)
+    session.feed(IN, b"GET /a HTTP/1.1\r\nHost: h\r\nAcc", 7)
+    (request,) = session.close(9)
+    assert (request.target, request.headers, request.incomplete) == (
+        "/a",
+        (("host", "h"),),
+        CONNECTION_CLOSED,
+    )
+    assert (request.start_ns, request.end_ns) == (7, 7)
+    assert session.feed(IN, GET, 10) == []

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 import pytest
+
+from otel_ebpf.protocol import (
+    Attributes,
+    ConnectionInfo,
+    Endpoint,
+    InstrumentKind,
+    MetricPoint,
+    Role,
+    SpanKind,
+    StatusCode,
+)
 from otel_ebpf.protocols.http_semconv import (
     DURATION_BUCKETS,
     HTTP_INSTRUMENTS,
@@ -14,16 +25,6 @@ from otel_ebpf.protocols.http_semconv import (
     route_template,
     split_authority,
     split_target,
-)
-
-from otel_ebpf.protocol import (
-    ConnectionInfo,
-    Endpoint,
-    InstrumentKind,
-    MetricPoint,
-    Role,
-    SpanKind,
-    StatusCode,
 )
 
 SERVER_CONN = ConnectionInfo(
@@ -286,7 +287,7 @@ def test_response_cut_short() -> None:
 
 
 def test_server_metric_points() -> None:
-    attributes = {
+    attributes: Attributes = {
         "http.request.method": "GET",
         "url.scheme": "http",
         "network.protocol.version": "1.1",
@@ -301,7 +302,7 @@ def test_server_metric_points() -> None:
 
 
 def test_client_metric_points() -> None:
-    attributes = {
+    attributes: Attributes = {
         "http.request.method": "GET",
         "url.scheme": "https",
         "network.protocol.version": "1.1",

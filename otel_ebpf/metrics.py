@@ -1,0 +1,123 @@
+"""Aggregation of protocol metric points into the SDK's ``MetricsData``, fast enough for the event path.
+
+The SDK's instruments validate and hash attributes on every ``record`` (tens of microseconds per
+point, the largest cost per request when we used them), and tie each ``MeterProvider`` to one
+resource. Here one small aggregator per observed process keeps explicit-bucket histograms and sums
+keyed by attribute tuples, and produces the same ``opentelemetry.sdk.metrics.export`` data classes
+the exporters take. Series per process are capped; points past the cap go to the overflow series
+the SDK uses (``otel.metric.overflow=true``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from .protocol import InstrumentKind, InstrumentSpec, MetricPoint
+
+# OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE presets: which kinds report DELTA.
+DELTA_KINDS = {
+    "cumulative": frozenset(),
+    "delta": frozenset({InstrumentKind.HISTOGRAM, InstrumentKind.COUNTER}),
+    "lowmemory": frozenset({InstrumentKind.HISTOGRAM, InstrumentKind.COUNTER}),
+}
+# The SDK's default explicit buckets, for histograms that declare none.
+DEFAULT_BOUNDARIES = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0,
+                      7500.0, 10000.0)
+OVERFLOW_ATTRIBUTES = (("otel.metric.overflow", True),)
+MAX_SERIES = 2000
+
+
+@dataclass
+class _Series:
+    attributes: tuple
+    start_ns: int
+    value: float = 0.0  # sum, for both kinds
+    count: int = 0
+    minimum: float = float("inf")
+    maximum: float = float("-inf")
+    buckets: list[int] = field(default_factory=list)
+
+
+class ProcessMetrics:
+    """The metric series of one resource."""
+
+    def __init__(self, resource: Resource, specs: Mapping[str, InstrumentSpec], max_series: int = MAX_SERIES) -> None:
+        self.resource = resource
+        self._specs = specs
+        self._max_series = max_series
+        # (scope, instrument) -> attribute tuple -> series
+        self._series: dict[tuple[InstrumentationScope, str], dict[tuple, _Series]] = {}
+        self._count = 0
+        self.overflowed = 0
+
+    def record(self, scope: InstrumentationScope, point: MetricPoint, now_ns: int) -> None:
+        spec = self._specs[point.instrument]
+        by_attributes = self._series.setdefault((scope, point.instrument), {})
+        key = tuple(sorted(point.attributes.items()))
+        series = by_attributes.get(key)
+        if series is None:
+            if self._count >= self._max_series:
+                self.overflowed += 1
+                key = OVERFLOW_ATTRIBUTES
+                series = by_attributes.get(key)
+            if series is None:
+                series = _Series(key, now_ns)
+                if spec.kind is InstrumentKind.HISTOGRAM:
+                    series.buckets = [0] * (len(spec.boundaries or DEFAULT_BOUNDARIES) + 1)
+                by_attributes[key] = series
+                self._count += 1
+        value = point.value
+        series.value += value
+        series.count += 1
+        if series.buckets:
+            series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
+            if value < series.minimum:
+                series.minimum = value
+            if value > series.maximum:
+                series.maximum = value
+
+    def collect(self, now_ns: int, delta: frozenset[InstrumentKind] = frozenset()) -> ResourceMetrics | None:
+        """The current points. Instruments whose kind is in ``delta`` report DELTA temporality:
+        their series restart after each collection; the others are cumulative."""
+        by_scope: dict[InstrumentationScope, list[Metric]] = {}
+        for (scope, name), by_attributes in list(self._series.items()):
+            spec = self._specs[name]
+            points = [self._point(spec, s, now_ns) for s in by_attributes.values()]
+            temporality = AggregationTemporality.DELTA if spec.kind in delta else AggregationTemporality.CUMULATIVE
+            if temporality is AggregationTemporality.DELTA:
+                self._count -= len(by_attributes)
+                del self._series[(scope, name)]
+            if spec.kind is InstrumentKind.HISTOGRAM:
+                data = Histogram(points, temporality)
+            else:
+                data = Sum(points, temporality, is_monotonic=spec.kind is InstrumentKind.COUNTER)
+            by_scope.setdefault(scope, []).append(Metric(spec.name, spec.description, spec.unit, data))
+        if not by_scope:
+            return None
+        scopes = [ScopeMetrics(scope, metrics, "") for scope, metrics in by_scope.items()]
+        return ResourceMetrics(self.resource, scopes, "")
+
+    @staticmethod
+    def _point(spec: InstrumentSpec, s: _Series, now_ns: int) -> HistogramDataPoint | NumberDataPoint:
+        attributes = dict(s.attributes)
+        if spec.kind is InstrumentKind.HISTOGRAM:
+            bounds = spec.boundaries or DEFAULT_BOUNDARIES
+            return HistogramDataPoint(attributes, s.start_ns, now_ns, s.count, s.value, list(s.buckets),
+                                      list(bounds), s.minimum, s.maximum)
+        value = int(s.value) if s.value.is_integer() else s.value
+        return NumberDataPoint(attributes, s.start_ns, now_ns, value)
