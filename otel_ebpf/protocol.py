@@ -154,6 +154,7 @@ class Message(ABC):
     syscall that carried its last byte.
     """
 
+    __slots__ = ()  # lets ``@dataclass(slots=True)`` messages stay dict-free
     direction: Direction
     start_ns: int
     end_ns: int
@@ -161,6 +162,8 @@ class Message(ABC):
 
 class Exchange(ABC):
     """A request with its response (or what was seen of them): one span and its metric points."""
+
+    __slots__ = ()
 
     @abstractmethod
     def span(self, conn: ConnectionInfo) -> SpanDescription:
@@ -204,8 +207,9 @@ class Stitcher(ABC):
 
     @abstractmethod
     def flush(self, timestamp_ns: int) -> Iterable[Exchange]:
-        """The connection is gone: return what can still be reported (e.g. requests never answered,
-        as exchanges with an error), and forget the rest."""
+        """The connection is gone (or the agent stops): return what can still be reported (e.g.
+        requests never answered, as exchanges with an error), and forget the rest. The pipeline
+        calls it after adding the messages ``Session.close`` returned."""
 
 
 class Protocol(ABC):

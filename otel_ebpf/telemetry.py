@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, Status, TraceFlags
 from . import __version__
 from .events import ConnKey, ProcessInfo
 from .metrics import ProcessMetrics
+from .redaction import redact_command_line
 from .protocol import ConnectionInfo, Exchange, InstrumentKind, InstrumentSpec, Protocol, SpanKind, StatusCode
 from .selfmetrics import SelfMetrics
 
@@ -70,7 +71,7 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
         "process.pid": info.pid,
         "process.executable.name": executable_name,
         "process.executable.path": info.executable,
-        "process.command_line": info.command_line,
+        "process.command_line": redact_command_line(info.command_line),
         "service.instance.id": f"{host_name}/{info.pid}",
     }
     attributes.update(own)

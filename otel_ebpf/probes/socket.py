@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from .. import procfs
+from .compiler_memory import release_compiler_memory
 from ..events import ConnClose, ConnKey, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role
 
@@ -90,6 +91,7 @@ class SocketProbe:
             self._bpf = BPF(text=source, cflags=cflags)
         except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
             raise RuntimeError(f"cannot load the socket probe: {exc} (run `otel-ebpf doctor`)") from exc
+        release_compiler_memory()
         settings = self._bpf["settings"]
         settings[ctypes.c_int(SET_AGENT_TGID)] = ctypes.c_uint32(os.getpid())
         filtering = bool(self.options.pids or self.options.executables)
