@@ -7,8 +7,12 @@
 //   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
 // sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
 //
+// Kernels before 6.3 lack sock_{send,recv}_length; built with FD_TRACKING, a connection is instead
+// an fd that accept/connect returned or that user space found in /proc at start, and its "sk" is a
+// synthetic id (its tuple then comes from /proc too).
+//
 // Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
-// MAX_TARGETS, RINGBUF_PAGES.
+// MAX_TARGETS, RINGBUF_PAGES; FD_TRACKING optional.
 
 #define EV_DATA 1
 #define EV_OPEN 2
@@ -50,6 +54,14 @@
 struct uiovec {
     const char *base;
     u64 len;
+};
+// sockaddr_in and sockaddr_in6 overlaid: family and port first, then the IPv4 address or
+// (after 4 bytes of flowinfo) the IPv6 one.
+struct usockaddr {
+    u16 family;
+    u16 port_be;
+    u32 v4;
+    u8 v6[16];
 };
 struct umsghdr {
     void *name;
@@ -100,26 +112,33 @@ struct tuple {
 
 struct conn_info {
     u64 sk;          // 0 until the first socket I/O names the kernel socket
+    u64 synthetic;   // FD_TRACKING: stands in for sk
     u32 generation;
     u8 role;
     u8 ignored;      // port filter rejected it
 };
 
+#define IO_DATA 0
+#define IO_CONNECT 1
+#define IO_ACCEPT 2
+#define IO_BIND 3
+
 struct active_io {
-    u64 buf;         // user buffer, or the iovec array for vectored I/O
+    u64 buf;         // user buffer, the iovec array for vectored I/O, or a sockaddr
     u64 sk;
     u64 enter_ns;
     s32 fd;
     u32 iovcnt;      // 0 for plain buffers
     u32 direction;
-    u32 is_connect;
+    u32 kind;        // IO_*
 };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_HASH(active_io, u32, struct active_io, 16384);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
-BPF_HASH(ignored, u64, u32, MAX_CONNS);  // (tgid<<32|fd) -> generation user space gave up on
+BPF_HASH(ignored, u64, u32, MAX_CONNS);
+BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(ports, u16, u8, 64);
 BPF_ARRAY(settings, u32, NSETTINGS);
@@ -188,50 +207,80 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     return 0;
 }
 
-// accept/connect only tell the role; the connection is announced at its first I/O, when the
-// socket's sk (and so its tuple) is known.
-static __always_inline void remember_role(u64 pid_tgid, s32 fd, u8 role) {
+// accept/connect tell the role and the peer address. The connection is announced at its first
+// I/O, when its sk (so its tuple) is known; with FD_TRACKING the peer address read here is the
+// tuple's peer half (keyed by the synthetic sk), and an fd that is not an inet socket is skipped.
+static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, const struct usockaddr *uaddr,
+                                          s32 listen_fd) {
     u64 key = (pid_tgid & 0xffffffff00000000ULL) | (u32)fd;
-    struct conn_info ci = {.role = role};
+    // Odd, small and rising: never a kernel pointer, never repeated for one fd.
+    struct conn_info ci = {.role = role, .synthetic = bpf_ktime_get_ns() | 1};
+#ifdef FD_TRACKING
+    struct usockaddr sa = {};
+    if (uaddr && !bpf_probe_read_user(&sa, 8, uaddr)) {  // family, port, IPv4 address
+        if (sa.family != AF_INET && sa.family != AF_INET6)
+            return;
+        struct tuple t = {.family = sa.family, .rport = __builtin_bswap16(sa.port_be), .role = role};
+        u64 listen_key = (pid_tgid & 0xffffffff00000000ULL) | (u32)listen_fd;
+        u16 *lport = listen_fd >= 0 ? listen_ports.lookup(&listen_key) : 0;
+        if (lport)
+            t.lport = *lport;
+        if (sa.family == AF_INET)
+            __builtin_memcpy(t.raddr, &sa.v4, 4);
+        else if (bpf_probe_read_user(t.raddr, 16, uaddr->v6))
+            return;
+        sk_tuples.update(&ci.synthetic, &t);
+    }
+#endif
     conns.update(&key, &ci);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_accept) {
-    u64 id = bpf_get_current_pid_tgid();
-    if (args->ret >= 0 && is_target(id >> 32))
-        remember_role(id, args->ret, ROLE_SERVER);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_accept4) {
-    u64 id = bpf_get_current_pid_tgid();
-    if (args->ret >= 0 && is_target(id >> 32))
-        remember_role(id, args->ret, ROLE_SERVER);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_connect) {
+static __always_inline void enter_conn_call(s32 fd, const void *uaddr, u32 kind) {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
-        return 0;
+        return;
     u32 tid = id;
-    struct active_io io = {.fd = args->fd, .is_connect = 1};
+    struct active_io io = {.buf = (u64)uaddr, .fd = fd, .kind = kind};
     if (active_io.update(&tid, &io))
         count(STAT_ACTIVE_FULL, 1);
-    return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_connect) {
+// ret: the new fd for accept, 0 / -EINPROGRESS for a connect that goes ahead.
+static __always_inline void exit_conn_call(long ret, u32 kind) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = id;
     struct active_io *io = active_io.lookup(&tid);
     if (!io)
-        return 0;
-    if (io->is_connect && (args->ret == 0 || args->ret == -EINPROGRESS))
-        remember_role(id, io->fd, ROLE_CLIENT);
+        return;
+    if (io->kind == kind && kind == IO_ACCEPT && ret >= 0)
+        remember_conn(id, ret, ROLE_SERVER, (const struct usockaddr *)io->buf, io->fd);
+    if (io->kind == kind && kind == IO_CONNECT && (ret == 0 || ret == -EINPROGRESS))
+        remember_conn(id, io->fd, ROLE_CLIENT, (const struct usockaddr *)io->buf, -1);
+#ifdef FD_TRACKING
+    if (io->kind == kind && kind == IO_BIND && ret == 0) {
+        struct usockaddr sa = {};
+        u64 key = (id & 0xffffffff00000000ULL) | (u32)io->fd;
+        if (!bpf_probe_read_user(&sa, 4, (const void *)io->buf) && (sa.family == AF_INET || sa.family == AF_INET6)) {
+            u16 port = __builtin_bswap16(sa.port_be);
+            listen_ports.update(&key, &port);
+        }
+    }
+#endif
     active_io.delete(&tid);
-    return 0;
 }
+
+TRACEPOINT_PROBE(syscalls, sys_enter_accept) { enter_conn_call(args->fd, args->upeer_sockaddr, IO_ACCEPT); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) { exit_conn_call(args->ret, IO_ACCEPT); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { enter_conn_call(args->fd, args->upeer_sockaddr, IO_ACCEPT); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { exit_conn_call(args->ret, IO_ACCEPT); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_connect) { enter_conn_call(args->fd, args->uservaddr, IO_CONNECT); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_connect) { exit_conn_call(args->ret, IO_CONNECT); return 0; }
+#ifdef FD_TRACKING
+// The port a server binds is the local port of the connections it accepts (user space seeds the
+// listeners that predate the agent from /proc).
+TRACEPOINT_PROBE(syscalls, sys_enter_bind) { enter_conn_call(args->fd, args->umyaddr, IO_BIND); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_bind) { exit_conn_call(args->ret, IO_BIND); return 0; }
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     u64 id = bpf_get_current_pid_tgid();
@@ -308,6 +357,7 @@ static __always_inline void on_sock_io(u16 family, const void *sk) {
         io->sk = (u64)sk;
 }
 
+#ifndef FD_TRACKING
 TRACEPOINT_PROBE(sock, sock_send_length) {
     on_sock_io(args->family, args->sk);
     return 0;
@@ -317,6 +367,7 @@ TRACEPOINT_PROBE(sock, sock_recv_length) {
     on_sock_io(args->family, args->sk);
     return 0;
 }
+#endif
 
 static __always_inline int port_wanted(u16 lport, u16 rport) {
     if (!setting(SET_FILTER_PORTS))
@@ -341,7 +392,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     if (!seq)
         return 0;
     *seq += 1;
-    struct conn_info fresh = {.sk = sk};
+    struct conn_info fresh = {.sk = sk, .synthetic = sk};
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 
@@ -400,7 +451,15 @@ static __always_inline void exit_io(void *ctx, long ret) {
         return;
     struct active_io io = *iop;
     active_io.delete(&tid);
-    if (!io.sk || ret <= 0 || io.is_connect)
+    if (ret <= 0 || io.kind != IO_DATA)
+        return;
+#ifdef FD_TRACKING
+    u64 fd_key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
+    struct conn_info *tracked = conns.lookup(&fd_key);
+    if (tracked)
+        io.sk = tracked->sk ? tracked->sk : tracked->synthetic;
+#endif
+    if (!io.sk)
         return;
 
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk);

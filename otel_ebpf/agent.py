@@ -134,6 +134,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             pids=config.targets.pids,
             ports=config.targets.ports,
             executables=config.targets.executables,
+            socket_mode=config.capture.socket_mode,
         )
     )
     if agent is not None:
@@ -141,7 +142,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     recorder = RecordingWriter(record_to, RecordingHeader(socket.gethostname())) if record_to else None
     try:
         probe.start()
-        log.info("probes attached (payload cap %d bytes)", probe.payload_cap)
+        log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
         if config.run.ready_file:
             Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
         while not stop.stopped:

@@ -112,6 +112,9 @@ class CaptureConfig:
     ring_buffer_kb: int = 4096
     max_connections: int = 16384
     max_processes: int = 1024
+    # how BPF recognises sockets: "auto" (sock tracepoints when the kernel has them, Linux 6.3+),
+    # "tracepoints", or "fd-tracking" (fds from accept/connect and /proc, for older kernels)
+    socket_mode: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -386,6 +389,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_RING_BUFFER_KB"),
     Setting("capture.max_connections", _integer(1), env="OTEL_EBPF_MAX_CONNECTIONS"),
     Setting("capture.max_processes", _integer(1), env="OTEL_EBPF_MAX_PROCESSES"),
+    Setting("capture.socket_mode", _choice("auto", "tracepoints", "fd-tracking"), env="OTEL_EBPF_SOCKET_MODE"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

@@ -140,14 +140,16 @@ class ConnectionTracker:
         if not head:
             conn.head_start[event.direction] = len(conn.pending) - 1
         head += event.data[: SNIFF_HEAD - len(head)]
-        undecided = False
-        for protocol in self._protocols:
-            if conn.transport not in protocol.transports:
-                continue
-            verdict = protocol.sniff(event.direction, bytes(head))
-            if verdict.matched:
-                return self._claim(conn, protocol, verdict.role, conn.head_start[event.direction])
-            undecided |= verdict.need_more
+        matched, undecided = self._try_sniff(conn, event.direction, head)
+        if matched is None and not undecided and conn.head_start[event.direction] < len(conn.pending) - 1:
+            # The head began in an earlier syscall (garbage that looked like the start of a
+            # message, e.g. the tail of a body seen mid-stream): this syscall may start one itself.
+            head[:] = event.data[:SNIFF_HEAD]
+            conn.head_start[event.direction] = len(conn.pending) - 1
+            matched, undecided = self._try_sniff(conn, event.direction, head)
+        if matched is not None:
+            protocol, role = matched
+            return self._claim(conn, protocol, role, conn.head_start[event.direction])
         if not undecided or len(head) >= SNIFF_HEAD:
             head.clear()  # these bytes start no known message: try again from the next syscall
         if len(conn.pending) >= SNIFF_MAX_EVENTS or conn.pending_bytes >= SNIFF_MAX_BYTES:
@@ -158,6 +160,20 @@ class ConnectionTracker:
             if self.on_unknown is not None:
                 self.on_unknown(conn.key)
         return []
+
+    def _try_sniff(
+        self, conn: Connection, direction: Direction, head: bytearray
+    ) -> tuple[tuple[Protocol, Role | None] | None, bool]:
+        """((protocol, role) of the first plugin that claims ``head``, or None; whether any needs more)."""
+        undecided = False
+        for protocol in self._protocols:
+            if conn.transport not in protocol.transports:
+                continue
+            verdict = protocol.sniff(direction, bytes(head))
+            if verdict.matched:
+                return (protocol, verdict.role), undecided
+            undecided |= verdict.need_more
+        return None, undecided
 
     def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Completed]:
         conn.protocol = protocol

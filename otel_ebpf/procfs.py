@@ -93,17 +93,11 @@ class SocketTuple:
     role: Role | None  # SERVER when the local port is one the process's namespace listens on
 
 
-def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
-    """The TCP tuple of ``pid``'s ``fd`` from its network namespace's tables, or None."""
-    try:
-        target = os.readlink(f"{proc}/{pid}/fd/{fd}")
-    except OSError:
-        return None
-    if not target.startswith("socket:["):
-        return None
-    inode = target[len("socket:[") : -1]
-    found: tuple[Endpoint, Endpoint] | None = None
-    listening: set[int] = set()
+def _tcp_tables(pid: int, proc: str) -> tuple[dict[str, tuple[Endpoint, Endpoint]], dict[str, int]]:
+    """TCP sockets of ``pid``'s network namespace: connected (inode -> local, peer) and listening
+    (inode -> port)."""
+    connected: dict[str, tuple[Endpoint, Endpoint]] = {}
+    listening: dict[str, int] = {}
     for table, v6 in (("tcp", False), ("tcp6", True)):
         text = _read(f"{proc}/{pid}/net/{table}")
         if not text:
@@ -113,10 +107,47 @@ def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
             if len(cols) < 10:
                 continue
             if cols[3] == _TCP_LISTEN:
-                listening.add(int(cols[1].rsplit(":", 1)[1], 16))
-            elif cols[9] == inode:
-                found = (_parse_endpoint(cols[1], v6), _parse_endpoint(cols[2], v6))
-    if found is None:
+                listening[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+            else:
+                connected[cols[9]] = (_parse_endpoint(cols[1], v6), _parse_endpoint(cols[2], v6))
+    return connected, listening
+
+
+def _socket_inode(pid: int, fd: int, proc: str) -> str | None:
+    try:
+        target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+    except OSError:
         return None
-    local, peer = found
-    return SocketTuple(local, peer, Role.SERVER if local.port in listening else Role.CLIENT)
+    return target[len("socket:[") : -1] if target.startswith("socket:[") else None
+
+
+def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
+    """The TCP tuple of ``pid``'s ``fd`` from its network namespace's tables, or None."""
+    inode = _socket_inode(pid, fd, proc)
+    if inode is None:
+        return None
+    connected, listening = _tcp_tables(pid, proc)
+    if inode not in connected:
+        return None
+    local, peer = connected[inode]
+    return SocketTuple(local, peer, Role.SERVER if local.port in listening.values() else Role.CLIENT)
+
+
+@dataclass(frozen=True)
+class TCPSockets:
+    connected: list[int]  # fds of connected TCP sockets
+    listening: dict[int, int]  # fd -> port of listening TCP sockets
+
+
+def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
+    """The TCP socket fds ``pid`` holds now (empty if the process is gone)."""
+    try:
+        fds = [int(name) for name in os.listdir(f"{proc}/{pid}/fd")]
+    except OSError:
+        return TCPSockets([], {})
+    connected, listening = _tcp_tables(pid, proc)
+    inodes = {fd: _socket_inode(pid, fd, proc) for fd in fds}
+    return TCPSockets(
+        [fd for fd, inode in inodes.items() if inode in connected],
+        {fd: listening[inode] for fd, inode in inodes.items() if inode in listening},
+    )

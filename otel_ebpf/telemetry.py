@@ -108,16 +108,25 @@ class Telemetry:
         self._delta_kinds = delta_kinds
         self._processes: dict[int, ProcessMetrics] = {}
         self._exited: set[int] = set()
+        # last points of images replaced by exec (or of a reused pid), for the next collection
+        self._retired: list[ResourceMetrics] = []
         self._pending_spans: list[ReadableSpan] = []
 
     # ---- processes -------------------------------------------------------------------------------
 
     def process_info(self, info: ProcessInfo) -> None:
         """A process (or a new image of it, after exec) gets its own resource from now on."""
-        if info.pid not in self._processes and len(self._processes) >= self._max_processes:
+        tracked = len(self._processes) - (OVERFLOW_PID in self._processes)  # the overflow resource takes no slot
+        if info.pid not in self._processes and tracked >= self._max_processes:
             self._selfmetrics.add("otel_ebpf.resources.overflow")
             return
         attributes = {**self._extra, **process_resource_attributes(info, self._host_name), **SDK_ATTRIBUTES}
+        previous = self._processes.get(info.pid)
+        if previous is not None:  # its points so far belong to the old identity: keep them
+            retired = previous.collect(info.timestamp_ns, self._delta_kinds)
+            if retired is not None:
+                self._retired.append(retired)
+            self._selfmetrics.add("otel_ebpf.metrics.overflow", previous.overflowed)
         self._processes[info.pid] = ProcessMetrics(Resource(attributes), self._specs)
         self._exited.discard(info.pid)
 
@@ -170,7 +179,7 @@ class Telemetry:
 
     def collect_metrics(self, now_ns: int) -> list[ResourceMetrics]:
         """Every process's points as of ``now_ns``; forgets processes that exited."""
-        resource_metrics = []
+        resource_metrics, self._retired = self._retired, []
         for pid, process in list(self._processes.items()):
             collected = process.collect(now_ns, self._delta_kinds)
             if collected is not None:

@@ -168,6 +168,10 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "capture.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_RING_BUFFER_KB", "128", 128)]),
     "capture.max_connections": (16384, [("yaml", "", 100, 100), ("env", "OTEL_EBPF_MAX_CONNECTIONS", "200", 200)]),
     "capture.max_processes": (1024, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_MAX_PROCESSES", "20", 20)]),
+    "capture.socket_mode": (
+        "auto",
+        [("yaml", "", "tracepoints", "tracepoints"), ("env", "OTEL_EBPF_SOCKET_MODE", "fd-tracking", "fd-tracking")],
+    ),
     "protocols.enabled": (
         None,
         [("yaml", "", ["http1", "kafka"], ("http1", "kafka")), ("env", "OTEL_EBPF_PROTOCOLS", "http2", ("http2",))],
@@ -368,6 +372,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"capture.ring_buffer_kb": 32}, "capture.ring_buffer_kb", "out of range"),
     ("yaml", {"capture.max_connections": 0}, "capture.max_connections", "out of range"),
     ("yaml", {"capture.max_processes": -1}, "capture.max_processes", "out of range"),
+    ("env", {"OTEL_EBPF_SOCKET_MODE": "kprobes"}, "OTEL_EBPF_SOCKET_MODE", "one of"),
     ("yaml", {"targets.pids": [-1]}, "targets.pids", "item 1"),
     ("yaml", {"targets.ports": [80, 0]}, "targets.ports", "item 2"),
     ("yaml", {"targets.ports": [70000]}, "targets.ports", "1..65535"),

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -26,16 +29,18 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_ebpf.config import AgentConfig, load_config
 from otel_ebpf.exporters import ExporterSetupError
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter, from_json_line, to_json_line
 from otel_ebpf.exporters.otlp import otlp_span_exporter
+from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
 from otel_ebpf.exporters.sink import TelemetrySink, build_sink, temporality_preference
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.otlp_receiver import OTLPReceiver, load_file_metrics, load_file_spans
@@ -321,6 +326,266 @@ def test_from_json_line_rejects_bad_input() -> None:
 def test_to_json_line_round_trips(tmp_path: Path) -> None:
     request = encode_spans(make_spans())
     assert from_json_line(to_json_line(request), ExportTraceServiceRequest()) == request
+
+
+# --- the direct span encoder against the protobuf path it replaces ---
+
+
+def protobuf_line(spans: Sequence[ReadableSpan]) -> str:
+    """The oracle: the SDK's OTLP encoder, then protobuf's JSON mapping with hex ids."""
+    return to_json_line(encode_spans(spans))
+
+
+def assert_same_document(spans: Sequence[ReadableSpan], encoder: SpanJsonEncoder | None = None) -> str:
+    line = (encoder or SpanJsonEncoder()).encode(spans)
+    assert from_json_line(line, ExportTraceServiceRequest()) == encode_spans(spans)
+    expected = protobuf_line(spans)
+    assert json.loads(line) == json.loads(expected)
+    assert line == expected  # same key order, separators and escaping, too
+    return line
+
+
+EVERY_VALUE_TYPE: dict[str, Any] = {
+    "str": "GET",
+    "str.empty": "",
+    "str.escapes": 'quote " backslash \\ newline \n tab \t nul \x00 del \x7f',
+    "str.unicode": "naïve 日本語 \u2028 \U0001f600",
+    "int": 8000,
+    "int.zero": 0,
+    "int.min": -(2**63),
+    "int.max": 2**63 - 1,
+    "float": 0.25,
+    "float.zero": 0.0,
+    "float.negative_zero": -0.0,
+    "float.integral": 5.0,
+    "float.huge": 1e300,
+    "float.tiny": 5e-324,
+    "float.inf": float("inf"),
+    "float.-inf": float("-inf"),
+    "bool.true": True,
+    "bool.false": False,
+    "bytes": b"\x00\xffid",
+    "bytes.empty": b"",
+    "array.str": ("application/json", "text/plain", ""),
+    "array.int": [1, -2, 2**63 - 1],
+    "array.float": (0.5, -1.0, float("inf")),
+    "array.bool": (True, False),
+    "array.empty": (),
+    "array.with_none": (1, None),
+    "array.nested": ((1, "a"), ()),
+    "kvlist": {"k": 1, "nested": {"x": (True,)}, 7: "non-str key is str()ed"},
+    "kvlist.empty": {},
+    "": "empty key",
+}
+
+
+def varied_spans() -> list[ReadableSpan]:
+    """Spans exercising every field and grouping case the SDK encoder has."""
+    api = Resource({"service.name": "api", "process.pid": 101}, schema_url="https://opentelemetry.io/schemas/1.26.0")
+    api_again = Resource({"process.pid": 101, "service.name": "api"}, schema_url=api.schema_url)  # equal, not same
+    db = Resource({"service.name": "db", "tags": ("a", "b"), "ratio": 0.5})
+    empty = Resource({})
+    http = InstrumentationScope("otel_ebpf.protocols.http1", "0.1.0", "https://schema/1", {"scope.attr": 1})
+    http_again = InstrumentationScope("otel_ebpf.protocols.http1", "0.1.0", "https://schema/1", {"scope.attr": 1})
+    bare = InstrumentationScope("bare")
+    remote_parent = SpanContext(TRACE, 0xAB, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    traced = SpanContext(
+        TRACE, 0xCD, is_remote=False, trace_flags=TraceFlags(0), trace_state=TraceState([("vendor", "v1"), ("b", "2")])
+    )
+    bounded = BoundedAttributes(maxlen=2, attributes={"a": 1, "b": 2, "c": 3, "d": 4})
+    events = BoundedList(1)
+    events.extend([Event("dropped", timestamp=T0), Event("kept", {"exception.type": "ValueError"}, timestamp=T0 + 1)])
+    links = BoundedList(1)
+    links.extend([Link(_ctx(0x1)), Link(_ctx(0x2), {"reason": "follows"})])
+    spans = []
+    for number, kind in enumerate(SpanKind):
+        spans.append(
+            ReadableSpan(
+                f"span-{kind.name}",
+                context=_ctx(0x100 + number),
+                parent=_ctx(0x99) if number % 2 else None,
+                resource=(api, db, api_again, empty, api)[number],
+                attributes={"kind.number": number},
+                kind=kind,
+                start_time=T0 + number,
+                end_time=T0 + 10 * number + 1,
+                instrumentation_scope=(http, bare, http_again, None, http)[number],
+            )
+        )
+    spans += [
+        ReadableSpan(
+            "every value type",
+            context=_ctx(0x200),
+            resource=db,
+            attributes=EVERY_VALUE_TYPE,
+            kind=SpanKind.SERVER,
+            status=Status(StatusCode.ERROR, "connection reset by peer"),
+            start_time=T0,
+            end_time=T0 + 5,
+            instrumentation_scope=bare,
+        ),
+        ReadableSpan(
+            "events and links",
+            context=traced,
+            parent=remote_parent,
+            resource=api_again,
+            attributes=bounded,
+            events=[Event("started", timestamp=T0), Event("", {"n": 1, "names": ("x", "y")}, timestamp=T0 + 2)],
+            links=[
+                Link(remote_parent, {"otel_ebpf.link.reason": "ambiguous_thread"}),
+                Link(SpanContext(1, 2, is_remote=False, trace_state=TraceState([("t", "s")]))),
+            ],
+            kind=SpanKind.CLIENT,
+            status=Status(StatusCode.OK),
+            start_time=T0,
+            end_time=T0 + 7,
+            instrumentation_scope=bare,
+        ),
+        ReadableSpan(
+            "dropped events and links",
+            context=_ctx(0x300),
+            resource=api,
+            events=events,
+            links=links,
+            start_time=T0,
+            end_time=T0 + 9,
+            instrumentation_scope=http_again,
+        ),
+        # what the SDK encoder leaves out: no name, no times, no status at all; zero ids are still ids
+        ReadableSpan(
+            "", context=SpanContext(0, 0, False), parent=SpanContext(0, 0, False), resource=empty, status=None
+        ),
+    ]
+    return spans
+
+
+def test_span_encoder_writes_the_protobuf_paths_document() -> None:
+    spans = varied_spans()
+    line = assert_same_document(spans)
+    document = json.loads(line)
+    # the cases above really are there: equal resources and scopes merged, in first-seen order
+    assert [len(r["scopeSpans"]) for r in document["resourceSpans"]] == [2, 1, 1]
+    assert document["resourceSpans"][0]["schemaUrl"] == "https://opentelemetry.io/schemas/1.26.0"
+    empty = document["resourceSpans"][2]
+    assert (empty["resource"], empty["scopeSpans"][0]["scope"], "schemaUrl" in empty) == ({}, {}, False)
+    by_name = {
+        span.get("name", ""): span
+        for resource_spans in document["resourceSpans"]
+        for scope_spans in resource_spans["scopeSpans"]
+        for span in scope_spans["spans"]
+    }
+    assert len(by_name) == len(spans)
+    every = by_name["every value type"]
+    values = {kv.get("key", ""): kv["value"] for kv in every["attributes"]}
+    assert values["float.inf"] == {"doubleValue": "Infinity"} and values["int.min"] == {"intValue": str(-(2**63))}
+    assert values["array.empty"] == {"arrayValue": {}} and values["array.with_none"]["arrayValue"]["values"][1] == {}
+    assert values["bytes"] == {"bytesValue": "AP9pZA=="} and values[""] == {"stringValue": "empty key"}
+    assert every["status"] == {"message": "connection reset by peer", "code": 2} and "parentSpanId" not in every
+    linked = by_name["events and links"]
+    assert (linked["traceState"], linked["flags"], linked["droppedAttributesCount"]) == ("vendor=v1,b=2", 0x300, 2)
+    assert [link["flags"] for link in linked["links"]] == [0x300, 0x100] and "traceState" not in linked["links"][1]
+    dropped = by_name["dropped events and links"]
+    assert (dropped["droppedEventsCount"], dropped["droppedLinksCount"], dropped["status"]) == (1, 1, {})
+    assert by_name[""] == {
+        "traceId": "0" * 32, "spanId": "0" * 16, "parentSpanId": "0" * 16, "kind": 1, "flags": 0x100
+    }
+
+
+def test_span_encoder_matches_span_by_span_and_in_small_batches() -> None:
+    spans = varied_spans()
+    encoder = SpanJsonEncoder(max_cached=1)  # every batch evicts: cached and fresh encodings agree
+    for span in spans:
+        assert_same_document([span], encoder)
+    for start in range(0, len(spans), 3):
+        assert_same_document(spans[start : start + 3], encoder)
+    assert_same_document(make_spans(), encoder)
+    assert SpanJsonEncoder().encode([]) == protobuf_line([]) == "{}"
+
+
+def test_span_encoder_drops_the_attributes_the_sdk_encoder_drops(caplog: pytest.LogCaptureFixture) -> None:
+    attributes = {
+        "kept": 1,
+        "int.too_big": 2**63,
+        "int.too_small": -(2**63) - 1,
+        "array.too_big": (1, 2**64),
+        "surrogate": "\ud800",
+        "surrogate\udfff": "in the key",
+        "unsupported": object(),
+        "kvlist.bad": {"x": 2**70},
+        5: "non-string key",
+        "kept.too": "yes",
+    }
+    span = ReadableSpan("s", context=_ctx(1), attributes=attributes, start_time=T0, end_time=T0 + 1)
+    line = assert_same_document([span])
+    kept = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    assert [kv["key"] for kv in kept] == ["kept", "kept.too"]
+    assert sum("cannot be encoded" in r.getMessage() for r in caplog.records) == len(attributes) - 2
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        ReadableSpan("name \ud800", context=_ctx(1)),
+        ReadableSpan("s", context=_ctx(1), start_time=-1),
+        ReadableSpan("s", context=_ctx(1), end_time=2**64),
+        ReadableSpan("s", context=_ctx(1), status=Status(StatusCode.ERROR, "\udc80")),
+        ReadableSpan("s", context=SpanContext(2**128, 1, False)),
+        ReadableSpan("s", context=_ctx(1), links=[Link(SpanContext(1, -1, False))]),
+    ],
+    ids=["surrogate-name", "negative-time", "time-past-uint64", "surrogate-status", "trace-id-too-big", "negative-id"],
+)
+def test_span_encoder_fails_the_batch_where_protobuf_does(span: ReadableSpan) -> None:
+    with pytest.raises(Exception) as protobuf:
+        protobuf_line([span])
+    with pytest.raises(protobuf.type):
+        SpanJsonEncoder().encode([span])
+
+
+any_text = st.text(st.characters(exclude_categories=()))  # lone surrogates too: those attributes are dropped
+scalars = st.one_of(
+    any_text,
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False),  # NaN: protobuf messages holding it are never equal; covered below
+    st.binary(max_size=20),
+)
+attribute_values = st.one_of(
+    scalars,
+    st.lists(any_text, max_size=4).map(tuple),
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=4),
+    st.lists(st.floats(allow_nan=False), max_size=4).map(tuple),
+    st.lists(st.booleans(), max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    attributes=st.dictionaries(any_text, attribute_values, max_size=6),
+    name=st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=10),
+    description=st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=10),
+)
+def test_span_encoder_matches_protobuf_for_any_attributes(
+    attributes: dict[str, Any], name: str, description: str
+) -> None:
+    span = ReadableSpan(
+        name,
+        context=_ctx(7),
+        resource=Resource(attributes),
+        attributes=attributes,
+        events=[Event(name, attributes, timestamp=T0)],
+        links=[Link(_ctx(8), attributes)],
+        status=Status(StatusCode.ERROR, description),
+        start_time=T0,
+        end_time=T0 + 1,
+        instrumentation_scope=InstrumentationScope(name, description, None, attributes),
+    )
+    assert_same_document([span])
+
+
+def test_span_encoder_writes_nan_as_protobuf_json_does() -> None:
+    span = ReadableSpan("s", context=_ctx(1), attributes={"nan": float("nan"), "in": (float("nan"),)})
+    assert SpanJsonEncoder().encode([span]) == protobuf_line([span])
+    assert '{"doubleValue":"NaN"}' in protobuf_line([span])
 
 
 def test_unwritable_output_dir_is_a_clear_error(tmp_path: Path) -> None:

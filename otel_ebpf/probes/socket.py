@@ -13,9 +13,10 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from .. import procfs
 from .compiler_memory import release_compiler_memory
@@ -44,6 +45,17 @@ class SocketProbeOptions:
     pids: Sequence[int] = ()
     ports: Sequence[int] = ()
     executables: Sequence[str] = ()
+    socket_mode: str = "auto"  # "auto" | "tracepoints" | "fd-tracking"
+
+
+SOCK_LENGTH_TRACEPOINT = Path("/sys/kernel/tracing/events/sock/sock_send_length")
+
+
+def resolve_socket_mode(requested: str) -> str:
+    """``auto`` means the sock tracepoints when this kernel has them (Linux 6.3+)."""
+    if requested != "auto":
+        return requested
+    return "tracepoints" if SOCK_LENGTH_TRACEPOINT.exists() else "fd-tracking"
 
 
 def _power_of_two_at_least(n: int) -> int:
@@ -63,11 +75,13 @@ class SocketProbe:
     def __init__(self, options: SocketProbeOptions) -> None:
         self.options = options
         self.payload_cap = _power_of_two_at_least(options.payload_cap)
+        self.socket_mode = resolve_socket_mode(options.socket_mode)
         self._bpf = None
         self._events: list[Event] = []
         self._known_pids: set[int] = set()
         self._lost_reported = 0
         self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
+        self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -87,6 +101,8 @@ class SocketProbe:
             f"-DRINGBUF_PAGES={pages}",
             "-Wno-macro-redefined",
         ]
+        if self.socket_mode == "fd-tracking":
+            cflags.append("-DFD_TRACKING")
         try:
             self._bpf = BPF(text=source, cflags=cflags)
         except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
@@ -108,6 +124,8 @@ class SocketProbe:
             for pid in procfs.iter_pids():
                 if pid != os.getpid() and procfs.executable_matches(pid, self.options.executables):
                     self.add_target(pid)
+        if self.socket_mode == "fd-tracking" and not filtering:
+            self._seed_existing_sockets(procfs.iter_pids())
         self._bpf["events"].open_ring_buffer(self._on_event)
         settings[ctypes.c_int(SET_READY)] = ctypes.c_uint32(1)
 
@@ -118,6 +136,24 @@ class SocketProbe:
 
     def add_target(self, pid: int) -> None:
         self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        if self.socket_mode == "fd-tracking":
+            self._seed_existing_sockets([pid])
+
+    def _seed_existing_sockets(self, pids: Iterable[int]) -> None:
+        """fd-tracking mode: connections made before the agent (or before a process became a
+        target) are the TCP sockets /proc shows now."""
+        conns, listen_ports = self._bpf["conns"], self._bpf["listen_ports"]
+        for pid in pids:
+            if pid == os.getpid():
+                continue
+            sockets = procfs.tcp_sockets(pid)
+            for fd in sockets.connected:
+                self._synthetic += 2
+                leaf = conns.Leaf()
+                leaf.synthetic = self._synthetic
+                conns[ctypes.c_uint64((pid << 32) | fd)] = leaf
+            for fd, port in sockets.listening.items():
+                listen_ports[ctypes.c_uint64((pid << 32) | fd)] = ctypes.c_uint16(port)
 
     def ignore_connection(self, conn: ConnKey) -> None:
         """Tell the kernel to stop copying this connection's bytes (user space gave up on it)."""
@@ -176,19 +212,22 @@ class SocketProbe:
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> ConnOpen | None:
         role_code, family, lport, rport, laddr, raddr = _OPEN.unpack_from(raw, _HEADER.size)
         role = _ROLES.get(role_code)
-        if family:
-            local, peer = _endpoint(family, laddr, lport), _endpoint(family, raddr, rport)
-        else:
-            # The socket predates the agent: no state change was seen, ask /proc.
+        local = _endpoint(family, laddr, lport) if family and any(laddr) else None
+        peer = _endpoint(family, raddr, rport) if family else None
+        unwanted = False
+        if local is None:
+            # The kernel saw no state change (the socket predates the agent) or, tracking fds,
+            # only the peer address: /proc knows the rest while the socket is open.
             found = procfs.socket_tuple(tgid, fd)
-            local, peer = (found.local, found.peer) if found else (None, None)
-            role = role or (found.role if found else None)
-            if self.options.ports and not (
-                found and (found.local.port in self.options.ports or found.peer.port in self.options.ports)
-            ):
-                self.ignore_connection((tgid, fd, generation))
-                self._filtered_out.add((tgid, fd, generation))
-                return None
+            if found is not None:
+                local, peer, role = found.local, found.peer, role or found.role
+                lport, rport = local.port, peer.port
+            # Tracking fds, an accept/connect without an inet address is no TCP connection.
+            unwanted = found is None and not family and self.socket_mode == "fd-tracking"
+        if unwanted or self.options.ports and not (lport in self.options.ports or rport in self.options.ports):
+            self.ignore_connection((tgid, fd, generation))
+            self._filtered_out.add((tgid, fd, generation))
+            return None
         return ConnOpen(ts, tgid, fd, generation, role, local, peer)
 
     def _announce_process(self, pid: int, ts: int) -> None:

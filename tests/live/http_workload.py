@@ -2,8 +2,10 @@
 
 ``serve PORT_FILE``: a threaded ``http.server`` (HTTP/1.1 keep-alive) with routes covering the
 cases the agent must handle; writes its port to PORT_FILE.
-``client PORT``: waits for a line on stdin (so the agent can attach first), then runs the scenario
-below and prints one JSON line per request it made: ``{"method", "path", "status"}``.
+``client PORT``: opens a keep-alive connection and makes one request on it, prints ``ready``, waits
+for a line on stdin (the agent attaches meanwhile: that connection predates it), then runs the
+scenario below and prints one JSON line per request it made after the wait:
+``{"method", "path", "status"}``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KEEPALIVE_REQUESTS = 200
+EARLY_REQUESTS = 3  # on a connection opened before the agent started
 LARGE_BODY = 200_000  # far past the 4 KiB capture cap
 UPLOAD_BODY = 50_000
 
@@ -81,7 +84,18 @@ def _read_response(stream) -> int:
 
 
 def client(port: int) -> None:
+    early = http.client.HTTPConnection("127.0.0.1", port)
+    early.request("GET", "/items/before-agent")
+    early.getresponse().read()
+    print("ready", flush=True)
     sys.stdin.readline()
+    for i in range(EARLY_REQUESTS):
+        early.request("GET", f"/items/early-{i}")
+        response = early.getresponse()
+        response.read()
+        _report("GET", f"/items/early-{i}", response.status)
+    early.close()
+
     conn = http.client.HTTPConnection("127.0.0.1", port)
     for i in range(KEEPALIVE_REQUESTS):
         conn.request("GET", f"/items/{i}")

@@ -38,15 +38,20 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> s
 class LiveRun:
     """Server, agent and clients for one scenario; results read after the agent stopped."""
 
-    def __init__(self, tmp: Path, receiver: OTLPReceiver) -> None:
+    def __init__(self, tmp: Path, receiver: OTLPReceiver, socket_mode: str) -> None:
         self.tmp = tmp
         self.receiver = receiver
+        self.socket_mode = socket_mode
         self.requests: list[dict] = []
 
     def __enter__(self) -> LiveRun:
         port_file = self.tmp / "port"
         self.server = subprocess.Popen([*WORKLOAD, "serve", str(port_file)])
         self.port = int(_wait_for_file(port_file, self.server))
+        # The client connects before the agent starts: that connection predates the agent.
+        self.client = subprocess.Popen([*WORKLOAD, "client", str(self.port)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+        assert self.client.stdout.readline() == "ready\n"
         ready = self.tmp / "ready"
         self.agent = subprocess.Popen(
             [*AGENT, "run", "--port", str(self.port),
@@ -54,15 +59,14 @@ class LiveRun:
              "--exporter", "file", "--output", str(self.tmp / "out"),
              "--record", str(self.tmp / "events.jsonl"), "--ready-file", str(ready)],
             cwd=REPO, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OTEL_EBPF_SOCKET_MODE": self.socket_mode},
         )
         _wait_for_file(ready, self.agent)
         return self
 
     def run_clients(self) -> None:
-        client = subprocess.Popen([*WORKLOAD, "client", str(self.port)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        out, _ = client.communicate("go\n", timeout=120)
-        assert client.returncode == 0
+        out, _ = self.client.communicate("go\n", timeout=120)
+        assert self.client.returncode == 0
         self.requests += [json.loads(line) for line in out.splitlines()]
         base = f"http://127.0.0.1:{self.port}"
         for path, status in (("/items/4711", 200), ("/missing-curl", 404)):
@@ -79,13 +83,15 @@ class LiveRun:
         assert self.agent.returncode == 0, self.agent_stderr
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("live-http")
+@pytest.fixture(scope="module", params=["tracepoints", "fd-tracking"])
+def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The whole scenario, once with the sock tracepoints (Linux 6.3+) and once with the
+    fd-tracking fallback for older kernels."""
+    tmp = tmp_path_factory.mktemp(f"live-http-{request.param}")
     with OTLPReceiver() as receiver:
-        with LiveRun(tmp, receiver) as run:
+        with LiveRun(tmp, receiver, request.param) as run:
             run.run_clients()
-        receiver.wait_for(lambda r: len(r.spans()) >= 2 * len(run.requests), timeout=30)
+        receiver.wait_for(lambda r: len(r.spans()) >= 2 * len(run.requests) - 1, timeout=30)
         yield run, receiver.spans(), receiver.metrics()
 
 
@@ -99,13 +105,20 @@ def _request_key(span: dict) -> tuple[str, str, int]:
     return a["http.request.method"], path.split("?")[0], a.get("http.response.status_code")
 
 
+# When the agent attached, the server thread of the connection opened before it was already
+# blocked in read(): that syscall started unobserved, so the request it returns is not seen from
+# the server side (the client's write of it, made later, is).
+IN_FLIGHT_AT_ATTACH = ("GET", "/items/early-0", 200)
+
+
 def test_one_server_and_one_client_span_per_request(live) -> None:
     run, spans, _ = live
     expected = Counter((r["method"], r["path"], r["status"]) for r in run.requests)
-    assert len(run.requests) == 200 + 5 + 3 + 2
+    assert len(run.requests) == 3 + 200 + 5 + 3 + 2
     for kind in ("SERVER", "CLIENT"):
         got = Counter(_request_key(s) for s in _by_kind(spans, kind))
-        assert got == expected, f"{kind}: missing {expected - got}, unexpected {got - expected}"
+        want = expected - Counter([IN_FLIGHT_AT_ATTACH]) if kind == "SERVER" else expected
+        assert got == want, f"{kind}: missing {want - got}, unexpected {got - want}"
 
 
 def test_span_names_statuses_and_resources(live) -> None:
@@ -150,6 +163,8 @@ def test_timing_order_client_encloses_server(live) -> None:
         servers.setdefault(_request_key(s), []).append(s)
     for c in _by_kind(spans, "CLIENT"):
         assert c["start_ns"] <= c["end_ns"]
+        if _request_key(c) == IN_FLIGHT_AT_ATTACH:
+            continue
         candidates = servers[_request_key(c)]
         assert any(c["start_ns"] <= s["start_ns"] <= s["end_ns"] <= c["end_ns"] for s in candidates), c
 
