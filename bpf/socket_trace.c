@@ -99,6 +99,7 @@ struct open_event {
     u16 pad[3];
     u8 laddr[16];
     u8 raddr[16];
+    char comm[16];  // names a process that exits before user space can read its /proc entry
 };
 
 struct tuple {
@@ -411,6 +412,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     // Unknown tuple with a port filter: user space resolves it from /proc and marks the
     // connection in ignored[] if it does not match.
     ev.role = fresh.role;
+    bpf_get_current_comm(ev.comm, sizeof(ev.comm));
     conns.update(&key, &fresh);
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);

@@ -36,7 +36,8 @@ def _read(path: str) -> bytes | None:
 
 
 def process_identity(pid: int, proc: str = "/proc") -> ProcessIdentity | None:
-    """Executable, command line and resource-related environment of ``pid``; None if it is gone."""
+    """Executable, command line and resource-related environment of ``pid``; None if it is gone
+    or exiting."""
     cmdline = _read(f"{proc}/{pid}/cmdline")
     if cmdline is None:
         return None
@@ -44,6 +45,8 @@ def process_identity(pid: int, proc: str = "/proc") -> ProcessIdentity | None:
         exe = os.readlink(f"{proc}/{pid}/exe")
     except OSError:
         exe = ""
+    if not cmdline and not exe:
+        return None  # exiting (a zombie keeps its /proc entry but neither of these)
     environ = _read(f"{proc}/{pid}/environ") or b""
     env: dict[str, str] = {}
     for entry in environ.split(b"\0"):

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 from otel_ebpf import procfs
 from otel_ebpf.protocol import Endpoint, Role
@@ -58,3 +59,25 @@ def test_process_identity_reads_only_resource_variables() -> None:
         child.kill()
         child.wait()
     assert procfs.process_identity(child.pid) is None
+
+
+def test_exited_but_unreaped_process_has_no_identity() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(200):  # wait until it is a zombie, without reaping it
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert procfs.process_identity(child.pid) is None
+    finally:
+        child.wait()
+
+
+def test_tcp_sockets_lists_connected_and_listening_fds() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            sockets = procfs.tcp_sockets(os.getpid())
+            assert client.fileno() in sockets.connected
+            assert sockets.listening[listener.fileno()] == port

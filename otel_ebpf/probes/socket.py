@@ -32,7 +32,7 @@ MAX_IOV = 8
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
 _DATA = struct.Struct("<IIII")  # direction, length, captured, pad
-_OPEN = struct.Struct("<IHHH6x16s16s")  # role, family, lport, rport, pad, laddr, raddr
+_OPEN = struct.Struct("<IHHH6x16s16s16s")  # role, family, lport, rport, pad, laddr, raddr, comm
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
 
 
@@ -189,7 +189,8 @@ class SocketProbe:
             return
         ts += self.clock_offset_ns
         if tgid not in self._known_pids and kind in (EV_DATA, EV_OPEN, EV_CLOSE):
-            self._announce_process(tgid, ts)
+            comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
+            self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
             direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
             start = _HEADER.size + _DATA.size
@@ -210,7 +211,7 @@ class SocketProbe:
             self._events.append(ProcessExit(ts, tgid))
 
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> ConnOpen | None:
-        role_code, family, lport, rport, laddr, raddr = _OPEN.unpack_from(raw, _HEADER.size)
+        role_code, family, lport, rport, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
         role = _ROLES.get(role_code)
         local = _endpoint(family, laddr, lport) if family and any(laddr) else None
         peer = _endpoint(family, raddr, rport) if family else None
@@ -230,13 +231,17 @@ class SocketProbe:
             return None
         return ConnOpen(ts, tgid, fd, generation, role, local, peer)
 
-    def _announce_process(self, pid: int, ts: int) -> None:
-        self._known_pids.add(pid)
+    def _announce_process(self, pid: int, ts: int, comm: str) -> None:
+        """Identity from /proc; a process already gone (a quick curl) is named by its ``comm``."""
         ident = procfs.process_identity(pid)
         if ident is not None:
-            self._events.append(
-                ProcessInfo(ts, pid, ident.executable, ident.command_line, ident.environment)
-            )
+            info = ProcessInfo(ts, pid, ident.executable, ident.command_line, ident.environment)
+        elif comm:
+            info = ProcessInfo(ts, pid, "", comm, {})
+        else:
+            return  # try again at its next event
+        self._known_pids.add(pid)
+        self._events.append(info)
 
     def _on_exec(self, pid: int) -> None:
         if procfs.executable_matches(pid, self.options.executables):

@@ -183,7 +183,11 @@ def test_duration_histograms_count_every_request(live) -> None:
     run, spans, metrics = live
     for name, kind in (("http.server.request.duration", "SERVER"), ("http.client.request.duration", "CLIENT")):
         points = _latest_points(metrics[name])
-        assert sum(p["count"] for p in points) == len(_by_kind(spans, kind))
+        per_process = Counter(s["resource"]["service.instance.id"] for s in _by_kind(spans, kind))
+        counted = Counter()
+        for p in points:
+            counted[p["resource"]["service.instance.id"]] += p["count"]
+        assert counted == per_process
         assert all(p["explicit_bounds"][:2] == [0.005, 0.01] for p in points)
 
 
