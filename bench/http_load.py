@@ -62,7 +62,7 @@ def _wrk(port: int, duration: float, connections: int, rate: int | None) -> tupl
 
 
 def _start_service() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([*SERVICE, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*SERVICE, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     port = int(re.search(r"(\d+)\s*$", line).group(1))
     return proc, port

@@ -146,6 +146,7 @@ BPF_ARRAY(settings, u32, NSETTINGS);
 BPF_PERCPU_ARRAY(generation_seq, u32, 1);
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 BPF_PERCPU_ARRAY(data_scratch, struct data_event, 1);
+BPF_PERCPU_ARRAY(since_wakeup, u32, 1);
 
 static __always_inline u32 setting(u32 slot) {
     u32 *v = settings.lookup(&slot);
@@ -167,6 +168,21 @@ static __always_inline int is_target(u32 tgid) {
     return targets.lookup(&tgid) != 0;
 }
 
+// Wake the agent only every WAKEUP_EVENTS events per CPU (it also polls on a timer, so nothing
+// waits longer than its poll interval): a wakeup per event costs more than the event at high rates.
+#define BPF_RB_NO_WAKEUP_ 1
+#define BPF_RB_FORCE_WAKEUP_ 2
+#define WAKEUP_EVENTS 64
+
+static __always_inline u64 wakeup_flag(void) {
+    u32 zero = 0;
+    u32 *since = since_wakeup.lookup(&zero);
+    if (!since || ++*since < WAKEUP_EVENTS)
+        return BPF_RB_NO_WAKEUP_;
+    *since = 0;
+    return BPF_RB_FORCE_WAKEUP_;
+}
+
 static __always_inline void fill_header(struct event_header *h, u32 type, u64 pid_tgid, s32 fd,
                                         u32 generation) {
     h->ts = bpf_ktime_get_ns();
@@ -181,7 +197,7 @@ static __always_inline void fill_header(struct event_header *h, u32 type, u64 pi
 static __always_inline void emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
     struct event_header h = {};
     fill_header(&h, type, pid_tgid, fd, generation);
-    if (events.ringbuf_output(&h, sizeof(h), 0))
+    if (events.ringbuf_output(&h, sizeof(h), wakeup_flag()))
         count(STAT_RINGBUF_FULL, 1);
 }
 
@@ -416,7 +432,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     conns.update(&key, &fresh);
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
-        if (events.ringbuf_output(&ev, sizeof(ev), 0))
+        if (events.ringbuf_output(&ev, sizeof(ev), wakeup_flag()))
             count(STAT_RINGBUF_FULL, 1);
     }
     return conns.lookup(&key);
@@ -441,7 +457,7 @@ static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u3
     if (!buf || bpf_probe_read_user(ev->data, n, buf))
         n = 0;  // sendfile: bytes moved from a file, never through a user buffer
     ev->captured = n;
-    if (events.ringbuf_output(ev, offsetof(struct data_event, data) + n, 0))
+    if (events.ringbuf_output(ev, offsetof(struct data_event, data) + n, wakeup_flag()))
         count(STAT_RINGBUF_FULL, 1);
 }
 

@@ -29,6 +29,7 @@ EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT = 1, 2, 3, 4, 5
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
 STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls")
 MAX_IOV = 8
+LOSS_CHECK_S = 1.0
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
 _DATA = struct.Struct("<IIII")  # direction, length, captured, pad
@@ -80,6 +81,7 @@ class SocketProbe:
         self._events: list[Event] = []
         self._known_pids: set[int] = set()
         self._lost_reported = 0
+        self._next_loss_check = 0.0
         self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
@@ -167,12 +169,18 @@ class SocketProbe:
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing)."""
+        # The kernel wakes us only every few dozen events; the timeout bounds the wait for the
+        # rest, and consume() takes whatever is there whether or not a wakeup was sent.
         self._bpf.ring_buffer_poll(timeout_ms)
+        self._bpf.ring_buffer_consume()
         events, self._events = self._events, []
-        lost = self.kernel_stats()["ringbuf_full"]
-        if lost > self._lost_reported:
-            events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
-            self._lost_reported = lost
+        now = time.monotonic()
+        if now >= self._next_loss_check:  # per-CPU map reads are syscalls: not every poll
+            self._next_loss_check = now + LOSS_CHECK_S
+            lost = self.kernel_stats()["ringbuf_full"]
+            if lost > self._lost_reported:
+                events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
+                self._lost_reported = lost
         return events
 
     def kernel_stats(self) -> dict[str, int]:
