@@ -215,8 +215,12 @@ class ConnectionTracker:
         """Report growth of the session's and stitcher's own error counters."""
         if conn.session is None:
             return
-        name = {"protocol": conn.protocol.name}
         errors, unmatched = conn.session.parse_errors, conn.stitcher.unmatched
-        self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, name)
-        self._metrics.add("otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, name)
-        conn.reported_errors, conn.reported_unmatched = errors, unmatched
+        if errors != conn.reported_errors:
+            self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, {"protocol": conn.protocol.name})
+            conn.reported_errors = errors
+        if unmatched != conn.reported_unmatched:
+            self._metrics.add(
+                "otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, {"protocol": conn.protocol.name}
+            )
+            conn.reported_unmatched = unmatched

@@ -27,9 +27,11 @@ class Pipeline:
         self.last_timestamp_ns = 0
 
     def handle(self, events: Iterable[Event]) -> None:
+        received = 0
         for event in events:
-            self._metrics.add("otel_ebpf.events.received")
-            self.last_timestamp_ns = max(self.last_timestamp_ns, event.timestamp_ns)
+            received += 1
+            if event.timestamp_ns > self.last_timestamp_ns:
+                self.last_timestamp_ns = event.timestamp_ns
             if isinstance(event, ConnData):
                 self._report(self.tracker.data(event))
             elif isinstance(event, ConnOpen):
@@ -43,6 +45,7 @@ class Pipeline:
                 self.telemetry.process_exit(event.pid)
             elif isinstance(event, KernelLoss):
                 self._metrics.add("otel_ebpf.events.lost", event.events)
+        self._metrics.add("otel_ebpf.events.received", received)
 
     def flush(self) -> None:
         """Report every pending exchange (the agent is stopping)."""

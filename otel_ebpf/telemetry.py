@@ -45,6 +45,11 @@ SDK_ATTRIBUTES = {
 }
 OVERFLOW_PID = -1
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_PLAIN_STATUS = {code: Status(sdk_code) for code, sdk_code in _STATUS.items()}
+
+
+def _status(code: StatusCode, description: str | None) -> Status:
+    return Status(_STATUS[code], description) if description else _PLAIN_STATUS[code]
 
 
 def parse_resource_attributes(text: str) -> dict[str, str]:
@@ -79,10 +84,11 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     return attributes
 
 
-def _identity_digest(salt: bytes, key: ConnKey, seq: int, start_ns: int, size: int) -> int:
-    h = hashlib.blake2b(salt, digest_size=size)
-    h.update(b"%d/%d/%d/%d/%d" % (*key, seq, start_ns))
-    return int.from_bytes(h.digest(), "big") or 1
+def exchange_ids(key: ConnKey, seq: int, start_ns: int) -> tuple[int, int]:
+    """(trace id, span id) of the ``seq``-th exchange on connection ``key``: a function of the
+    exchange's identity, so that a replay reproduces them."""
+    digest = hashlib.blake2b(b"%d/%d/%d/%d/%d" % (*key, seq, start_ns), digest_size=24).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1
 
 
 class Telemetry:
@@ -152,8 +158,7 @@ class Telemetry:
         """Record one completed exchange, ``seq``-th on connection ``key``."""
         process = self._process(key[0])
         description = exchange.span(conn)
-        trace_id = _identity_digest(b"trace", key, seq, description.start_ns, 16)
-        span_id = _identity_digest(b"span", key, seq, description.start_ns, 8)
+        trace_id, span_id = exchange_ids(key, seq, description.start_ns)
         context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
         scope = self._scopes[protocol]
         self._pending_spans.append(
@@ -162,9 +167,9 @@ class Telemetry:
                 context=context,
                 parent=None,
                 resource=process.resource,
-                attributes=dict(description.attributes),
+                attributes=description.attributes,
                 kind=_KINDS[description.kind],
-                status=Status(_STATUS[description.status], description.status_description),
+                status=_status(description.status, description.status_description),
                 start_time=description.start_ns,
                 end_time=description.end_ns,
                 instrumentation_scope=scope,

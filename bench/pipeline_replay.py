@@ -1,0 +1,203 @@
+"""CPU per HTTP/1.1 exchange through the real user-space pipeline, and the protocol plugin's share.
+
+Builds, in memory, the event stream the probe hands over while ``wrk`` loads a Python
+``http.server`` JSON service with keep-alive (``bench/http_load.py``): one ``ProcessInfo``, a
+``ConnOpen`` per connection, then per exchange one ``ConnData`` with the request exactly as wrk
+sends it and one with the whole response (status line, ``Server``, ``Date``, ``Content-Type``,
+``Content-Length``, body) as one buffered write. Then, per repetition:
+
+``pipeline``
+    the stream through ``ConnectionTracker`` + ``Telemetry`` + ``Pipeline`` with the installed
+    protocol plugins, wired as ``otel_ebpf/agent.py`` does, in batches of ``REPLAY_BATCH``
+    events, taking the spans after each batch (no exporter);
+``plugin``
+    the same data events straight through the HTTP/1 plugin, each stage timed on its own:
+    ``session.feed`` for every syscall, ``stitcher.add`` for every message, ``exchange.span`` and
+    ``exchange.metric_points`` for every exchange.
+
+Prints the median over the repetitions in µs per exchange.
+
+Usage: ``python bench/pipeline_replay.py [--exchanges N] [--connections C] [--reps R]
+[--protocols DIR]``. ``--protocols`` runs a copy of ``protocols/`` (e.g. the code before a change)
+in place of the installed one, so two versions can be compared side by side on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import sys
+import time
+from email.utils import formatdate
+from pathlib import Path
+
+from otel_ebpf.agent import REPLAY_BATCH
+from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
+from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
+
+PID = 4242
+START_NS = 1_764_000_000_000_000_000
+EXCHANGE_NS = 62_500  # ~16k requests/s across all connections
+SERVICE_NS = 30_000  # request read -> response written
+REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n"
+BODY = b'{"status": "ok"}'
+SERVER_HEADER = b"demo-inference/1.0 Python/3.11.7"
+
+
+def response(timestamp_ns: int) -> bytes:
+    """What ``examples/http_service.py`` writes for ``GET /health`` (one buffered write)."""
+    date = formatdate(timestamp_ns / 1e9, usegmt=True).encode()
+    return (
+        b"HTTP/1.1 200 OK\r\n"
+        b"Server: " + SERVER_HEADER + b"\r\n"
+        b"Date: " + date + b"\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n"
+        b"\r\n" % len(BODY)
+    ) + BODY
+
+
+def build_events(exchanges: int, connections: int) -> list[Event]:
+    """ProcessInfo, the connections' opens, then ``exchanges`` round-robin over the connections."""
+    events: list[Event] = [
+        ProcessInfo(START_NS, PID, "/usr/bin/python3.11", "python3 examples/http_service.py")
+    ]
+    local = Endpoint("127.0.0.1", 8080)
+    for c in range(connections):
+        events.append(
+            ConnOpen(START_NS, PID, 10 + c, 0, Role.SERVER, local, Endpoint("127.0.0.1", 40000 + c))
+        )
+    for i in range(exchanges):
+        fd = 10 + i % connections
+        t = START_NS + 1_000 + i * EXCHANGE_NS
+        answer = response(t)
+        events.append(
+            ConnData(t, PID, PID + 1, fd, 0, Direction.INGRESS, len(REQUEST), bytes(REQUEST))
+        )
+        events.append(
+            ConnData(t + SERVICE_NS, PID, PID + 1, fd, 0, Direction.EGRESS, len(answer), answer)
+        )
+    return events
+
+
+def use_protocols_from(directory: Path) -> None:
+    """Make ``otel_ebpf.protocols`` the package in ``directory`` (before anything imports it)."""
+    if "otel_ebpf.protocols" in sys.modules:
+        raise RuntimeError("otel_ebpf.protocols is already imported")
+    spec = importlib.util.spec_from_file_location(
+        "otel_ebpf.protocols",
+        directory / "__init__.py",
+        submodule_search_locations=[str(directory)],
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["otel_ebpf.protocols"] = module
+    spec.loader.exec_module(module)
+
+
+def run_pipeline(events: list[Event]) -> tuple[float, int]:
+    """Seconds to run ``events`` through a fresh pipeline, and the spans it produced."""
+    from otel_ebpf.connections import ConnectionTracker
+    from otel_ebpf.pipeline import Pipeline
+    from otel_ebpf.protocol import load_protocols
+    from otel_ebpf.selfmetrics import SelfMetrics
+    from otel_ebpf.telemetry import Telemetry
+
+    selfmetrics = SelfMetrics()
+    protocols = load_protocols()
+    telemetry = Telemetry(protocols, "bench-host", {}, selfmetrics)
+    tracker = ConnectionTracker(protocols, selfmetrics)
+    pipeline = Pipeline(tracker, telemetry, selfmetrics)
+    batches = [events[i : i + REPLAY_BATCH] for i in range(0, len(events), REPLAY_BATCH)]
+    spans = 0
+    start = time.perf_counter()
+    for batch in batches:
+        pipeline.handle(batch)
+        spans += len(telemetry.take_spans())
+    return time.perf_counter() - start, spans
+
+
+def run_plugin(events: list[Event]) -> tuple[dict[str, float], int]:
+    """Seconds per plugin stage over the data events of ``events``, and the exchanges made."""
+    from otel_ebpf.protocol import load_protocols
+
+    (http1,) = load_protocols(["http1"])
+    data = [event for event in events if isinstance(event, ConnData)]
+    sessions = {event.fd: http1.new_session(Role.SERVER) for event in data}
+    stitchers = {fd: http1.new_stitcher(Role.SERVER) for fd in sessions}
+    conn = ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 8080), Endpoint("127.0.0.1", 40000))
+    times: dict[str, float] = {}
+
+    start = time.perf_counter()
+    messages = [
+        (event.fd, message)
+        for event in data
+        for message in sessions[event.fd].feed(event.direction, event.data, event.timestamp_ns)
+    ]
+    times["session.feed"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    exchanges = [exchange for fd, message in messages for exchange in stitchers[fd].add(message)]
+    times["stitcher.add"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for exchange in exchanges:
+        exchange.span(conn)
+    times["exchange.span"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for exchange in exchanges:
+        exchange.metric_points(conn)
+    times["exchange.metric_points"] = time.perf_counter() - start
+    return times, len(exchanges)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--exchanges", type=int, default=20_000)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--protocols", type=Path, help="run this copy of protocols/ instead")
+    args = parser.parse_args()
+    if args.protocols is not None:
+        use_protocols_from(args.protocols.resolve())
+
+    from otel_ebpf.protocol import load_protocols
+
+    (http1,) = load_protocols(["http1"])
+    print(f"plugin: {sys.modules[type(http1).__module__].__file__}")
+    events = build_events(args.exchanges, args.connections)
+    run_pipeline(events[: 2 + args.connections + 2000])  # warm up
+    totals: list[float] = []
+    stages: dict[str, list[float]] = {}
+    for _ in range(args.reps):
+        gc.collect()
+        seconds, spans = run_pipeline(events)
+        if spans != args.exchanges:
+            raise SystemExit(f"pipeline made {spans} spans for {args.exchanges} exchanges")
+        totals.append(seconds)
+        gc.collect()
+        times, made = run_plugin(events)
+        if made != args.exchanges:
+            raise SystemExit(f"plugin made {made} exchanges for {args.exchanges}")
+        for stage, seconds in times.items():
+            stages.setdefault(stage, []).append(seconds)
+
+    def us(seconds: list[float]) -> float:
+        return statistics.median(seconds) / args.exchanges * 1e6
+
+    plugin = [sum(rep) for rep in zip(*stages.values())]
+    print(
+        f"{args.exchanges} exchanges on {args.connections} connections, "
+        f"median of {args.reps} repetitions, µs per exchange:"
+    )
+    print(f"  pipeline total           {us(totals):7.2f}")
+    print(f"  plugin share             {us(plugin):7.2f}")
+    for stage, seconds in stages.items():
+        print(f"    {stage:<22} {us(seconds):7.2f}")
+
+
+if __name__ == "__main__":
+    main()
