@@ -120,23 +120,12 @@ class Agent:
 
 def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool = True) -> int:
     """Attach the probes and run until stopped. Returns the process exit code."""
-    from .probes.socket import SocketProbe, SocketProbeOptions
+    from .probes.socket import SocketProbe
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
     agent = Agent(config, time.time_ns) if export else None
-    probe = SocketProbe(
-        SocketProbeOptions(
-            payload_cap=config.capture.payload_cap,
-            ring_buffer_kb=config.capture.ring_buffer_kb,
-            max_connections=config.capture.max_connections,
-            max_processes=config.capture.max_processes,
-            pids=config.targets.pids,
-            ports=config.targets.ports,
-            executables=config.targets.executables,
-            socket_mode=config.capture.socket_mode,
-        )
-    )
+    probe = SocketProbe(config.capture, config.targets)
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
     recorder = RecordingWriter(record_to, RecordingHeader(socket.gethostname())) if record_to else None

@@ -13,12 +13,12 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
 from .. import procfs
+from ..config import CaptureConfig, TargetsConfig
 from .compiler_memory import release_compiler_memory
 from ..events import ConnClose, ConnKey, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role
@@ -35,18 +35,6 @@ _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
 _DATA = struct.Struct("<IIII")  # direction, length, captured, pad
 _OPEN = struct.Struct("<IHHH6x16s16s16s")  # role, family, lport, rport, pad, laddr, raddr, comm
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
-
-
-@dataclass(frozen=True)
-class SocketProbeOptions:
-    payload_cap: int = 4096
-    ring_buffer_kb: int = 4096
-    max_connections: int = 16384
-    max_processes: int = 1024
-    pids: Sequence[int] = ()
-    ports: Sequence[int] = ()
-    executables: Sequence[str] = ()
-    socket_mode: str = "auto"  # "auto" | "tracepoints" | "fd-tracking"
 
 
 SOCK_LENGTH_TRACEPOINT = Path("/sys/kernel/tracing/events/sock/sock_send_length")
@@ -73,10 +61,11 @@ def _endpoint(family: int, raw: bytes, port: int) -> Endpoint:
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
-    def __init__(self, options: SocketProbeOptions) -> None:
-        self.options = options
-        self.payload_cap = _power_of_two_at_least(options.payload_cap)
-        self.socket_mode = resolve_socket_mode(options.socket_mode)
+    def __init__(self, capture: CaptureConfig, targets: TargetsConfig) -> None:
+        self.capture = capture
+        self.targets = targets
+        self.payload_cap = _power_of_two_at_least(capture.payload_cap)
+        self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
         self._events: list[Event] = []
         self._known_pids: set[int] = set()
@@ -94,12 +83,12 @@ class SocketProbe:
         from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
         source = resources.files("otel_ebpf.bpf").joinpath("socket_trace.c").read_text()
-        pages = _power_of_two_at_least(max(1, self.options.ring_buffer_kb // 4))
+        pages = _power_of_two_at_least(max(1, self.capture.ring_buffer_kb // 4))
         cflags = [
             f"-DPAYLOAD_CAP={self.payload_cap}",
             f"-DMAX_IOV={MAX_IOV}",
-            f"-DMAX_CONNS={self.options.max_connections}",
-            f"-DMAX_TARGETS={self.options.max_processes}",
+            f"-DMAX_CONNS={self.capture.max_connections}",
+            f"-DMAX_TARGETS={self.capture.max_processes}",
             f"-DRINGBUF_PAGES={pages}",
             "-Wno-macro-redefined",
         ]
@@ -112,19 +101,19 @@ class SocketProbe:
         release_compiler_memory()
         settings = self._bpf["settings"]
         settings[ctypes.c_int(SET_AGENT_TGID)] = ctypes.c_uint32(os.getpid())
-        filtering = bool(self.options.pids or self.options.executables)
+        filtering = bool(self.targets.pids or self.targets.executables)
         settings[ctypes.c_int(SET_FILTER_PIDS)] = ctypes.c_uint32(int(filtering))
-        settings[ctypes.c_int(SET_WATCH_EXEC)] = ctypes.c_uint32(int(bool(self.options.executables)))
-        if self.options.ports:
+        settings[ctypes.c_int(SET_WATCH_EXEC)] = ctypes.c_uint32(int(bool(self.targets.executables)))
+        if self.targets.ports:
             ports = self._bpf["ports"]
-            for port in self.options.ports:
+            for port in self.targets.ports:
                 ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
             settings[ctypes.c_int(SET_FILTER_PORTS)] = ctypes.c_uint32(1)
-        for pid in self.options.pids:
+        for pid in self.targets.pids:
             self.add_target(pid)
-        if self.options.executables:
+        if self.targets.executables:
             for pid in procfs.iter_pids():
-                if pid != os.getpid() and procfs.executable_matches(pid, self.options.executables):
+                if pid != os.getpid() and procfs.executable_matches(pid, self.targets.executables):
                     self.add_target(pid)
         if self.socket_mode == "fd-tracking" and not filtering:
             self._seed_existing_sockets(procfs.iter_pids())
@@ -233,7 +222,7 @@ class SocketProbe:
                 lport, rport = local.port, peer.port
             # Tracking fds, an accept/connect without an inet address is no TCP connection.
             unwanted = found is None and not family and self.socket_mode == "fd-tracking"
-        if unwanted or self.options.ports and not (lport in self.options.ports or rport in self.options.ports):
+        if unwanted or self.targets.ports and not (lport in self.targets.ports or rport in self.targets.ports):
             self.ignore_connection((tgid, fd, generation))
             self._filtered_out.add((tgid, fd, generation))
             return None
@@ -252,7 +241,7 @@ class SocketProbe:
         self._events.append(info)
 
     def _on_exec(self, pid: int) -> None:
-        if procfs.executable_matches(pid, self.options.executables):
+        if procfs.executable_matches(pid, self.targets.executables):
             self.add_target(pid)
             self._known_pids.discard(pid)  # a new image: announce its identity again
 
