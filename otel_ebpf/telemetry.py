@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import ResourceMetrics
@@ -22,8 +21,8 @@ from opentelemetry.trace import SpanContext, Status, TraceFlags
 from . import __version__
 from .events import ConnKey, ProcessInfo
 from .metrics import ProcessMetrics
-from .redaction import redact_command_line
 from .protocol import ConnectionInfo, Exchange, InstrumentKind, InstrumentSpec, Protocol, SpanKind, StatusCode
+from .redaction import redact_command_line
 from .selfmetrics import SelfMetrics
 
 _KINDS = {

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from .. import procfs
 from ..config import CaptureConfig, TargetsConfig
-from .compiler_memory import release_compiler_memory
-from ..events import ConnClose, ConnKey, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role
+from .compiler_memory import release_compiler_memory
 
 log = logging.getLogger(__name__)
 
