@@ -12,7 +12,7 @@
 // synthetic id (its tuple then comes from /proc too).
 //
 // Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
-// MAX_TARGETS, RINGBUF_PAGES; FD_TRACKING optional.
+// MAX_TARGETS, RINGBUF_PAGES, NR_CPUS (possible CPUs); FD_TRACKING optional.
 
 #define EV_DATA 1
 #define EV_OPEN 2
@@ -145,7 +145,9 @@ BPF_HASH(ports, u16, u8, 64);
 BPF_ARRAY(settings, u32, NSETTINGS);
 BPF_PERCPU_ARRAY(generation_seq, u32, 1);
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
-BPF_PERCPU_ARRAY(data_scratch, struct data_event, 1);
+// One slot per CPU, indexed by CPU id: a per-CPU map would cap the value at 32 KiB, below the
+// largest payload cap. Syscall tracepoint programs do not migrate between CPUs mid-run.
+BPF_ARRAY(data_scratch, struct data_event, NR_CPUS);
 BPF_PERCPU_ARRAY(since_wakeup, u32, 1);
 
 static __always_inline u32 setting(u32 slot) {
@@ -440,8 +442,8 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
 
 static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u32 direction,
                                       const char *buf, u32 length) {
-    u32 zero = 0;
-    struct data_event *ev = data_scratch.lookup(&zero);
+    u32 cpu = bpf_get_smp_processor_id();
+    struct data_event *ev = data_scratch.lookup(&cpu);
     if (!ev)
         return;
     u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;

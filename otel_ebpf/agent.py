@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -156,26 +156,24 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
 
 def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]) -> None:
-    """Run the pipeline over recorded events, as the live agent on ``header.host_name`` did."""
+    """Run the pipeline over recorded events, as the live agent on ``header.host_name`` did.
+
+    A bad line raises ``RecordingError`` from ``events``; what was read before it is still
+    processed and exported first.
+    """
     pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
     agent = Agent(config, pipeline_time, host_name=header.host_name or None)
+    batch: list[Event] = []
     try:
-        for batch in _batches(events, REPLAY_BATCH):
-            agent.process(batch)
+        for event in events:
+            batch.append(event)
+            if len(batch) >= REPLAY_BATCH:
+                agent.process(batch)
+                batch = []
     finally:
+        agent.process(batch)
         agent.finish()
         log.info("replayed: %s", _summary(agent.selfmetrics))
-
-
-def _batches(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
-    batch: list[Event] = []
-    for event in events:
-        batch.append(event)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _summary(metrics: SelfMetrics) -> str:

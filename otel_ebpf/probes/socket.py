@@ -47,6 +47,15 @@ def resolve_socket_mode(requested: str) -> str:
     return "tracepoints" if SOCK_LENGTH_TRACEPOINT.exists() else "fd-tracking"
 
 
+def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> list[int]:
+    """CPU ids the kernel may ever use, e.g. ``0-3,8`` -> [0, 1, 2, 3, 8]."""
+    cpus: list[int] = []
+    for part in Path(path).read_text().strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def _power_of_two_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -90,6 +99,7 @@ class SocketProbe:
             f"-DMAX_CONNS={self.capture.max_connections}",
             f"-DMAX_TARGETS={self.capture.max_processes}",
             f"-DRINGBUF_PAGES={pages}",
+            f"-DNR_CPUS={max(possible_cpus()) + 1}",
             "-Wno-macro-redefined",
         ]
         if self.socket_mode == "fd-tracking":
