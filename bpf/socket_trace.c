@@ -139,6 +139,14 @@ BPF_HASH(active_io, u32, struct active_io, 16384);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
 BPF_HASH(ignored, u64, u32, MAX_CONNS);
+// Local ends of the agent's own connections (its exports). A traced process whose peer is one of
+// them is a collector receiving from the agent: tracing it would feed the agent's output back in.
+struct endpoint_key {
+    u8 addr[16];
+    u16 port;
+    u16 pad;
+};
+BPF_TABLE("lru_hash", struct endpoint_key, u8, agent_endpoints, 1024);
 BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(ports, u16, u8, 64);
@@ -370,7 +378,19 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 static __always_inline void on_sock_io(u16 family, const void *sk) {
     if (family != AF_INET && family != AF_INET6)
         return;
-    u32 tid = bpf_get_current_pid_tgid();
+    u64 id = bpf_get_current_pid_tgid();
+    if (id >> 32 == setting(SET_AGENT_TGID)) {
+        u64 skaddr = (u64)sk;
+        struct tuple *t = sk_tuples.lookup(&skaddr);
+        if (t) {
+            struct endpoint_key own = {.port = t->lport};
+            __builtin_memcpy(own.addr, t->laddr, 16);
+            u8 one = 1;
+            agent_endpoints.update(&own, &one);
+        }
+        return;
+    }
+    u32 tid = id;
     struct active_io *io = active_io.lookup(&tid);
     if (io)
         io->sk = (u64)sk;
@@ -425,7 +445,9 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         ev.rport = t->rport;
         __builtin_memcpy(ev.laddr, t->laddr, 16);
         __builtin_memcpy(ev.raddr, t->raddr, 16);
-        fresh.ignored = !port_wanted(t->lport, t->rport);
+        struct endpoint_key peer = {.port = t->rport};
+        __builtin_memcpy(peer.addr, t->raddr, 16);
+        fresh.ignored = !port_wanted(t->lport, t->rport) || agent_endpoints.lookup(&peer);
     }
     // Unknown tuple with a port filter: user space resolves it from /proc and marks the
     // connection in ignored[] if it does not match.

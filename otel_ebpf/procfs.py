@@ -154,3 +154,14 @@ def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
         [fd for fd, inode in inodes.items() if inode in connected],
         {fd: listening[inode] for fd, inode in inodes.items() if inode in listening},
     )
+
+
+def local_endpoints(pid: int, proc: str = "/proc") -> set[Endpoint]:
+    """The local ends of ``pid``'s connected TCP sockets."""
+    connected, _ = _tcp_tables(pid, proc)
+    try:
+        fds = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return set()
+    inodes = {_socket_inode(pid, int(fd), proc) for fd in fds}
+    return {local for inode, (local, _) in connected.items() if inode in inodes}

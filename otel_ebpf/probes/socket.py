@@ -81,6 +81,7 @@ class SocketProbe:
         self._lost_reported = 0
         self._next_loss_check = 0.0
         self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
+        self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
@@ -232,11 +233,26 @@ class SocketProbe:
                 lport, rport = local.port, peer.port
             # Tracking fds, an accept/connect without an inet address is no TCP connection.
             unwanted = found is None and not family and self.socket_mode == "fd-tracking"
-        if unwanted or self.targets.ports and not (lport in self.targets.ports or rport in self.targets.ports):
+        if (
+            unwanted
+            or self.targets.ports and not (lport in self.targets.ports or rport in self.targets.ports)
+            or self._talks_to_agent(local, peer)
+        ):
             self.ignore_connection((tgid, fd, generation))
             self._filtered_out.add((tgid, fd, generation))
             return None
         return ConnOpen(ts, tgid, fd, generation, role, local, peer)
+
+    def _talks_to_agent(self, local: Endpoint | None, peer: Endpoint | None) -> bool:
+        """A collector on this node receiving the agent's own exports: tracing it would feed the
+        agent's output back into itself. With the sock tracepoints the kernel decides this; with
+        fd-tracking, /proc tells which local ends the agent's own connections have."""
+        if peer is None or self.socket_mode != "fd-tracking":
+            return False
+        same_host = ipaddress.ip_address(peer.address).is_loopback or (local and local.address == peer.address)
+        if same_host and peer not in self._own_endpoints:
+            self._own_endpoints = procfs.local_endpoints(os.getpid())
+        return peer in self._own_endpoints
 
     def _announce_process(self, pid: int, ts: int, comm: str) -> None:
         """Identity from /proc; a process already gone (a quick curl) is named by its ``comm``."""
