@@ -24,6 +24,9 @@ Choices the conventions leave open, made here once:
   out, since the socket's port belongs to the proxy), else the socket's client end.
 * Body sizes count content bytes after removing transfer framing (chunk headers, trailers); a size
   the capture lost (a gap inside a chunked body) is ``None`` and is left out rather than guessed.
+
+This runs for every request a node serves or sends, and the same targets and authorities come
+again and again, so their parsed forms and route templates are memoised (:mod:`.caching`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from otel_ebpf.protocol import (
     SpanKind,
     StatusCode,
 )
+
+from .caching import memoize
 
 Headers = Sequence[tuple[str, str]]  # (lower-case name, value) in wire order; names may repeat
 
@@ -144,6 +149,7 @@ _VALUE_SEGMENT = re.compile(
 )
 
 
+@memoize
 def route_template(path: str) -> str:
     """A low-cardinality stand-in for ``http.route``, used only in span names.
 
@@ -186,6 +192,7 @@ class Target:
     scheme: str | None = None  # from absolute-form only
 
 
+@memoize
 def split_target(target: str) -> Target:
     scheme = authority = None
     rest = target
@@ -208,6 +215,13 @@ def split_target(target: str) -> Target:
 
 def split_authority(authority: str, scheme: str) -> tuple[str, int | None]:
     """``host[:port]`` / ``[v6]:port`` → (host, port), defaulting the port from the scheme."""
+    host, port = _host_port(authority)
+    return (host, port) if port is not None else (host, _DEFAULT_PORTS.get(scheme))
+
+
+@memoize
+def _host_port(authority: str) -> tuple[str, int | None]:
+    """``host[:port]`` / ``[v6]:port`` → (host, port), the port ``None`` unless valid."""
     host, port_text = authority, ""
     if authority.startswith("["):
         close = authority.find("]")
@@ -217,7 +231,7 @@ def split_authority(authority: str, scheme: str) -> tuple[str, int | None]:
         host, _, port_text = authority.partition(":")
     if port_text.isascii() and port_text.isdigit() and len(port_text) <= 5:
         return host, int(port_text)
-    return host, _DEFAULT_PORTS.get(scheme)
+    return host, None
 
 
 def first_header(headers: Headers, name: str) -> str | None:
@@ -265,61 +279,45 @@ class HttpTransaction:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Common:
-    """What both the span and the metric points derive from one transaction."""
-
-    method: str
-    method_original: str | None
-    target: Target
-    scheme: str
-    server_address: str | None
-    server_port: int | None
-    status: StatusCode
-    error_type: str | None
-    is_server: bool
-
-
-def _common(tx: HttpTransaction, conn: ConnectionInfo) -> _Common:
-    method, original = normalize_method(tx.method)
-    target = split_target(tx.target)
-    scheme = target.scheme or conn.scheme
-    authority = target.authority or tx.authority
-    address: str | None = None
-    port: int | None = None
+def _server(
+    target: Target, authority: str | None, scheme: str, conn: ConnectionInfo
+) -> tuple[str | None, int | None]:
+    """``(server.address, server.port)``: the origin the request names, else the socket's server."""
+    authority = target.authority or authority
     if authority:
         address, port = split_authority(authority, scheme)
-    elif conn.server is not None:
-        address, port = conn.server.address, conn.server.port
-    is_server = conn.role is Role.SERVER
-    status, error_type = StatusCode.UNSET, tx.error
-    if tx.status is None and error_type is None:
-        error_type = RESPONSE_MISSING
-    if error_type is None and tx.status is not None and tx.status >= (500 if is_server else 400):
-        error_type = str(tx.status)
-    if error_type is not None:
-        status = StatusCode.ERROR
-    return _Common(
-        method, original, target, scheme, address or None, port, status, error_type, is_server
-    )
+        return address or None, port
+    server = conn.server
+    if server is not None:
+        return server.address or None, server.port
+    return None, None
 
 
-def _span_name(common: _Common) -> str:
-    method = "HTTP" if common.method == OTHER_METHOD else common.method
-    path = common.target.path
+def _error_type(tx: HttpTransaction, is_server: bool) -> str | None:
+    """``error.type``: why the response is missing or cut short, else an error status code."""
+    if tx.error is not None:
+        return tx.error
+    if tx.status is None:
+        return RESPONSE_MISSING
+    if tx.status >= (500 if is_server else 400):
+        return str(tx.status)
+    return None
+
+
+def _span_name(method: str, path: str) -> str:
+    method = "HTTP" if method == OTHER_METHOD else method
     return f"{method} {route_template(path)}" if path.startswith("/") else method
 
 
-def _url_full(common: _Common) -> str | None:
-    if common.server_address is None:
+def _url_full(scheme: str, address: str | None, port: int | None, target: Target) -> str | None:
+    if address is None:
         return None
-    host = f"[{common.server_address}]" if ":" in common.server_address else common.server_address
-    port = common.server_port
-    if port is not None and port != _DEFAULT_PORTS.get(common.scheme):
+    host = f"[{address}]" if ":" in address else address
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
         host = f"{host}:{port}"
-    path = common.target.path if common.target.path.startswith("/") else ""
-    query = f"?{redact_query(common.target.query)}" if common.target.query else ""
-    return f"{common.scheme}://{host}{path}{query}"
+    path = target.path if target.path.startswith("/") else ""
+    query = f"?{redact_query(target.query)}" if target.query else ""
+    return f"{scheme}://{host}{path}{query}"
 
 
 _STATUS_DESCRIPTIONS = {
@@ -332,33 +330,40 @@ def describe_span(
     tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Collection[str] = ()
 ) -> SpanDescription:
     """The span for one transaction; ``capture_headers`` holds lower-case header names."""
-    common = _common(tx, conn)
-    attributes: dict[str, AttributeValue] = {"http.request.method": common.method}
-    if common.method_original is not None:
-        attributes["http.request.method_original"] = common.method_original
-    if common.is_server:
-        if common.target.path:
-            attributes["url.path"] = common.target.path
-        if common.target.query:
-            attributes["url.query"] = redact_query(common.target.query)
-        attributes["url.scheme"] = common.scheme
+    is_server = conn.role is Role.SERVER
+    method, method_original = normalize_method(tx.method)
+    target = split_target(tx.target)
+    scheme = target.scheme or conn.scheme
+    address, port = _server(target, tx.authority, scheme, conn)
+    error_type = _error_type(tx, is_server)
+
+    attributes: dict[str, AttributeValue] = {"http.request.method": method}
+    if method_original is not None:
+        attributes["http.request.method_original"] = method_original
+    if is_server:
+        if target.path:
+            attributes["url.path"] = target.path
+        if target.query:
+            attributes["url.query"] = redact_query(target.query)
+        attributes["url.scheme"] = scheme
     else:
-        url_full = _url_full(common)
+        url_full = _url_full(scheme, address, port, target)
         if url_full is not None:
             attributes["url.full"] = url_full
-    if common.server_address is not None:
-        attributes["server.address"] = common.server_address
-    if common.server_port is not None:
-        attributes["server.port"] = common.server_port
-    if common.is_server:
+    if address is not None:
+        attributes["server.address"] = address
+    if port is not None:
+        attributes["server.port"] = port
+    if is_server:
         _client_attributes(attributes, tx, conn)
-    if conn.peer is not None:
-        attributes["network.peer.address"] = conn.peer.address
-        attributes["network.peer.port"] = conn.peer.port
+    peer = conn.peer
+    if peer is not None:
+        attributes["network.peer.address"] = peer.address
+        attributes["network.peer.port"] = peer.port
     attributes["network.protocol.version"] = tx.version
     if tx.status is not None:
         attributes["http.response.status_code"] = tx.status
-    if common.is_server:
+    if is_server:
         user_agent = first_header(tx.request_headers, "user-agent")
         if user_agent is not None:
             attributes["user_agent.original"] = user_agent
@@ -366,8 +371,8 @@ def describe_span(
         attributes["http.request.body.size"] = tx.request_body_size
     if tx.response_body_size is not None:
         attributes["http.response.body.size"] = tx.response_body_size
-    if common.error_type is not None:
-        attributes["error.type"] = common.error_type
+    if error_type is not None:
+        attributes["error.type"] = error_type
     if capture_headers:
         attributes.update(
             header_attributes("http.request.header.", tx.request_headers, capture_headers)
@@ -375,15 +380,15 @@ def describe_span(
         attributes.update(
             header_attributes("http.response.header.", tx.response_headers, capture_headers)
         )
-    return SpanDescription(
-        name=_span_name(common),
-        kind=SpanKind.SERVER if common.is_server else SpanKind.CLIENT,
-        start_ns=tx.start_ns,
-        end_ns=tx.end_ns,
-        attributes=attributes,
-        status=common.status,
-        status_description=_STATUS_DESCRIPTIONS.get(common.error_type or ""),
-    )
+
+    name = _span_name(method, target.path)
+    kind = SpanKind.SERVER if is_server else SpanKind.CLIENT
+    if error_type is None:
+        status, description = StatusCode.UNSET, None
+    else:
+        status, description = StatusCode.ERROR, _STATUS_DESCRIPTIONS.get(error_type)
+    # positional, in field order: keywords would make this per-span call a quarter slower
+    return SpanDescription(name, kind, tx.start_ns, tx.end_ns, attributes, status, description)
 
 
 def _client_attributes(
@@ -392,32 +397,50 @@ def _client_attributes(
     forwarded = first_header(tx.request_headers, "x-forwarded-for")
     if forwarded:
         attributes["client.address"] = forwarded.split(",", 1)[0].strip()
-    elif conn.client is not None:
-        attributes["client.address"] = conn.client.address
-        attributes["client.port"] = conn.client.port
+        return
+    client = conn.client
+    if client is not None:
+        attributes["client.address"] = client.address
+        attributes["client.port"] = client.port
+
+
+# instrument names (duration, request body size, response body size), by "the process serves"
+_INSTRUMENT_NAMES = {
+    is_server: tuple(
+        f"http.{side}.{name}"
+        for name in ("request.duration", "request.body.size", "response.body.size")
+    )
+    for is_server, side in ((True, "server"), (False, "client"))
+}
 
 
 def metric_points(tx: HttpTransaction, conn: ConnectionInfo) -> list[MetricPoint]:
     """Duration and body-size points, with the conventions' low-cardinality attributes only."""
-    common = _common(tx, conn)
+    is_server = conn.role is Role.SERVER
+    method, _ = normalize_method(tx.method)
+    target = split_target(tx.target)
+    scheme = target.scheme or conn.scheme
+    error_type = _error_type(tx, is_server)
+
     attributes: dict[str, AttributeValue] = {
-        "http.request.method": common.method,
-        "url.scheme": common.scheme,
+        "http.request.method": method,
+        "url.scheme": scheme,
         "network.protocol.version": tx.version,
     }
     if tx.status is not None:
         attributes["http.response.status_code"] = tx.status
-    if not common.is_server:
-        if common.server_address is not None:
-            attributes["server.address"] = common.server_address
-        if common.server_port is not None:
-            attributes["server.port"] = common.server_port
-    if common.error_type is not None:
-        attributes["error.type"] = common.error_type
-    side = "http.server." if common.is_server else "http.client."
-    points = [MetricPoint(side + "request.duration", (tx.end_ns - tx.start_ns) / 1e9, attributes)]
+    if not is_server:
+        address, port = _server(target, tx.authority, scheme, conn)
+        if address is not None:
+            attributes["server.address"] = address
+        if port is not None:
+            attributes["server.port"] = port
+    if error_type is not None:
+        attributes["error.type"] = error_type
+    duration, request_size, response_size = _INSTRUMENT_NAMES[is_server]
+    points = [MetricPoint(duration, (tx.end_ns - tx.start_ns) / 1e9, attributes)]
     if tx.request_body_size is not None:
-        points.append(MetricPoint(side + "request.body.size", tx.request_body_size, attributes))
+        points.append(MetricPoint(request_size, tx.request_body_size, attributes))
     if tx.response_body_size is not None:
-        points.append(MetricPoint(side + "response.body.size", tx.response_body_size, attributes))
+        points.append(MetricPoint(response_size, tx.response_body_size, attributes))
     return points

@@ -12,7 +12,9 @@ survive rather than reject, because it watches traffic it cannot influence:
 * every buffer is bounded (``MAX_HEAD``, ``MAX_LINE``), so hostile input cannot grow memory.
 
 Byte-level work is done by ``bytes.find`` and compiled regular expressions, never Python loops
-over bytes.
+over bytes. A node sees the same start lines and header sections again and again (same clients,
+same servers, same routes), so what they parse to is memoised (:mod:`..caching`): a message whose
+head was seen before costs two cache hits instead of a parse.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import deque
 
 from otel_ebpf.protocol import Direction, Message
 
+from ..caching import memoize
 from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
 from .types import CAPTURE_GAP, MALFORMED, Request, Response
 
@@ -52,7 +55,6 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?:[ \t]([^\r\n]*))?\r?\n"
 _TCHAR = re.compile(rb"[%s]" % _TCHARS)
 _BLANK = re.compile(rb"[\r\n]*")
 _HEAD_END = re.compile(rb"\n\r?\n")
-_FIELD = re.compile(r"^([^ \t\r\n:]+):[ \t]*(.*?)[ \t]*\r?\n", re.MULTILINE)
 _CHUNK_LINE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r?\n")
 
 # Resynchronisation accepts only upper-case methods, which is what real clients send; at a known
@@ -72,14 +74,45 @@ def parse_fields(block: bytes | bytearray) -> tuple[tuple[str, str], ...] | None
     ``None`` if malformed.
 
     Values are decoded as Latin-1, which maps every byte, as RFC 9110 treats field octets.
-    One regular expression handles the usual case; obsolete line folding (joined with a space, as
-    RFC 9112 section 5.2 allows) and malformed lines take the line-by-line path.
+    Lines of the usual shape take :func:`_field`; obsolete line folding (joined with a space, as
+    RFC 9112 section 5.2 allows) and malformed lines send the whole block down the line-by-line
+    path.
+
+    A whole section is looked up in a cache first, then each of its lines: a new section is
+    mostly lines seen before.
     """
+    section = _parse_section(bytes(block))
+    return None if section is None else section[0]
+
+
+# A parsed header section: its fields, then what they say about the body (see _body_framing).
+_Section = tuple[tuple[tuple[str, str], ...], bool | None, int]
+
+
+@memoize
+def _parse_section(block: bytes) -> _Section | None:
+    """:func:`parse_fields`, with what the fields say about the body; ``None`` if malformed."""
     text = block.decode("latin-1")
-    fields = _FIELD.findall(text)
-    if len(fields) == text.count("\n"):
-        return tuple([(name.lower(), value) for name, value in fields])
-    return _parse_fields_by_line(text)
+    lines = text.split("\n")
+    del lines[-1]  # what follows the last LF is not a whole line
+    fields = tuple(map(_field, lines))
+    if None in fields:  # folded or malformed: a folded line continues the field before it,
+        fields = _parse_fields_by_line(text)  # which no line tells on its own
+        if fields is None:
+            return None
+    return (fields, *_body_framing(fields))
+
+
+@memoize
+def _field(line: str) -> tuple[str, str] | None:
+    """``name:value`` (a line without its LF) → ``(lower-case name, value)`` without the spaces and
+    tabs around the value and the CR of a CRLF; ``None`` for a folded or malformed line."""
+    name, colon, value = line.partition(":")
+    if not (colon and name) or " " in name or "\t" in name or "\r" in name:
+        return None
+    if value.endswith("\r"):
+        value = value[:-1]
+    return name.lower(), value.strip(" \t")
 
 
 def _parse_fields_by_line(text: str) -> tuple[tuple[str, str], ...] | None:
@@ -109,9 +142,10 @@ def _content_length(values: list[str]) -> int:
             item = item.strip(" \t")
             if not (item.isascii() and item.isdigit() and len(item) <= 18):
                 return -1
-            if found not in (-1, int(item)):
+            length = int(item)
+            if found not in (-1, length):
                 return -1
-            found = int(item)
+            found = length
     return found
 
 
@@ -132,6 +166,26 @@ def _body_framing(headers: Headers) -> tuple[bool | None, int]:
     if codings:
         chunked = ",".join(codings).rsplit(",", 1)[-1].strip(" \t").lower() == "chunked"
     return chunked, (_content_length(lengths) if lengths else -2)
+
+
+@memoize
+def _request_line(line: bytes) -> tuple[str, str, str] | None:
+    """A request line with its line ending → ``(method, target, version)``; ``None`` if invalid."""
+    match = _REQUEST_LINE.fullmatch(line)
+    if match is None:
+        return None
+    method, target, minor = match.groups()
+    return method.decode("ascii"), _decode_target(target), "1.1" if minor == b"1" else "1.0"
+
+
+@memoize
+def _status_line(line: bytes) -> tuple[int, str, str] | None:
+    """A status line with its line ending → ``(status, reason, version)``; ``None`` if invalid."""
+    match = _STATUS_LINE.fullmatch(line)
+    if match is None:
+        return None
+    minor, status, reason = match.groups()
+    return int(status), (reason or b"").decode("latin-1"), "1.1" if minor == b"1" else "1.0"
 
 
 class _Parser(ABC):
@@ -317,7 +371,10 @@ class _Parser(ABC):
     def _ts_at(self, offset: int) -> int:
         """Timestamp of the feed that carried ``_buf``-relative byte ``offset``."""
         target = self._base + offset
-        return next((ts for mark, ts in reversed(self._marks) if mark <= target), self._last_ts)
+        for mark, ts in reversed(self._marks):
+            if mark <= target:
+                return ts
+        return self._last_ts
 
     def _resync(self, pos: int) -> int:
         """Malformed input at ``pos``: count it once, then skip to the next plausible start line."""
@@ -327,37 +384,40 @@ class _Parser(ABC):
         return pos + 1
 
     def _head(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
-        pos = _BLANK.match(buf, pos).end()  # type: ignore[union-attr]  # always matches
         end = len(buf)
-        if pos == end:
-            return pos
-        if not self._line:
+        if buf[pos] in b"\r\n":  # blank lines before a message are skipped (RFC 9112 section 2.2)
+            pos = _BLANK.match(buf, pos).end()  # type: ignore[union-attr]  # always matches
+            if pos == end:
+                return pos
+        if self._line:  # parsed by an earlier feed, which did not hold the end of the head
+            eol = buf.find(b"\n", pos)
+            scan = max(pos, self._scan - self._base)
+        else:
             eol = buf.find(b"\n", pos, pos + MAX_LINE)
             if eol == -1:
                 if end - pos >= MAX_LINE or not self._could_start(buf, pos):
                     return self._resync(pos)
                 return pos
-            line = self._parse_start_line(buf, pos, eol + 1)
+            line = self._parse_start_line(bytes(buf[pos : eol + 1]))
             if line is None:
                 return self._resync(pos)
             self._line = line
             self._start_ns = self._ts_at(pos)
-            self._scan = self._base + eol
+            scan = eol
         # A valid start line followed by a bad header section is skipped whole: resuming inside
         # it would find its own tail ("ET /a HTTP/1.1") and fail again.
-        eol = buf.find(b"\n", pos)
-        found = _HEAD_END.search(buf, max(pos, self._scan - self._base))
+        found = _HEAD_END.search(buf, scan)
         if found is None:
             if end - pos > MAX_HEAD:
                 return self._resync(eol)
             self._scan = self._base + max(pos, end - 2)
             return pos
-        headers = parse_fields(buf[eol + 1 : found.start() + 1])
-        if headers is None:
+        section = _parse_section(bytes(buf[eol + 1 : found.start() + 1]))
+        if section is None:
             return self._resync(eol)
-        self._headers = headers
+        self._headers, chunked, length = section
         self._head_ns = ts
-        framing = self._framing()
+        framing = self._framing(chunked, length)
         if framing == _INTERIM:
             self._line = ()
         elif framing in (_NO_BODY, _TUNNEL) or (
@@ -439,7 +499,7 @@ class _Parser(ABC):
         first = buf.find(b"\n")
         last = buf.rfind(b"\n")
         self._headers = parse_fields(buf[first + 1 : last + 1]) or ()
-        framing = self._framing()
+        framing = self._framing(*_body_framing(self._headers))
         if framing != _INTERIM:
             self._emit(ts, out, None, reason)
         if framing == _TUNNEL:
@@ -461,17 +521,19 @@ class _Parser(ABC):
     def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
         """Whether the bytes at ``pos``, not yet a whole line, may still begin a start line."""
 
+    @staticmethod
     @abstractmethod
-    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
-        """The start line ``buf[pos:end]`` (ending in LF) as a tuple, or ``None`` if invalid."""
+    def _parse_start_line(line: bytes) -> tuple | None:
+        """The start line (ending in LF) as a tuple, or ``None`` if invalid."""
 
     @abstractmethod
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         """Offset of the first plausible start line at or after ``pos``, or -1."""
 
     @abstractmethod
-    def _framing(self) -> int:
-        """Classify the body of the message whose head was just parsed (sets ``_remaining``)."""
+    def _framing(self, chunked: bool | None, length: int) -> int:
+        """Classify the body of the message whose head was just parsed (sets ``_remaining``),
+        given what its header fields say about it (see :func:`_body_framing`)."""
 
     @abstractmethod
     def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Message:
@@ -484,12 +546,7 @@ class RequestParser(_Parser):
     def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
         return _TCHAR.match(buf, pos) is not None
 
-    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
-        match = _REQUEST_LINE.fullmatch(buf, pos, end)
-        if match is None:
-            return None
-        method, target, minor = match.groups()
-        return method.decode("ascii"), _decode_target(target), "1.1" if minor == b"1" else "1.0"
+    _parse_start_line = staticmethod(_request_line)
 
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         # Anchor on " HTTP/1.x" (a fast find), then walk back over the target and the method.
@@ -504,9 +561,8 @@ class RequestParser(_Parser):
             at = buf.find(b" HTTP/1.", at + 1)
         return -1
 
-    def _framing(self) -> int:
+    def _framing(self, chunked: bool | None, length: int) -> int:
         self._methods.append(self._line[0])
-        chunked, length = _body_framing(self._headers)
         if chunked is not None:
             return _CHUNKED if chunked else _INVALID
         if length == -1:
@@ -516,16 +572,17 @@ class RequestParser(_Parser):
 
     def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Request:
         method, target, version = self._line
+        # positional, in field order: keywords would make this per-message call a third slower
         return Request(
-            direction=self.direction,
-            start_ns=self._start_ns,
-            end_ns=end_ns,
-            method=method,
-            target=target,
-            version=version,
-            headers=self._headers,
-            body_size=body_size,
-            incomplete=incomplete,
+            self.direction,
+            self._start_ns,
+            end_ns,
+            method,
+            target,
+            version,
+            self._headers,
+            body_size,
+            incomplete,
         )
 
 
@@ -536,12 +593,7 @@ class ResponseParser(_Parser):
         prefix = bytes(buf[pos : pos + 7])
         return b"HTTP/1.".startswith(prefix)
 
-    def _parse_start_line(self, buf: bytes | bytearray, pos: int, end: int) -> tuple | None:
-        match = _STATUS_LINE.fullmatch(buf, pos, end)
-        if match is None:
-            return None
-        minor, status, reason = match.groups()
-        return int(status), (reason or b"").decode("latin-1"), "1.1" if minor == b"1" else "1.0"
+    _parse_start_line = staticmethod(_status_line)
 
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         at = buf.find(b"HTTP/1.", pos)
@@ -549,7 +601,7 @@ class ResponseParser(_Parser):
             at = buf.find(b"HTTP/1.", at + 1)
         return at
 
-    def _framing(self) -> int:
+    def _framing(self, chunked: bool | None, length: int) -> int:
         status = self._line[0]
         if status < 200 and status != 101:
             return _INTERIM  # 100 Continue, 103 Early Hints: the final response follows
@@ -559,7 +611,6 @@ class ResponseParser(_Parser):
             return _TUNNEL
         if method == "HEAD" or status in (204, 304):
             return _NO_BODY
-        chunked, length = _body_framing(self._headers)
         if chunked is not None:
             return _CHUNKED if chunked else _TO_CLOSE
         if length == -2:
@@ -576,16 +627,17 @@ class ResponseParser(_Parser):
 
     def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Response:
         status, reason, version = self._line
+        # positional, in field order: keywords would make this per-message call a third slower
         return Response(
-            direction=self.direction,
-            start_ns=self._start_ns,
-            end_ns=end_ns,
-            status=status,
-            reason=reason,
-            version=version,
-            headers=self._headers,
-            body_size=body_size,
-            incomplete=incomplete,
+            self.direction,
+            self._start_ns,
+            end_ns,
+            status,
+            reason,
+            version,
+            self._headers,
+            body_size,
+            incomplete,
         )
 
 

@@ -35,15 +35,15 @@ class HTTP1Session(Session):
         return self._requests.buffered + self._responses.buffered
 
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:
-        parser = self._parsers[direction]
-        messages = parser.feed(data, timestamp_ns)
-        self._follow_upgrade()
+        messages = self._parsers[direction].feed(data, timestamp_ns)
+        if self._responses.opaque:
+            self._follow_upgrade()
         return messages
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[Message]:
-        parser = self._parsers[direction]
-        messages = parser.gap(length, timestamp_ns)
-        self._follow_upgrade()
+        messages = self._parsers[direction].gap(length, timestamp_ns)
+        if self._responses.opaque:
+            self._follow_upgrade()
         return messages
 
     def close(self, timestamp_ns: int) -> list[Message]:
@@ -51,5 +51,6 @@ class HTTP1Session(Session):
         return self._requests.close() + self._responses.close()
 
     def _follow_upgrade(self) -> None:
-        if self._responses.opaque and not self._requests.opaque:
+        """The responses switched protocols: the requests stop being HTTP/1 too."""
+        if not self._requests.opaque:
             self._requests.stop()

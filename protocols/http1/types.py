@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otel_ebpf.protocol import (
     ConnectionInfo,
@@ -77,30 +77,45 @@ class HTTP1Exchange(Exchange):
     response: Response | None
     end_ns: int
     capture_headers: Collection[str] = ()
+    # Derived once, since the span and the metric points both describe it.
+    _transaction: HttpTransaction = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # how a frozen dataclass sets a derived field
+        object.__setattr__(self, "_transaction", self._to_transaction())
 
     def transaction(self) -> HttpTransaction:
+        return self._transaction
+
+    def _to_transaction(self) -> HttpTransaction:
         request, response = self.request, self.response
-        error = None
-        if response is not None and response.incomplete == CONNECTION_CLOSED:
-            error = CONNECTION_CLOSED
-        return HttpTransaction(
-            method=request.method,
-            target=request.target,
+        if response is None:
+            version, status, response_headers, response_body_size = request.version, None, (), None
+            error = None
+        else:
             # a server answers in at most the version it was asked in, so the response's is used
-            version=response.version if response is not None else request.version,
-            start_ns=request.start_ns,
-            end_ns=self.end_ns,
-            request_headers=request.headers,
-            request_body_size=request.body_size,
-            authority=first_header(request.headers, "host"),
-            status=response.status if response is not None else None,
-            response_headers=response.headers if response is not None else (),
-            response_body_size=response.body_size if response is not None else None,
-            error=error,
+            version, status = response.version, response.status
+            response_headers, response_body_size = response.headers, response.body_size
+            error = CONNECTION_CLOSED if response.incomplete == CONNECTION_CLOSED else None
+        authority = first_header(request.headers, "host")
+        # positional, in field order: keywords would make this per-exchange call a third slower
+        return HttpTransaction(
+            request.method,
+            request.target,
+            version,
+            request.start_ns,
+            self.end_ns,
+            request.headers,
+            request.body_size,
+            authority,
+            status,
+            response_headers,
+            response_body_size,
+            error,
         )
 
     def span(self, conn: ConnectionInfo) -> SpanDescription:
-        return describe_span(self.transaction(), conn, self.capture_headers)
+        return describe_span(self._transaction, conn, self.capture_headers)
 
     def metric_points(self, conn: ConnectionInfo) -> list[MetricPoint]:
-        return metric_points(self.transaction(), conn)
+        return metric_points(self._transaction, conn)
