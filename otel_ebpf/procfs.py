@@ -138,22 +138,28 @@ def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
 
 @dataclass(frozen=True)
 class TCPSockets:
-    connected: list[int]  # fds of connected TCP sockets
+    connected: dict[int, SocketTuple]  # fd -> tuple of connected TCP sockets
     listening: dict[int, int]  # fd -> port of listening TCP sockets
 
 
 def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
-    """The TCP socket fds ``pid`` holds now (empty if the process is gone)."""
+    """The TCP sockets ``pid`` holds now (empty if the process is gone)."""
     try:
         fds = [int(name) for name in os.listdir(f"{proc}/{pid}/fd")]
     except OSError:
-        return TCPSockets([], {})
+        return TCPSockets({}, {})
     connected, listening = _tcp_tables(pid, proc)
-    inodes = {fd: _socket_inode(pid, fd, proc) for fd in fds}
-    return TCPSockets(
-        [fd for fd, inode in inodes.items() if inode in connected],
-        {fd: listening[inode] for fd, inode in inodes.items() if inode in listening},
-    )
+    listening_ports = set(listening.values())
+    sockets = TCPSockets({}, {})
+    for fd in fds:
+        inode = _socket_inode(pid, fd, proc)
+        if inode in connected:
+            local, peer = connected[inode]
+            role = Role.SERVER if local.port in listening_ports else Role.CLIENT
+            sockets.connected[fd] = SocketTuple(local, peer, role)
+        elif inode in listening:
+            sockets.listening[fd] = listening[inode]
+    return sockets
 
 
 def local_endpoints(pid: int, proc: str = "/proc") -> set[Endpoint]:

@@ -82,6 +82,7 @@ class SocketProbe:
         self._next_loss_check = 0.0
         self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
         self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
+        self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
@@ -126,8 +127,8 @@ class SocketProbe:
             for pid in procfs.iter_pids():
                 if pid != os.getpid() and procfs.executable_matches(pid, self.targets.executables):
                     self.add_target(pid)
-        if self.socket_mode == "fd-tracking" and not filtering:
-            self._seed_existing_sockets(procfs.iter_pids())
+        if not filtering:
+            self._note_existing_sockets(procfs.iter_pids())
         self._bpf["events"].open_ring_buffer(self._on_event)
         settings[ctypes.c_int(SET_READY)] = ctypes.c_uint32(1)
 
@@ -138,24 +139,27 @@ class SocketProbe:
 
     def add_target(self, pid: int) -> None:
         self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-        if self.socket_mode == "fd-tracking":
-            self._seed_existing_sockets([pid])
+        self._note_existing_sockets([pid])
 
-    def _seed_existing_sockets(self, pids: Iterable[int]) -> None:
-        """fd-tracking mode: connections made before the agent (or before a process became a
-        target) are the TCP sockets /proc shows now."""
+    def _note_existing_sockets(self, pids: Iterable[int]) -> None:
+        """Connections made before the agent (or before a process became a target) showed the
+        kernel no state change: take their tuples from /proc now, before their fds can be closed
+        and reused. Tracking fds, they are also the connections the kernel should know."""
         conns, listen_ports = self._bpf["conns"], self._bpf["listen_ports"]
         for pid in pids:
             if pid == os.getpid():
                 continue
             sockets = procfs.tcp_sockets(pid)
-            for fd in sockets.connected:
-                self._synthetic += 2
-                leaf = conns.Leaf()
-                leaf.synthetic = self._synthetic
-                conns[ctypes.c_uint64((pid << 32) | fd)] = leaf
-            for fd, port in sockets.listening.items():
-                listen_ports[ctypes.c_uint64((pid << 32) | fd)] = ctypes.c_uint16(port)
+            for fd, found in sockets.connected.items():
+                self._preexisting[(pid, fd)] = found
+                if self.socket_mode == "fd-tracking":
+                    self._synthetic += 2
+                    leaf = conns.Leaf()
+                    leaf.synthetic = self._synthetic
+                    conns[ctypes.c_uint64((pid << 32) | fd)] = leaf
+            if self.socket_mode == "fd-tracking":
+                for fd, port in sockets.listening.items():
+                    listen_ports[ctypes.c_uint64((pid << 32) | fd)] = ctypes.c_uint16(port)
 
     def ignore_connection(self, conn: ConnKey) -> None:
         """Tell the kernel to stop copying this connection's bytes (user space gave up on it)."""
@@ -227,7 +231,7 @@ class SocketProbe:
         if local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,
             # only the peer address: /proc knows the rest while the socket is open.
-            found = procfs.socket_tuple(tgid, fd)
+            found = self._preexisting.pop((tgid, fd), None) or procfs.socket_tuple(tgid, fd)
             if found is not None:
                 local, peer, role = found.local, found.peer, role or found.role
                 lport, rport = local.port, peer.port
