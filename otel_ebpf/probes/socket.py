@@ -80,7 +80,9 @@ class SocketProbe:
         self._known_pids: set[int] = set()
         self._lost_reported = 0
         self._next_loss_check = 0.0
-        self._filtered_out: set[tuple[int, int, int]] = set()  # pre-agent sockets failing --port
+        # connections user space rejected (failing --port, not TCP, the agent's own exports) whose
+        # events may still be in flight; insertion-ordered so the oldest go first past the cap
+        self._filtered_out: dict[ConnKey, None] = {}
         self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
@@ -197,7 +199,7 @@ class SocketProbe:
         ts, kind, tgid, tid, fd, generation, _ = _HEADER.unpack_from(raw)
         if (tgid, fd, generation) in self._filtered_out:
             if kind == EV_CLOSE:
-                self._filtered_out.discard((tgid, fd, generation))
+                self._filtered_out.pop((tgid, fd, generation), None)
             return
         ts += self.clock_offset_ns
         if tgid not in self._known_pids and kind in (EV_DATA, EV_OPEN, EV_CLOSE):
@@ -243,7 +245,9 @@ class SocketProbe:
             or self._talks_to_agent(local, peer)
         ):
             self.ignore_connection((tgid, fd, generation))
-            self._filtered_out.add((tgid, fd, generation))
+            self._filtered_out[(tgid, fd, generation)] = None
+            if len(self._filtered_out) > self.capture.max_connections:
+                del self._filtered_out[next(iter(self._filtered_out))]
             return None
         return ConnOpen(ts, tgid, fd, generation, role, local, peer)
 
