@@ -326,6 +326,13 @@ _STATUS_DESCRIPTIONS = {
 }
 
 
+def _put_server(attributes: dict[str, AttributeValue], address: str | None, port: int | None) -> None:
+    if address is not None:
+        attributes["server.address"] = address
+    if port is not None:
+        attributes["server.port"] = port
+
+
 def describe_span(
     tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Collection[str] = ()
 ) -> SpanDescription:
@@ -350,10 +357,7 @@ def describe_span(
         url_full = _url_full(scheme, address, port, target)
         if url_full is not None:
             attributes["url.full"] = url_full
-    if address is not None:
-        attributes["server.address"] = address
-    if port is not None:
-        attributes["server.port"] = port
+    _put_server(attributes, address, port)
     if is_server:
         _client_attributes(attributes, tx, conn)
     peer = conn.peer
@@ -430,11 +434,7 @@ def metric_points(tx: HttpTransaction, conn: ConnectionInfo) -> list[MetricPoint
     if tx.status is not None:
         attributes["http.response.status_code"] = tx.status
     if not is_server:
-        address, port = _server(target, tx.authority, scheme, conn)
-        if address is not None:
-            attributes["server.address"] = address
-        if port is not None:
-            attributes["server.port"] = port
+        _put_server(attributes, *_server(target, tx.authority, scheme, conn))
     if error_type is not None:
         attributes["error.type"] = error_type
     duration, request_size, response_size = _INSTRUMENT_NAMES[is_server]
