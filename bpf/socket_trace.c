@@ -415,8 +415,9 @@ static __always_inline int port_wanted(u16 lport, u16 rport) {
 }
 
 // The connection for (tgid, fd) on socket sk, announced (EV_OPEN) when first seen or when the
-// fd now names another socket (closed and reused while we were not looking).
-static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk) {
+// fd now names another socket (closed and reused while we were not looking). The announcement
+// carries the stamp ts of the data that revealed it, so that it sorts before that data.
+static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
     struct conn_info *ci = conns.lookup(&key);
     if (ci && ci->sk == sk)
@@ -456,6 +457,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     conns.update(&key, &fresh);
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
+        ev.h.ts = ts;
         if (events.ringbuf_output(&ev, sizeof(ev), wakeup_flag()))
             count(STAT_RINGBUF_FULL, 1);
     }
@@ -504,7 +506,11 @@ static __always_inline void exit_io(void *ctx, long ret) {
     if (!io.sk)
         return;
 
-    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk);
+    // Bytes leave a sender when its syscall starts and reach a receiver when its syscall ends;
+    // stamping them so keeps a client's span around the server's even on loopback, where the
+    // reader can return before the writer's syscall does.
+    u64 ts = io.direction == DIR_EGRESS ? io.enter_ns : bpf_ktime_get_ns();
+    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts);
     if (!ci || ci->ignored)
         return;
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
@@ -512,10 +518,6 @@ static __always_inline void exit_io(void *ctx, long ret) {
     if (gave_up && *gave_up == ci->generation)
         return;
     u32 generation = ci->generation;
-    // Bytes leave a sender when its syscall starts and reach a receiver when its syscall ends;
-    // stamping them so keeps a client's span around the server's even on loopback, where the
-    // reader can return before the writer's syscall does.
-    u64 ts = io.direction == DIR_EGRESS ? io.enter_ns : bpf_ktime_get_ns();
 
     if (!io.iovcnt) {
         emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret);

@@ -21,12 +21,14 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
 from . import __version__
+from .assembly import TraceAssembler
 from .config import AgentConfig
 from .connections import ConnectionTracker
 from .events import Event
 from .exporters import build_sink
 from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
+from .reorder import EventReorderer
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
 from .selfmetrics import SelfMetrics
@@ -35,6 +37,9 @@ from .telemetry import SDK_ATTRIBUTES, Telemetry
 log = logging.getLogger("otel_ebpf")
 
 POLL_MS = 100
+# How long past the reorder window a live agent waits, in wall time, for events a busy CPU has
+# not handed over yet, before releasing what it holds while traffic is quiet.
+IDLE_RELEASE_NS = 1_000_000_000
 REPLAY_BATCH = 512
 
 
@@ -72,7 +77,13 @@ class Agent:
             DELTA_KINDS[config.export.metric_temporality],
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
-        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics)
+        trace = config.trace
+        assembler = TraceAssembler(
+            self.selfmetrics, int(trace.inflight_timeout_s * 1e9), trace.max_inflight, trace.instrumented_clients
+        )
+        self._reorder_window_ns = trace.reorder_window_ms * 1_000_000
+        reorderer = EventReorderer(self.selfmetrics, self._reorder_window_ns)
+        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics, assembler, reorderer)
         self._self_reader = InMemoryMetricReader(preferred_temporality=self.sink.preferred_temporality)
         self._self_meters = MeterProvider(resource=self._agent_resource(), metric_readers=[self._self_reader])
         self.selfmetrics.register(self._self_meters.get_meter("otel_ebpf", __version__))
@@ -90,8 +101,12 @@ class Agent:
             }
         )
 
-    def process(self, events: list[Event]) -> None:
+    def process(self, events: list[Event], now_ns: int | None = None) -> None:
+        """Run ``events`` through the pipeline and export what completed. ``now_ns`` (wall time,
+        live only) lets events held for reordering go once no earlier event can still arrive."""
         self.pipeline.handle(events)
+        if now_ns is not None:
+            self.pipeline.advance(now_ns - self._reorder_window_ns - IDLE_RELEASE_NS)
         self._export_spans()
         if time.monotonic() >= self._next_metrics:
             self._export_metrics()
@@ -139,7 +154,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             if recorder is not None:
                 recorder.write(events)
             if agent is not None:
-                agent.process(events)
+                agent.process(events, time.time_ns())
         # What the kernel handed over before the stop still counts.
         events = probe.poll(0)
         if recorder is not None:

@@ -118,6 +118,18 @@ class CaptureConfig:
 
 
 @dataclass(frozen=True)
+class TraceConfig:
+    """Trace assembly (see docs/configuration.md, "Traces")."""
+
+    # "skip": no span for an outgoing request that already carries a trace context (the
+    # instrumented program's own span stands for it); "child": one, under the program's span
+    instrumented_clients: str = "skip"
+    inflight_timeout_s: float = 300.0  # a request still in flight after this is forgotten
+    max_inflight: int = 65536  # requests in flight remembered, node-wide
+    reorder_window_ms: int = 50  # event time held back to put the CPUs' events in order
+
+
+@dataclass(frozen=True)
 class ProtocolsConfig:
     enabled: tuple[str, ...] | None = None  # None: every installed plugin
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=_frozen)  # plugin name -> its options
@@ -149,6 +161,7 @@ class AgentConfig:
     resource: ResourceConfig = ResourceConfig()
     agent: AgentIdentity = AgentIdentity()
     capture: CaptureConfig = CaptureConfig()
+    trace: TraceConfig = TraceConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -390,6 +403,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.max_connections", _integer(1), env="OTEL_EBPF_MAX_CONNECTIONS"),
     Setting("capture.max_processes", _integer(1), env="OTEL_EBPF_MAX_PROCESSES"),
     Setting("capture.socket_mode", _choice("auto", "tracepoints", "fd-tracking"), env="OTEL_EBPF_SOCKET_MODE"),
+    Setting("trace.instrumented_clients", _choice("skip", "child"), env="OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS"),
+    Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),
+    Setting("trace.max_inflight", _integer(1), env="OTEL_EBPF_TRACE_MAX_INFLIGHT"),
+    Setting("trace.reorder_window_ms", _integer(0, 10_000), env="OTEL_EBPF_TRACE_REORDER_WINDOW_MS"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

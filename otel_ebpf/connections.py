@@ -9,8 +9,9 @@ connection no plugin claims within a bounded amount of traffic is handed back to
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Union
 
 from .events import ConnClose, ConnData, ConnKey, ConnOpen
 from .protocol import (
@@ -19,8 +20,10 @@ from .protocol import (
     Endpoint,
     Exchange,
     Protocol,
+    RequestStart,
     Role,
     Session,
+    SessionOutput,
     Stitcher,
     Transport,
 )
@@ -58,11 +61,14 @@ class Connection:
         return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport)
 
 
-Completed = tuple[Connection, Exchange]
+# What a connection produced: a request that started, or an exchange that completed, with the
+# thread whose syscall produced it (0 when none did: a close, a flush).
+Outcome = tuple[Connection, Union[RequestStart, Exchange], int]
 
 
 class ConnectionTracker:
-    """Bounded table of connections; turns connection events into completed exchanges."""
+    """Bounded table of connections; turns connection events into request starts and completed
+    exchanges."""
 
     def __init__(
         self,
@@ -82,13 +88,15 @@ class ConnectionTracker:
 
     # ---- events ----------------------------------------------------------------------------------
 
-    def open(self, event: ConnOpen) -> list[Completed]:
-        done = self._finish(self._table.pop(event.key, None), event.timestamp_ns, closed=True)
-        conn = self._insert(event.key)
-        conn.role, conn.local, conn.peer, conn.transport = event.role, event.local, event.peer, event.transport
-        return done
+    def open(self, event: ConnOpen) -> None:
+        """What the kernel knows of a connection. Generations make keys unique per connection, so
+        a key already in the table is this connection, its data sorted ahead of its announcement
+        (stamped alike; older recordings stamped the announcement later): fill in what it lacks."""
+        conn = self._table.get(event.key) or self._insert(event.key)
+        conn.role = conn.role or event.role
+        conn.local, conn.peer, conn.transport = conn.local or event.local, conn.peer or event.peer, event.transport
 
-    def data(self, event: ConnData) -> list[Completed]:
+    def data(self, event: ConnData) -> list[Outcome]:
         conn = self._table.get(event.key)
         if conn is None:
             conn = self._insert(event.key)  # its open event was lost or predates a restart
@@ -103,18 +111,18 @@ class ConnectionTracker:
             return self._sniff(conn, event)
         return self._feed(conn, event)
 
-    def close(self, event: ConnClose) -> list[Completed]:
+    def close(self, event: ConnClose) -> list[Outcome]:
         return self._finish(self._table.pop(event.key, None), event.timestamp_ns, closed=True)
 
-    def close_process(self, pid: int, timestamp_ns: int) -> list[Completed]:
-        done: list[Completed] = []
+    def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
+        done: list[Outcome] = []
         for key in [k for k in self._table if k[0] == pid]:
             done += self._finish(self._table.pop(key), timestamp_ns, closed=True)
         return done
 
-    def flush_all(self, timestamp_ns: int) -> list[Completed]:
+    def flush_all(self, timestamp_ns: int) -> list[Outcome]:
         """Agent stopping: report what every connection still holds (connections stay open)."""
-        done: list[Completed] = []
+        done: list[Outcome] = []
         while self._table:
             _, conn = self._table.popitem(last=False)
             done += self._finish(conn, timestamp_ns, closed=False)
@@ -133,7 +141,7 @@ class ConnectionTracker:
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         return conn
 
-    def _sniff(self, conn: Connection, event: ConnData) -> list[Completed]:
+    def _sniff(self, conn: Connection, event: ConnData) -> list[Outcome]:
         conn.pending.append(event)
         conn.pending_bytes += len(event.data)
         head = conn.heads.setdefault(event.direction, bytearray())
@@ -175,39 +183,45 @@ class ConnectionTracker:
             undecided |= verdict.need_more
         return None, undecided
 
-    def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Completed]:
+    def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Outcome]:
         conn.protocol = protocol
         conn.role = role or conn.role or Role.SERVER
         conn.session = protocol.new_session(conn.role)
         conn.stitcher = protocol.new_stitcher(conn.role)
         replay, conn.pending = conn.pending[start:], []
         conn.heads.clear()
-        done: list[Completed] = []
+        done: list[Outcome] = []
         for event in replay:
             done += self._feed(conn, event)
         return done
 
-    def _feed(self, conn: Connection, event: ConnData) -> list[Completed]:
+    def _feed(self, conn: Connection, event: ConnData) -> list[Outcome]:
         session = conn.session
-        messages = list(session.feed(event.direction, event.data, event.timestamp_ns))
+        done = self._stitch(conn, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
         gap = event.length - len(event.data)
         if gap > 0:
-            messages += session.feed_gap(event.direction, gap, event.timestamp_ns)
-        done = [(conn, exchange) for m in messages for exchange in conn.stitcher.add(m)]
+            done += self._stitch(conn, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
         self._account(conn)
         return done
 
-    def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Completed]:
+    @staticmethod
+    def _stitch(conn: Connection, outputs: Iterable[SessionOutput], tid: int) -> list[Outcome]:
+        done: list[Outcome] = []
+        for output in outputs:
+            if isinstance(output, RequestStart):
+                done.append((conn, output, tid))
+            else:
+                done += [(conn, exchange, tid) for exchange in conn.stitcher.add(output)]
+        return done
+
+    def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Outcome]:
         if conn is None:
             return []
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         if conn.session is None:
             return []
-        done: list[Completed] = []
-        if closed:
-            for message in conn.session.close(timestamp_ns):
-                done += [(conn, exchange) for exchange in conn.stitcher.add(message)]
-        done += [(conn, exchange) for exchange in conn.stitcher.flush(timestamp_ns)]
+        done = self._stitch(conn, conn.session.close(timestamp_ns), 0) if closed else []
+        done += [(conn, exchange, 0) for exchange in conn.stitcher.flush(timestamp_ns)]
         self._account(conn)
         return done
 

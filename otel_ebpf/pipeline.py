@@ -1,15 +1,20 @@
 """The user-space pipeline: a pure function of the event stream (DESIGN.md, principle 6).
 
-Live capture and replay both feed :class:`Pipeline` the same typed events; it tracks connections,
-runs protocol plugins, and hands spans and metrics to :mod:`otel_ebpf.telemetry`.
+Live capture and replay both feed :class:`Pipeline` the same typed events; it puts them back in
+timestamp order, tracks connections, runs protocol plugins, gives every request its trace context
+when it starts (:mod:`otel_ebpf.assembly`) and hands spans and metrics to
+:mod:`otel_ebpf.telemetry` as exchanges complete.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .connections import Completed, ConnectionTracker
+from .assembly import TraceAssembler
+from .connections import ConnectionTracker, Outcome
 from .events import ConnClose, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from .protocol import RequestStart
+from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
 from .telemetry import Telemetry
 
@@ -20,22 +25,40 @@ class Pipeline:
         tracker: ConnectionTracker,
         telemetry: Telemetry,
         selfmetrics: SelfMetrics,
+        assembler: TraceAssembler | None = None,
+        reorderer: EventReorderer | None = None,
     ) -> None:
+        """``assembler`` and ``reorderer`` default to the agent's default settings."""
         self.tracker = tracker
         self.telemetry = telemetry
+        self.assembler = TraceAssembler(selfmetrics) if assembler is None else assembler
+        self.reorderer = EventReorderer(selfmetrics) if reorderer is None else reorderer
         self._metrics = selfmetrics
         self.last_timestamp_ns = 0
 
     def handle(self, events: Iterable[Event]) -> None:
-        received = 0
+        """Events as they arrived; those that the reorder window releases are processed."""
+        events = list(events)
+        self._metrics.add("otel_ebpf.events.received", len(events))
+        self._process(self.reorderer.push(events))
+
+    def advance(self, horizon_ns: int) -> None:
+        """No event stamped before ``horizon_ns`` can still arrive: process what is held."""
+        self._process(self.reorderer.release_before(horizon_ns))
+
+    def flush(self) -> None:
+        """Process everything held and report every pending exchange (the agent is stopping)."""
+        self._process(self.reorderer.release_before())
+        self._report(self.tracker.flush_all(self.last_timestamp_ns))
+
+    def _process(self, events: list[Event]) -> None:
         for event in events:
-            received += 1
             if event.timestamp_ns > self.last_timestamp_ns:
                 self.last_timestamp_ns = event.timestamp_ns
             if isinstance(event, ConnData):
                 self._report(self.tracker.data(event))
             elif isinstance(event, ConnOpen):
-                self._report(self.tracker.open(event))
+                self.tracker.open(event)
             elif isinstance(event, ConnClose):
                 self._report(self.tracker.close(event))
             elif isinstance(event, ProcessInfo):
@@ -45,14 +68,17 @@ class Pipeline:
                 self.telemetry.process_exit(event.pid)
             elif isinstance(event, KernelLoss):
                 self._metrics.add("otel_ebpf.events.lost", event.events)
-        self._metrics.add("otel_ebpf.events.received", received)
+        if events:
+            self.assembler.expire(self.last_timestamp_ns)
 
-    def flush(self) -> None:
-        """Report every pending exchange (the agent is stopping)."""
-        self._report(self.tracker.flush_all(self.last_timestamp_ns))
-
-    def _report(self, completed: list[Completed]) -> None:
-        for conn, exchange in completed:
+    def _report(self, outcomes: list[Outcome]) -> None:
+        assembler = self.assembler
+        for conn, item, tid in outcomes:
+            info = conn.info()
+            if isinstance(item, RequestStart):
+                assembler.start(conn.key, info, item, tid)
+                continue
             conn.exchanges += 1
-            self.telemetry.exchange(conn.protocol.name, conn.key, conn.exchanges, exchange, conn.info())
-
+            description = item.span(info)
+            context = assembler.finish(conn.key, info, description.start_ns, tid)
+            self.telemetry.exchange(conn.protocol.name, conn.key[0], item, description, info, context)

@@ -160,6 +160,34 @@ class Message(ABC):
     end_ns: int
 
 
+Carrier = Sequence[tuple[str, str]]  # (lower-case name, value) pairs, as HTTP header fields
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStart:
+    """A request has begun: what names and routes it (an HTTP head, gRPC call metadata) is known,
+    its body may still be on the way.
+
+    A session returns it from ``feed``, before the request's :class:`Message` (which may come in
+    the same call or much later). It lets the pipeline decide the request's trace context when the
+    request starts, so that work the process does on its behalf (outgoing calls made while serving
+    it) can become its children. ``start_ns`` must equal the ``start_ns`` of the span that the
+    request's exchange will describe; that is how the two are matched. ``carrier`` holds the
+    fields that may carry a propagated context (``traceparent``, ``tracestate``, ``b3``...);
+    ``stream`` identifies the request among concurrent ones on a multiplexed connection (HTTP/2
+    stream id; ``None`` where requests are answered in order). A plugin that never returns one
+    still works: its exchanges get their context when they complete, without propagation.
+    """
+
+    direction: Direction
+    start_ns: int
+    carrier: Carrier = ()
+    stream: int | None = None
+
+
+SessionOutput = Union[Message, RequestStart]
+
+
 class Exchange(ABC):
     """A request with its response (or what was seen of them): one span and its metric points."""
 
@@ -180,8 +208,9 @@ class Session(ABC):
     parse_errors: int = 0  # malformed input the session skipped past (exported as a self-metric)
 
     @abstractmethod
-    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> Iterable[Message]:
-        """Bytes that moved in ``direction`` in one syscall at ``timestamp_ns``."""
+    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> Iterable[SessionOutput]:
+        """Bytes that moved in ``direction`` in one syscall at ``timestamp_ns``: the messages they
+        complete, each request optionally announced by a :class:`RequestStart` first."""
 
     @abstractmethod
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> Iterable[Message]:

@@ -28,6 +28,19 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
     "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
+    "otel_ebpf.events.late": (
+        "{event}", "Events that arrived after the reorder window and were handled out of order", False),
+    "otel_ebpf.events.reorder_overflow": (
+        "{event}", "Events released before their reorder window closed (reorder buffer full)", False),
+    "otel_ebpf.trace.inflight": ("{request}", "Requests in flight tracked for trace assembly", True),
+    "otel_ebpf.trace.inflight_evicted": (
+        "{request}", "In-flight requests forgotten before they completed (timeout or capacity)", False),
+    "otel_ebpf.trace.ambiguous_parents": (
+        "{request}", "Outgoing requests left without a parent: several incoming requests shared their thread",
+        False),
+    "otel_ebpf.trace.same_node_parents": (
+        "{request}", "Incoming requests parented by an outgoing request of another process on the node", False),
+    "otel_ebpf.trace.propagated": ("{request}", "Requests that carried a trace context (traceparent, b3)", False),
 }
 
 

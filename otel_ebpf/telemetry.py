@@ -1,13 +1,12 @@
 """Exchanges become OpenTelemetry spans and metric points, one resource per observed process.
 
-Span ids are derived from the exchange's identity (connection, position on it, start time), not
-drawn at random, and metric points are stamped with event times, so that replaying a recording
+Trace contexts come from :mod:`otel_ebpf.assembly` (derived from each request's identity, not
+drawn at random) and metric points are stamped with event times, so that replaying a recording
 produces the very same telemetry (DESIGN.md, principle 6).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
 
@@ -16,12 +15,22 @@ from opentelemetry.sdk.metrics.export import ResourceMetrics
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, Status, TraceFlags
+from opentelemetry.trace import Status
 
 from . import __version__
-from .events import ConnKey, ProcessInfo
+from .assembly import RequestContext
+from .events import ProcessInfo
 from .metrics import ProcessMetrics
-from .protocol import ConnectionInfo, Exchange, InstrumentKind, InstrumentSpec, Protocol, SpanKind, StatusCode
+from .protocol import (
+    ConnectionInfo,
+    Exchange,
+    InstrumentKind,
+    InstrumentSpec,
+    Protocol,
+    SpanDescription,
+    SpanKind,
+    StatusCode,
+)
 from .redaction import redact_command_line
 from .selfmetrics import SelfMetrics
 
@@ -43,7 +52,6 @@ SDK_ATTRIBUTES = {
     "telemetry.sdk.version": __version__,
 }
 OVERFLOW_PID = -1
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _PLAIN_STATUS = {code: Status(sdk_code) for code, sdk_code in _STATUS.items()}
 
 
@@ -81,13 +89,6 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     attributes.update(own)
     attributes["service.name"] = service_name
     return attributes
-
-
-def exchange_ids(key: ConnKey, seq: int, start_ns: int) -> tuple[int, int]:
-    """(trace id, span id) of the ``seq``-th exchange on connection ``key``: a function of the
-    exchange's identity, so that a replay reproduces them."""
-    digest = hashlib.blake2b(b"%d/%d/%d/%d/%d" % (*key, seq, start_ns), digest_size=24).digest()
-    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1
 
 
 class Telemetry:
@@ -153,27 +154,35 @@ class Telemetry:
 
     # ---- exchanges -------------------------------------------------------------------------------
 
-    def exchange(self, protocol: str, key: ConnKey, seq: int, exchange: Exchange, conn: ConnectionInfo) -> None:
-        """Record one completed exchange, ``seq``-th on connection ``key``."""
-        process = self._process(key[0])
-        description = exchange.span(conn)
-        trace_id, span_id = exchange_ids(key, seq, description.start_ns)
-        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+    def exchange(
+        self,
+        protocol: str,
+        pid: int,
+        exchange: Exchange,
+        description: SpanDescription,
+        conn: ConnectionInfo,
+        context: RequestContext,
+    ) -> None:
+        """Record one completed exchange of process ``pid``: its span (unless an instrumented
+        program's own span stands for it) and its metric points."""
+        process = self._process(pid)
         scope = self._scopes[protocol]
-        self._pending_spans.append(
-            ReadableSpan(
-                name=description.name,
-                context=context,
-                parent=None,
-                resource=process.resource,
-                attributes=description.attributes,
-                kind=_KINDS[description.kind],
-                status=_status(description.status, description.status_description),
-                start_time=description.start_ns,
-                end_time=description.end_ns,
-                instrumentation_scope=scope,
+        if context.emit:
+            self._pending_spans.append(
+                ReadableSpan(
+                    name=description.name,
+                    context=context.span_context(),
+                    parent=context.parent,
+                    resource=process.resource,
+                    attributes=description.attributes,
+                    links=context.links,
+                    kind=_KINDS[description.kind],
+                    status=_status(description.status, description.status_description),
+                    start_time=description.start_ns,
+                    end_time=description.end_ns,
+                    instrumentation_scope=scope,
+                )
             )
-        )
         for point in exchange.metric_points(conn):
             process.record(scope, point, description.end_ns)
 

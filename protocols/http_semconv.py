@@ -59,6 +59,9 @@ KNOWN_METHODS = frozenset(
 
 # error.type values for exchanges that did not end with a complete response
 RESPONSE_MISSING = "response_missing"  # the connection ended before any final response
+# Request-correlation headers, captured by default: they join an exchange to the logs of the
+# programs at both ends, whatever the trace assembly concluded.
+CORRELATION_HEADERS = frozenset({"x-request-id", "x-correlation-id"})
 CONNECTION_CLOSED = "connection_closed"  # the connection ended in the middle of the response
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)

@@ -172,6 +172,17 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         "auto",
         [("yaml", "", "tracepoints", "tracepoints"), ("env", "OTEL_EBPF_SOCKET_MODE", "fd-tracking", "fd-tracking")],
     ),
+    "trace.instrumented_clients": (
+        "skip",
+        [("yaml", "", "child", "child"), ("env", "OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS", "SKIP", "skip")],
+    ),
+    "trace.inflight_timeout_s": (
+        300.0, [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT", "90", 90.0)],
+    ),
+    "trace.max_inflight": (65536, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_TRACE_MAX_INFLIGHT", "20", 20)]),
+    "trace.reorder_window_ms": (
+        50, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
+    ),
     "protocols.enabled": (
         None,
         [("yaml", "", ["http1", "kafka"], ("http1", "kafka")), ("env", "OTEL_EBPF_PROTOCOLS", "http2", ("http2",))],

@@ -30,6 +30,7 @@ from otel_ebpf.events import (
 )
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.protocol import Direction, Endpoint, Role, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -93,7 +94,9 @@ class Run:
         self.tracker = ConnectionTracker(PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append)
         self.telemetry = Telemetry(PROTOCOLS, HOST, dict(extra or {}), self.selfmetrics, max_processes,
                                    DELTA_KINDS[delta])
-        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics)
+        # no reorder window: each feed's spans come out at once (tests/test_assembly.py covers it)
+        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics,
+                                 reorderer=EventReorderer(self.selfmetrics, window_ns=0))
 
     def feed(self, events: Iterable[Event]) -> list[ReadableSpan]:
         self.pipeline.handle(events)
@@ -506,15 +509,17 @@ def test_data_on_a_connection_never_opened_is_tracked_and_its_role_sniffed() -> 
     assert table[("unknown_process", "http.client.request.duration", client)].count == 1
 
 
-def test_reopened_fd_finishes_the_previous_connection() -> None:
-    """A ConnOpen for a key still in the table (its close was lost) ends the old connection first."""
+def test_open_sorted_after_its_data_fills_in_the_connection() -> None:
+    """Keys are unique per connection (the generation changes when an fd is reused), so a ConnOpen
+    for a key in the table announces that very connection, e.g. one recorded before announcements
+    were stamped like the data that revealed them: the request is kept and gets its ends."""
     run = Run()
-    spans = run.feed([opened(0, PID, 7), data(1, PID, 7, IN, get("/lost-close")), opened(5, PID, 7)])
-    assert [(s.name, s.end_time, s.attributes["error.type"]) for s in spans] == [
-        ("GET /lost-close", at(5), "response_missing")]
+    spans = run.feed([data(1, PID, 7, IN, get("/late-open")), opened(2, PID, 7),
+                      data(3, PID, 7, OUT, ok(b"x"))])
+    assert [(s.name, s.attributes["client.address"], s.attributes["http.response.status_code"]) for s in spans] == [
+        ("GET /late-open", CLIENT_END.address, 200)]
     assert len(run.tracker) == 1
-    assert run.total("otel_ebpf.connections.opened") == 2
-    assert run.total("otel_ebpf.connections.tracked") == 1
+    assert run.total("otel_ebpf.connections.opened") == 1
 
 
 # ---- ends of connections, processes and the agent -----------------------------------------------

@@ -8,8 +8,9 @@ Options (``protocols.http1`` in the agent configuration):
 
 ``capture_headers``
     List of header names exported as ``http.request.header.<name>`` /
-    ``http.response.header.<name>``. Credential-bearing headers are exported as ``REDACTED`` even
-    when listed.
+    ``http.response.header.<name>`` (default: the correlation headers ``x-request-id`` and
+    ``x-correlation-id``; an empty list captures none). Credential-bearing headers are exported as
+    ``REDACTED`` even when listed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
 
-from ..http_semconv import HTTP_INSTRUMENTS
+from ..http_semconv import CORRELATION_HEADERS, HTTP_INSTRUMENTS
 from .parser import MAX_LINE
 from .session import HTTP1Session
 from .stitcher import FifoStitcher
@@ -78,7 +79,7 @@ class HTTP1(Protocol):
 
 def _header_names(value: object) -> frozenset[str]:
     if value is None:
-        return frozenset()
+        return CORRELATION_HEADERS
     if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
         raise ValueError("capture_headers: must be a list of header names")
     invalid = [name for name in value if not _HEADER_NAME.fullmatch(name)]

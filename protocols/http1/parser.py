@@ -23,7 +23,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import deque
 
-from otel_ebpf.protocol import Direction, Message
+from otel_ebpf.protocol import Direction, RequestStart, SessionOutput
 
 from ..caching import memoize
 from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
@@ -228,7 +228,7 @@ class _Parser(ABC):
         self._buf = bytearray()
         self._marks = []
 
-    def feed(self, data: bytes, timestamp_ns: int) -> list[Message]:
+    def feed(self, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         if not data or self._state == _OPAQUE:
             return []
         self._last_ts = timestamp_ns
@@ -247,7 +247,7 @@ class _Parser(ABC):
             self._marks.append((self._base + len(self._buf), timestamp_ns))
             self._buf += data
             buf = self._buf
-        out: list[Message] = []
+        out: list[SessionOutput] = []
         pos = self._run(buf, timestamp_ns, out)
         if self._state == _OPAQUE:
             self.stop()
@@ -263,12 +263,12 @@ class _Parser(ABC):
             del marks[0]
         return out
 
-    def gap(self, length: int, timestamp_ns: int) -> list[Message]:
+    def gap(self, length: int, timestamp_ns: int) -> list[SessionOutput]:
         """``length`` bytes moved right after the last feed but were not captured."""
         if length <= 0 or self._state == _OPAQUE:
             return []
         self._last_ts = timestamp_ns
-        out: list[Message] = []
+        out: list[SessionOutput] = []
         self._settle_peek()
         state = self._state
         if state == _UNTIL_CLOSE:
@@ -296,9 +296,9 @@ class _Parser(ABC):
         self._marks = []
         return out
 
-    def close(self) -> list[Message]:
+    def close(self) -> list[SessionOutput]:
         """The connection ended: finish a body delimited by close, report a cut-off message."""
-        out: list[Message] = []
+        out: list[SessionOutput] = []
         self._settle_peek()
         state = self._state
         if state == _UNTIL_CLOSE:
@@ -320,7 +320,7 @@ class _Parser(ABC):
 
     # -- the state machine --------------------------------------------------------------------
 
-    def _run(self, buf: bytes | bytearray, ts: int, out: list[Message]) -> int:
+    def _run(self, buf: bytes | bytearray, ts: int, out: list[SessionOutput]) -> int:
         """Consume ``buf`` as far as possible; return how many bytes were consumed."""
         pos, end = 0, len(buf)
         while pos < end:
@@ -383,7 +383,7 @@ class _Parser(ABC):
         self._state = _SYNC
         return pos + 1
 
-    def _head(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+    def _head(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         end = len(buf)
         if buf[pos] in b"\r\n":  # blank lines before a message are skipped (RFC 9112 section 2.2)
             pos = _BLANK.match(buf, pos).end()  # type: ignore[union-attr]  # always matches
@@ -417,6 +417,7 @@ class _Parser(ABC):
             return self._resync(eol)
         self._headers, chunked, length = section
         self._head_ns = ts
+        self._head_parsed(out)
         framing = self._framing(chunked, length)
         if framing == _INTERIM:
             self._line = ()
@@ -439,7 +440,7 @@ class _Parser(ABC):
             return self._resync(found.end() - 1)
         return found.end()
 
-    def _chunk_size(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+    def _chunk_size(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         eol = buf.find(b"\n", pos, pos + MAX_LINE)
         if eol == -1:
             return self._malformed(pos, ts, out) if len(buf) - pos >= MAX_LINE else pos
@@ -455,7 +456,7 @@ class _Parser(ABC):
             self._state = _TRAILERS
         return eol + 1
 
-    def _chunk_end(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+    def _chunk_end(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         if buf.startswith(b"\n", pos):
             self._state = _CHUNK_SIZE
             return pos + 1
@@ -466,7 +467,7 @@ class _Parser(ABC):
             return pos
         return self._malformed(pos, ts, out)
 
-    def _trailers(self, buf: bytes | bytearray, pos: int, ts: int, out: list[Message]) -> int:
+    def _trailers(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         if buf.startswith(b"\n", pos):
             end = pos + 1
         elif buf.startswith(b"\r\n", pos):
@@ -485,13 +486,13 @@ class _Parser(ABC):
         return end
 
     def _malformed(
-        self, pos: int, ts: int, out: list[Message], body_size: int | None = None
+        self, pos: int, ts: int, out: list[SessionOutput], body_size: int | None = None
     ) -> int:
         """The body's framing broke: report the message as far as it went and resynchronise."""
         self._emit(ts, out, body_size, MALFORMED)
         return self._resync(pos)
 
-    def _salvage_head(self, reason: str, ts: int, out: list[Message]) -> None:
+    def _salvage_head(self, reason: str, ts: int, out: list[SessionOutput]) -> None:
         """Report a message whose head was cut off, with the header lines seen so far."""
         if not self._line:
             return
@@ -506,7 +507,7 @@ class _Parser(ABC):
             self._state = _OPAQUE
 
     def _emit(
-        self, end_ns: int, out: list[Message], body_size: int | None, incomplete: str | None = None
+        self, end_ns: int, out: list[SessionOutput], body_size: int | None, incomplete: str | None = None
     ) -> None:
         out.append(self._message(end_ns, body_size, incomplete))
         self._line = ()
@@ -530,13 +531,16 @@ class _Parser(ABC):
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         """Offset of the first plausible start line at or after ``pos``, or -1."""
 
+    def _head_parsed(self, out: list[SessionOutput]) -> None:
+        """The head of the current message is complete (its body may follow)."""
+
     @abstractmethod
     def _framing(self, chunked: bool | None, length: int) -> int:
         """Classify the body of the message whose head was just parsed (sets ``_remaining``),
         given what its header fields say about it (see :func:`_body_framing`)."""
 
     @abstractmethod
-    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Message:
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Request | Response:
         """The message parsed so far, ending at ``end_ns``."""
 
 
@@ -560,6 +564,9 @@ class RequestParser(_Parser):
                         return _known_method_start(bytes(buf[method.start() : space]), space)
             at = buf.find(b" HTTP/1.", at + 1)
         return -1
+
+    def _head_parsed(self, out: list[SessionOutput]) -> None:
+        out.append(RequestStart(self.direction, self._start_ns, self._headers))
 
     def _framing(self, chunked: bool | None, length: int) -> int:
         self._methods.append(self._line[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from otel_ebpf.protocol import Direction, Message, Role, Session
+from otel_ebpf.protocol import Direction, Role, Session, SessionOutput
 
 from .parser import MAX_PENDING, RequestParser, ResponseParser
 
@@ -34,19 +34,19 @@ class HTTP1Session(Session):
         """Bytes held for an unfinished head or line: at most ``MAX_HEAD`` per direction."""
         return self._requests.buffered + self._responses.buffered
 
-    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:
+    def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         messages = self._parsers[direction].feed(data, timestamp_ns)
         if self._responses.opaque:
             self._follow_upgrade()
         return messages
 
-    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[Message]:
+    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[SessionOutput]:
         messages = self._parsers[direction].gap(length, timestamp_ns)
         if self._responses.opaque:
             self._follow_upgrade()
         return messages
 
-    def close(self, timestamp_ns: int) -> list[Message]:
+    def close(self, timestamp_ns: int) -> list[SessionOutput]:
         # Requests first: an unanswered request must reach the stitcher before a late response.
         return self._requests.close() + self._responses.close()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from otel_ebpf.protocol import Direction, Role
+from otel_ebpf.protocol import Direction, Message, RequestStart, Role
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Exchange, HTTP1Session
 
 DATA = Path(__file__).parent / "data"
@@ -48,6 +48,7 @@ class Replay:
     session: HTTP1Session
     stitcher: FifoStitcher
     exchanges: list[HTTP1Exchange] = field(default_factory=list)
+    starts: list[RequestStart] = field(default_factory=list)
     max_buffered: int = 0
 
 
@@ -60,9 +61,12 @@ def replay(
     protocol = protocol or HTTP1()
     run = Replay(protocol.new_session(role), protocol.new_stitcher(role))
 
-    def take(messages: Iterable[object]) -> None:
-        for message in messages:
-            run.exchanges.extend(run.stitcher.add(message))  # type: ignore[arg-type]
+    def take(outputs: Iterable[Message | RequestStart]) -> None:
+        for output in outputs:
+            if isinstance(output, RequestStart):
+                run.starts.append(output)
+            else:
+                run.exchanges.extend(run.stitcher.add(output))
 
     for chunk in chunks:
         take(run.session.feed(chunk.direction, chunk.data, chunk.t_ns))
@@ -73,7 +77,23 @@ def replay(
         end = (chunks[-1].t_ns if chunks else 0) + 1
         take(run.session.close(end))
         run.exchanges.extend(run.stitcher.flush(end))
+        check_starts(run)
     return run
+
+
+def check_starts(run: Replay) -> None:
+    """Every request whose head was seen whole was announced by a RequestStart, with the same
+    start time and header fields; no start announced a request that never came."""
+    requests = [e.request for e in run.exchanges]
+    announced = [(s.start_ns, s.carrier) for s in run.starts]
+    assert announced == [(r.start_ns, r.headers) for r in requests if (r.start_ns, r.headers) in announced]
+    assert all((r.start_ns, r.headers) in announced for r in requests if r.incomplete is None)
+    assert all(s.direction is run.session._requests.direction for s in run.starts)
+
+
+def messages(session: HTTP1Session, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:
+    """What one feed returns, without the RequestStart announcements."""
+    return [m for m in session.feed(direction, data, timestamp_ns) if not isinstance(m, RequestStart)]
 
 
 def summary(exchange: HTTP1Exchange) -> tuple:

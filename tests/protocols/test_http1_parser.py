@@ -10,7 +10,7 @@ from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
 from otel_ebpf.protocols.http1.types import CAPTURE_GAP, MALFORMED
 from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
 
-from http1_replay import Chunk, replay
+from http1_replay import Chunk, messages, replay
 
 IN, OUT = Direction.INGRESS, Direction.EGRESS
 GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
@@ -87,7 +87,8 @@ def test_options() -> None:
         "content-type",
         "x-request-id",
     }
-    assert HTTP1().capture_headers == frozenset()
+    assert HTTP1().capture_headers == {"x-request-id", "x-correlation-id"}
+    assert HTTP1({"capture_headers": []}).capture_headers == frozenset()
     with pytest.raises(ValueError, match=r"^capture_headers: "):
         HTTP1({"capture_headers": "content-type"})
     with pytest.raises(ValueError, match=r"^capture_headers: "):
@@ -103,7 +104,7 @@ def test_options() -> None:
 
 def test_bare_lf_and_folded_headers() -> None:
     session = HTTP1Session(Role.SERVER)
-    (request,) = session.feed(IN, b"GET /a HTTP/1.0\nX-Long: one\n  two\nHost: h\n\n", 1)
+    (request,) = messages(session, IN, b"GET /a HTTP/1.0\nX-Long: one\n  two\nHost: h\n\n", 1)
     assert (request.version, request.headers) == ("1.0", (("x-long", "one two"), ("host", "h")))
 
 
@@ -211,14 +212,14 @@ def test_invalid_content_length_keeps_the_fifo_aligned() -> None:
 
 
 def test_matching_content_length_duplicates_are_accepted() -> None:
-    (request,) = HTTP1Session(Role.SERVER).feed(
+    (request,) = messages(HTTP1Session(Role.SERVER), 
         IN, b"POST /a HTTP/1.1\r\nContent-Length: 2, 2\r\ncontent-length: 2\r\n\r\nab", 1
     )
     assert request.body_size == 2
 
 
 def test_transfer_encoding_wins_over_content_length() -> None:
-    (request,) = HTTP1Session(Role.SERVER).feed(
+    (request,) = messages(HTTP1Session(Role.SERVER), 
         IN,
         b"POST /a HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
         b"2\r\nab\r\n0\r\n\r\n",
@@ -303,23 +304,23 @@ def test_gap_inside_the_head_salvages_start_line_and_complete_header_lines() -> 
 
 def test_header_section_is_bounded() -> None:
     session = HTTP1Session(Role.SERVER)
-    session.feed(IN, b"GET /a HTTP/1.1\r\n", 1)
+    messages(session, IN, b"GET /a HTTP/1.1\r\n", 1)
     for i in range(20):
-        session.feed(IN, b"X-Filler: " + b"f" * 8000 + b"\r\n", i)
+        messages(session, IN, b"X-Filler: " + b"f" * 8000 + b"\r\n", i)
         assert session.buffered <= MAX_HEAD
     assert session.parse_errors == 1
-    assert session.feed(IN, b"\r\n" + GET, 99)[0].target == "/a"
+    assert messages(session, IN, b"\r\n" + GET, 99)[0].target == "/a"
 
 
 def test_pending_requests_are_bounded() -> None:
     protocol = HTTP1()
     session, stitcher = protocol.new_session(Role.CLIENT), protocol.new_stitcher(Role.CLIENT)
     for i in range(MAX_PENDING + 44):
-        for message in session.feed(OUT, b"GET /%d HTTP/1.1\r\n\r\n" % i, i):
+        for message in messages(session, OUT, b"GET /%d HTTP/1.1\r\n\r\n" % i, i):
             assert stitcher.add(message) == []
     assert stitcher.pending == MAX_PENDING
     assert stitcher.unmatched == 44
-    (message,) = session.feed(IN, ok(b"x" * 10), 10_000)
+    (message,) = messages(session, IN, ok(b"x" * 10), 10_000)
     assert message.body_size == 10  # the response parser used the method of a request still queued
     (exchange,) = stitcher.add(message)
     assert exchange.request.target == "/44"
@@ -349,9 +350,9 @@ class Foreign(Message):
 
 def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None:
     session = HTTP1Session(Role.SERVER)
-    assert session.feed(IN, b"\x00garbage\xffGE", 1) == []
-    assert session.feed(IN, b"T /a HTTP/1.1\r\nHost:", 2) == []
-    (request,) = session.feed(IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + session.feed(
+    assert messages(session, IN, b"\x00garbage\xffGE", 1) == []
+    assert messages(session, IN, b"T /a HTTP/1.1\r\nHost:", 2) == []
+    (request,) = messages(session, IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + messages(session, 
         IN, b"y", 4
     )
     assert (request.start_ns, request.end_ns, request.body_size) == (1, 4, 2)
@@ -360,7 +361,7 @@ def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None
 
 def test_pipelined_messages_start_in_the_feed_that_carries_them() -> None:
     session = HTTP1Session(Role.CLIENT)
-    first, second = session.feed(IN, ok(b"1") + ok(b"22")[:20], 5) + session.feed(
+    first, second = messages(session, IN, ok(b"1") + ok(b"22")[:20], 5) + messages(session, 
         IN, ok(b"22")[20:], 6
     )
     assert (first.start_ns, first.end_ns, second.start_ns, second.end_ns) == (5, 5, 5, 6)
@@ -368,7 +369,7 @@ def test_pipelined_messages_start_in_the_feed_that_carries_them() -> None:
 
 def test_close_reports_a_head_cut_short_and_ignores_later_input() -> None:
     session = HTTP1Session(Role.SERVER)
-    session.feed(IN, b"GET /a HTTP/1.1\r\nHost: h\r\nAcc", 7)
+    messages(session, IN, b"GET /a HTTP/1.1\r\nHost: h\r\nAcc", 7)
     (request,) = session.close(9)
     assert (request.target, request.headers, request.incomplete) == (
         "/a",
@@ -376,4 +377,4 @@ def test_close_reports_a_head_cut_short_and_ignores_later_input() -> None:
         CONNECTION_CLOSED,
     )
     assert (request.start_ns, request.end_ns) == (7, 7)
-    assert session.feed(IN, GET, 10) == []
+    assert messages(session, IN, GET, 10) == []

@@ -1,0 +1,278 @@
+"""Trace assembly: every request gets its trace id, span id and parent when it *starts*.
+
+Deciding at the start (DESIGN.md, "Trace assembly without code changes") is what lets work done on
+behalf of a request inherit its trace: an outgoing call made while an incoming request is being
+served starts after that request did and completes before it does. The rules, in order:
+
+1. *Same node.* An incoming request whose connection mirrors an outgoing request of another
+   observed process (its peer is their local end and the reverse), still in flight, is that
+   request's child, in the same trace.
+2. *Propagated context.* An incoming request carrying ``traceparent`` or B3 joins that trace, the
+   caller's span as parent (``tracestate`` kept). An outgoing request that carries one comes from an
+   instrumented program, whose own span already stands for it: by default the agent emits no span
+   for it (``instrumented_clients="skip"``), or with ``"child"`` one under the program's span.
+3. *Thread causality.* An outgoing request made on a thread that is serving exactly one incoming
+   request is that request's child.
+4. *Ambiguity.* A thread serving several incoming requests at once (an event loop) gives no
+   parent: the outgoing request starts a trace of its own, with links to the candidates, counted.
+5. Otherwise the request starts a new trace.
+
+Ids are derived from the request's identity (connection, start time), never drawn at random, so a
+replay of a recording assembles the very same traces; a request whose state was evicted gets the
+same span id when it completes, so its children still point at it.
+
+All state is bounded: contexts live from their request's start until its exchange completes, at
+most ``inflight_timeout_ns`` and at most ``max_inflight`` of them; evictions are counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
+
+from .events import ConnKey
+from .propagation import PropagatedContext, extract
+from .protocol import Carrier, ConnectionInfo, Endpoint, RequestStart, Role
+from .selfmetrics import SelfMetrics
+
+SKIP, CHILD = "skip", "child"
+INSTRUMENTED_CLIENT_MODES = (SKIP, CHILD)
+MAX_LINKS = 8  # candidate parents linked from an ambiguous request
+MAX_PER_THREAD = 256  # incoming requests in flight on one thread (an event loop's connections)
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_AMBIGUOUS_LINK = {"otel_ebpf.link.reason": "ambiguous_parent"}
+
+Thread = tuple[int, int]  # (pid, tid)
+Pair = tuple[Endpoint, Endpoint, "int | None"]  # (client end, server end, stream)
+
+
+def request_ids(key: ConnKey, start_ns: int, ordinal: int) -> tuple[int, int]:
+    """(trace id if it starts a trace, span id) of the request that started at ``start_ns`` on
+    connection ``key`` (``ordinal``: its place among requests that started in the same syscall)."""
+    digest = hashlib.blake2b(b"%d/%d/%d/%d/%d" % (*key, start_ns, ordinal), digest_size=24).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    """The trace context decided for one request, and where it is registered while in flight."""
+
+    trace_id: int
+    span_id: int
+    flags: TraceFlags
+    parent: SpanContext | None = None
+    trace_state: TraceState | None = None
+    links: tuple[Link, ...] = ()
+    emit: bool = True  # False: an instrumented program's own span stands for this request
+    # registration while in flight
+    start_ns: int = 0
+    started: tuple[ConnKey, int] | None = None  # key into TraceAssembler._started
+    thread: Thread | None = None  # serving thread, for an incoming request
+    pair: Pair | None = None  # its connection's ends, for an outgoing request
+    done: bool = False
+    _span_context: SpanContext | None = field(default=None, repr=False)
+
+    def span_context(self) -> SpanContext:
+        if self._span_context is None:
+            self._span_context = SpanContext(
+                self.trace_id, self.span_id, is_remote=False, trace_flags=self.flags, trace_state=self.trace_state
+            )
+        return self._span_context
+
+
+class TraceAssembler:
+    """Decides each request's context at its start and hands it back when its exchange completes."""
+
+    def __init__(
+        self,
+        selfmetrics: SelfMetrics,
+        inflight_timeout_ns: int = 300 * 10**9,
+        max_inflight: int = 65536,
+        instrumented_clients: str = SKIP,
+    ) -> None:
+        if instrumented_clients not in INSTRUMENTED_CLIENT_MODES:
+            raise ValueError(f"instrumented_clients: must be one of {', '.join(INSTRUMENTED_CLIENT_MODES)}")
+        self._metrics = selfmetrics
+        self._timeout_ns = inflight_timeout_ns
+        self._max_inflight = max_inflight
+        self._skip_instrumented = instrumented_clients == SKIP
+        # requests announced and not yet completed, by (connection, start time)
+        self._started: dict[tuple[ConnKey, int], list[RequestContext]] = {}
+        self._order: deque[RequestContext] = deque()  # the same, in announcement order (with done ones)
+        self._live = 0
+        self._threads: dict[Thread, list[RequestContext]] = {}  # incoming requests being served
+        self._pairs: dict[Pair, deque[RequestContext]] = {}  # outgoing requests by connection ends
+
+    @property
+    def inflight(self) -> int:
+        return self._live
+
+    # ---- the two events of a request's life ----------------------------------------------------
+
+    def start(self, key: ConnKey, conn: ConnectionInfo, request: RequestStart, tid: int) -> None:
+        """A request began on connection ``key``, announced by a syscall of thread ``tid``."""
+        start_ns, stream = request.start_ns, request.stream
+        slot = (key, start_ns)
+        announced = self._started.get(slot)
+        ordinal = len(announced) if announced else 0
+        context = self._decide(key, conn, start_ns, ordinal, request.carrier, stream, tid)
+        context.start_ns, context.started = start_ns, slot
+        if announced is None:
+            self._started[slot] = [context]
+        else:
+            announced.append(context)
+        self._order.append(context)
+        self._live += 1
+        if conn.role is Role.SERVER:
+            self._serve_on((key[0], tid), context)
+        elif conn.local is not None and conn.peer is not None:
+            context.pair = (conn.local, conn.peer, stream)
+            self._pairs.setdefault(context.pair, deque()).append(context)
+        if self._live > self._max_inflight:
+            self._evict_oldest()
+        self._metrics.set("otel_ebpf.trace.inflight", self._live)
+
+    def finish(self, key: ConnKey, conn: ConnectionInfo, start_ns: int, tid: int) -> RequestContext:
+        """The exchange of the request that started at ``start_ns`` completed: its context."""
+        announced = self._started.get((key, start_ns))
+        if announced:
+            context = announced[0]
+            self._forget(context)
+            return context
+        # Never announced (the plugin does not announce, or the head was cut off) or evicted:
+        # decided now, from what is still known.
+        return self._decide(key, conn, start_ns, 0, (), None, tid)
+
+    def expire(self, now_ns: int) -> None:
+        """Forget requests that started more than the timeout before ``now_ns`` (event time)."""
+        order, horizon = self._order, now_ns - self._timeout_ns
+        while order and (order[0].done or order[0].start_ns < horizon):
+            context = order.popleft()
+            if not context.done:
+                self._forget(context)
+                self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "timeout"})
+        if len(order) > 2 * self._max_inflight:  # done entries queued behind a long request
+            self._order = deque(c for c in order if not c.done)
+        self._metrics.set("otel_ebpf.trace.inflight", self._live)
+
+    # ---- decisions -------------------------------------------------------------------------------
+
+    def _decide(
+        self,
+        key: ConnKey,
+        conn: ConnectionInfo,
+        start_ns: int,
+        ordinal: int,
+        carrier: Carrier,
+        stream: int | None,
+        tid: int,
+    ) -> RequestContext:
+        trace_id, span_id = request_ids(key, start_ns, ordinal)
+        propagated = extract(carrier) if carrier else None
+        if conn.role is Role.SERVER:
+            caller = self._caller(conn, stream, start_ns)
+            if caller is not None and (propagated is None or propagated.trace_id == caller.trace_id):
+                self._metrics.add("otel_ebpf.trace.same_node_parents")
+                return self._child(caller, span_id)
+            if propagated is not None:
+                self._metrics.add("otel_ebpf.trace.propagated", 1, {"format": propagated.format, "side": "server"})
+                return _under_propagated(propagated, span_id)
+            return RequestContext(trace_id, span_id, _SAMPLED)
+        if propagated is not None:
+            self._metrics.add("otel_ebpf.trace.propagated", 1, {"format": propagated.format, "side": "client"})
+            if self._skip_instrumented:
+                # The program's span (named by the header) stands in for ours: a same-node server
+                # that finds this context links to it.
+                flags = _SAMPLED if propagated.sampled else _NOT_SAMPLED
+                return RequestContext(
+                    propagated.trace_id, propagated.span_id, flags, trace_state=propagated.trace_state, emit=False
+                )
+            return _under_propagated(propagated, span_id)
+        serving = [c for c in self._threads.get((key[0], tid), ()) if not c.done]
+        if len(serving) == 1:
+            return self._child(serving[0], span_id)
+        if serving:
+            self._metrics.add("otel_ebpf.trace.ambiguous_parents")
+            links = tuple(Link(c.span_context(), _AMBIGUOUS_LINK) for c in serving[-MAX_LINKS:])
+            return RequestContext(trace_id, span_id, _SAMPLED, links=links)
+        return RequestContext(trace_id, span_id, _SAMPLED)
+
+    @staticmethod
+    def _child(parent: RequestContext, span_id: int) -> RequestContext:
+        return RequestContext(
+            parent.trace_id, span_id, parent.flags, parent=parent.span_context(), trace_state=parent.trace_state
+        )
+
+    def _caller(self, conn: ConnectionInfo, stream: int | None, start_ns: int) -> RequestContext | None:
+        """The outgoing request of an observed process on the node that this incoming request is."""
+        if conn.local is None or conn.peer is None:
+            return None
+        waiting = self._pairs.get((conn.peer, conn.local, stream))
+        if not waiting or waiting[0].start_ns > start_ns:
+            return None
+        caller = waiting.popleft()
+        caller.pair = None
+        if not waiting:
+            del self._pairs[(conn.peer, conn.local, stream)]
+        return caller
+
+    # ---- registration ----------------------------------------------------------------------------
+
+    def _serve_on(self, thread: Thread, context: RequestContext) -> None:
+        serving = self._threads.get(thread)
+        if serving is None:
+            self._threads[thread] = [context]
+            context.thread = thread
+            return
+        if len(serving) >= MAX_PER_THREAD:
+            oldest = serving[0]
+            self._forget(oldest)
+            self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "thread_capacity"})
+        serving.append(context)
+        context.thread = thread
+
+    def _evict_oldest(self) -> None:
+        while self._order:
+            context = self._order.popleft()
+            if not context.done:
+                self._forget(context)
+                self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "capacity"})
+                return
+
+    def _forget(self, context: RequestContext) -> None:
+        """Unregister a request (completed or evicted) from every index."""
+        if context.done:
+            return
+        context.done = True
+        self._live -= 1
+        announced = self._started.get(context.started)
+        if announced is not None:
+            announced.remove(context)
+            if not announced:
+                del self._started[context.started]
+        if context.thread is not None:
+            serving = self._threads[context.thread]
+            serving.remove(context)
+            if not serving:
+                del self._threads[context.thread]
+            context.thread = None
+        if context.pair is not None:
+            waiting = self._pairs[context.pair]
+            waiting.remove(context)
+            if not waiting:
+                del self._pairs[context.pair]
+            context.pair = None
+
+
+def _under_propagated(propagated: PropagatedContext, span_id: int) -> RequestContext:
+    flags = _SAMPLED if propagated.sampled else _NOT_SAMPLED
+    parent = SpanContext(
+        propagated.trace_id, propagated.span_id, is_remote=True, trace_flags=flags,
+        trace_state=propagated.trace_state,
+    )
+    return RequestContext(propagated.trace_id, span_id, flags, parent=parent, trace_state=propagated.trace_state)
