@@ -125,11 +125,15 @@ class Agent:
         self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
 
     def finish(self, timeout_s: float = 10.0) -> None:
-        """Flush pending exchanges, spans and metrics, then shut the exporters down."""
+        """Flush pending exchanges, spans and metrics, then shut the exporters down.
+
+        The last spans (those the reorder window still held) are exported before the last metrics
+        are taken, so that the final self-metrics account for them."""
         self.pipeline.flush()
         self._export_spans()
+        self.sink.force_flush(timeout_s / 2)
         self._export_metrics()
-        self.sink.shutdown(timeout_s)
+        self.sink.shutdown(timeout_s / 2)
         self._self_meters.shutdown()
 
 
