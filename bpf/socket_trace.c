@@ -132,6 +132,9 @@ struct active_io {
     u32 iovcnt;      // 0 for plain buffers
     u32 direction;
     u32 kind;        // IO_*
+#ifdef FD_TRACKING
+    struct tuple conn;  // IO_CONNECT: the destination, then the local end once established
+#endif
 };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
@@ -147,6 +150,18 @@ struct endpoint_key {
     u16 pad;
 };
 BPF_TABLE("lru_hash", struct endpoint_key, u8, agent_endpoints, 1024);
+#ifdef FD_TRACKING
+// Local ends of accepted connections, learnt when the server side becomes ESTABLISHED (in softirq,
+// whatever task is current) and claimed by the accept() that returns it, by what accept() knows:
+// the peer's address and port and the listener's port.
+struct accepted_key {
+    u8 raddr[16];
+    u16 rport;
+    u16 lport;
+    u32 pad;
+};
+BPF_TABLE("lru_hash", struct accepted_key, struct tuple, accepted, MAX_CONNS);
+#endif
 BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(ports, u16, u8, 64);
@@ -213,6 +228,15 @@ static __always_inline void emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 f
 
 // ---- connection lifecycle ------------------------------------------------------------------
 
+static __always_inline int same_addr(const u8 *a, const u8 *b) {
+    u64 a0, a1, b0, b1;
+    __builtin_memcpy(&a0, a, 8);
+    __builtin_memcpy(&a1, a + 8, 8);
+    __builtin_memcpy(&b0, b, 8);
+    __builtin_memcpy(&b1, b + 8, 8);
+    return a0 == b0 && a1 == b1;
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     if (args->protocol != IPPROTO_TCP_ || args->newstate != TCP_ESTABLISHED)
         return 0;
@@ -231,33 +255,82 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         __builtin_memcpy(t.raddr, args->daddr_v6, 16);
     }
     sk_tuples.update(&sk, &t);
+#ifdef FD_TRACKING
+    if (t.role == ROLE_SERVER) {
+        struct accepted_key k = {.rport = t.rport, .lport = t.lport};
+        __builtin_memcpy(k.raddr, t.raddr, 16);
+        accepted.update(&k, &t);
+    } else if (t.role == ROLE_CLIENT) {
+        // A loopback handshake completes inside connect(), in the connecting thread's context.
+        // The destination must match: another connection's handshake may complete in softirq
+        // while this thread happens to be in connect().
+        u32 tid = bpf_get_current_pid_tgid();
+        struct active_io *io = active_io.lookup(&tid);
+        if (io && io->kind == IO_CONNECT && !io->conn.lport && io->conn.rport == t.rport &&
+            same_addr(io->conn.raddr, t.raddr))
+            io->conn = t;
+    }
+#endif
     return 0;
 }
 
+#ifdef FD_TRACKING
+#define PEER_KNOWN 0
+#define PEER_UNKNOWN 1  // no sockaddr given (accept(fd, NULL, NULL)) or unreadable
+#define NOT_INET 2
+// The address family, port and address of a user sockaddr into t's peer half.
+static __always_inline int read_peer(const struct usockaddr *uaddr, struct tuple *t) {
+    struct usockaddr sa = {};
+    if (!uaddr || bpf_probe_read_user(&sa, 8, uaddr))  // family, port, IPv4 address
+        return PEER_UNKNOWN;
+    if (sa.family != AF_INET && sa.family != AF_INET6)
+        return NOT_INET;
+    t->family = sa.family;
+    t->rport = __builtin_bswap16(sa.port_be);
+    if (sa.family == AF_INET)
+        __builtin_memcpy(t->raddr, &sa.v4, 4);
+    else if (bpf_probe_read_user(t->raddr, 16, uaddr->v6))
+        return PEER_UNKNOWN;
+    return PEER_KNOWN;
+}
+#endif
+
 // accept/connect tell the role and the peer address. The connection is announced at its first
-// I/O, when its sk (so its tuple) is known; with FD_TRACKING the peer address read here is the
-// tuple's peer half (keyed by the synthetic sk), and an fd that is not an inet socket is skipped.
-static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, const struct usockaddr *uaddr,
-                                          s32 listen_fd) {
+// I/O, when its sk (so its tuple) is known; with FD_TRACKING the tuple is keyed by the synthetic
+// sk instead: the peer from accept/connect's sockaddr, the local end from the handshake seen by
+// inet_sock_set_state (connected: the connecting thread's; accepted: the table of accepted ends),
+// else from the listener's bound port. An fd that is not an inet socket is skipped.
+static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, struct active_io *io) {
     u64 key = (pid_tgid & 0xffffffff00000000ULL) | (u32)fd;
     // Odd, small and rising: never a kernel pointer, never repeated for one fd.
     struct conn_info ci = {.role = role, .synthetic = bpf_ktime_get_ns() | 1};
 #ifdef FD_TRACKING
-    struct usockaddr sa = {};
-    if (uaddr && !bpf_probe_read_user(&sa, 8, uaddr)) {  // family, port, IPv4 address
-        if (sa.family != AF_INET && sa.family != AF_INET6)
-            return;
-        struct tuple t = {.family = sa.family, .rport = __builtin_bswap16(sa.port_be), .role = role};
-        u64 listen_key = (pid_tgid & 0xffffffff00000000ULL) | (u32)listen_fd;
-        u16 *lport = listen_fd >= 0 ? listen_ports.lookup(&listen_key) : 0;
-        if (lport)
-            t.lport = *lport;
-        if (sa.family == AF_INET)
-            __builtin_memcpy(t.raddr, &sa.v4, 4);
-        else if (bpf_probe_read_user(t.raddr, 16, uaddr->v6))
-            return;
-        sk_tuples.update(&ci.synthetic, &t);
+    struct tuple t = {.role = role};
+    int peer = read_peer((const struct usockaddr *)io->buf, &t);
+    if (peer == NOT_INET)
+        return;
+    if (peer == PEER_UNKNOWN) {  // user space reads the tuple from /proc
+        conns.update(&key, &ci);
+        return;
     }
+    if (role == ROLE_CLIENT && io->conn.lport) {
+        t.lport = io->conn.lport;
+        __builtin_memcpy(t.laddr, io->conn.laddr, 16);
+    } else if (role == ROLE_SERVER) {
+        u64 listen_key = (pid_tgid & 0xffffffff00000000ULL) | (u32)io->fd;
+        u16 *lport = listen_ports.lookup(&listen_key);
+        if (lport) {
+            t.lport = *lport;
+            struct accepted_key k = {.rport = t.rport, .lport = t.lport};
+            __builtin_memcpy(k.raddr, t.raddr, 16);
+            struct tuple *established = accepted.lookup(&k);
+            if (established) {
+                __builtin_memcpy(t.laddr, established->laddr, 16);
+                accepted.delete(&k);
+            }
+        }
+    }
+    sk_tuples.update(&ci.synthetic, &t);
 #endif
     conns.update(&key, &ci);
 }
@@ -268,6 +341,10 @@ static __always_inline void enter_conn_call(s32 fd, const void *uaddr, u32 kind)
         return;
     u32 tid = id;
     struct active_io io = {.buf = (u64)uaddr, .fd = fd, .kind = kind};
+#ifdef FD_TRACKING
+    if (kind == IO_CONNECT)  // the destination, which the handshake's tuple must match
+        read_peer((const struct usockaddr *)uaddr, &io.conn);
+#endif
     if (active_io.update(&tid, &io))
         count(STAT_ACTIVE_FULL, 1);
 }
@@ -280,9 +357,9 @@ static __always_inline void exit_conn_call(long ret, u32 kind) {
     if (!io)
         return;
     if (io->kind == kind && kind == IO_ACCEPT && ret >= 0)
-        remember_conn(id, ret, ROLE_SERVER, (const struct usockaddr *)io->buf, io->fd);
+        remember_conn(id, ret, ROLE_SERVER, io);
     if (io->kind == kind && kind == IO_CONNECT && (ret == 0 || ret == -EINPROGRESS))
-        remember_conn(id, io->fd, ROLE_CLIENT, (const struct usockaddr *)io->buf, -1);
+        remember_conn(id, io->fd, ROLE_CLIENT, io);
 #ifdef FD_TRACKING
     if (io->kind == kind && kind == IO_BIND && ret == 0) {
         struct usockaddr sa = {};
@@ -458,7 +535,13 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
         ev.h.ts = ts;
-        if (events.ringbuf_output(&ev, sizeof(ev), wakeup_flag()))
+        // A local end the kernel did not give (fd tracking, or a socket older than the agent) is
+        // read from /proc by user space, which must do so before the socket closes: wake it now.
+        u64 lo, hi;
+        __builtin_memcpy(&lo, ev.laddr, 8);
+        __builtin_memcpy(&hi, ev.laddr + 8, 8);
+        u64 flags = lo | hi ? wakeup_flag() : BPF_RB_FORCE_WAKEUP_;
+        if (events.ringbuf_output(&ev, sizeof(ev), flags))
             count(STAT_RINGBUF_FULL, 1);
     }
     return conns.lookup(&key);

@@ -48,7 +48,12 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _AMBIGUOUS_LINK = {"otel_ebpf.link.reason": "ambiguous_parent"}
 
 Thread = tuple[int, int]  # (pid, tid)
-Pair = tuple[Endpoint, Endpoint, "int | None"]  # (client end, server end, stream)
+# (client address, client port, server address, server port, stream): plain values, hashed in C
+Pair = tuple[str, int, str, int, "int | None"]
+
+
+def _pair(client: Endpoint, server: Endpoint, stream: int | None) -> Pair:
+    return client.address, client.port, server.address, server.port, stream
 
 
 def request_ids(key: ConnKey, start_ns: int, ordinal: int) -> tuple[int, int]:
@@ -131,11 +136,10 @@ class TraceAssembler:
         if conn.role is Role.SERVER:
             self._serve_on((key[0], tid), context)
         elif conn.local is not None and conn.peer is not None:
-            context.pair = (conn.local, conn.peer, stream)
+            context.pair = _pair(conn.local, conn.peer, stream)
             self._pairs.setdefault(context.pair, deque()).append(context)
         if self._live > self._max_inflight:
             self._evict_oldest()
-        self._metrics.set("otel_ebpf.trace.inflight", self._live)
 
     def finish(self, key: ConnKey, conn: ConnectionInfo, start_ns: int, tid: int) -> RequestContext:
         """The exchange of the request that started at ``start_ns`` completed: its context."""
@@ -193,7 +197,7 @@ class TraceAssembler:
                     propagated.trace_id, propagated.span_id, flags, trace_state=propagated.trace_state, emit=False
                 )
             return _under_propagated(propagated, span_id)
-        serving = [c for c in self._threads.get((key[0], tid), ()) if not c.done]
+        serving = self._threads.get((key[0], tid), ())  # unregistered as they complete
         if len(serving) == 1:
             return self._child(serving[0], span_id)
         if serving:
@@ -212,13 +216,14 @@ class TraceAssembler:
         """The outgoing request of an observed process on the node that this incoming request is."""
         if conn.local is None or conn.peer is None:
             return None
-        waiting = self._pairs.get((conn.peer, conn.local, stream))
+        pair = _pair(conn.peer, conn.local, stream)
+        waiting = self._pairs.get(pair)
         if not waiting or waiting[0].start_ns > start_ns:
             return None
         caller = waiting.popleft()
         caller.pair = None
         if not waiting:
-            del self._pairs[(conn.peer, conn.local, stream)]
+            del self._pairs[pair]
         return caller
 
     # ---- registration ----------------------------------------------------------------------------

@@ -92,6 +92,8 @@ class ConnectionTracker:
         """What the kernel knows of a connection. Generations make keys unique per connection, so
         a key already in the table is this connection, its data sorted ahead of its announcement
         (stamped alike; older recordings stamped the announcement later): fill in what it lacks."""
+        if event.local is None or event.peer is None:
+            self._metrics.add("otel_ebpf.connections.without_tuple")
         conn = self._table.get(event.key) or self._insert(event.key)
         conn.role = conn.role or event.role
         conn.local, conn.peer, conn.transport = conn.local or event.local, conn.peer or event.peer, event.transport

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .protocol import Endpoint, Role
@@ -96,7 +96,10 @@ class SocketTuple:
     role: Role | None  # SERVER when the local port is one the process's namespace listens on
 
 
-def _tcp_tables(pid: int, proc: str) -> tuple[dict[str, tuple[Endpoint, Endpoint]], dict[str, int]]:
+_Tables = tuple[dict[str, tuple[Endpoint, Endpoint]], dict[str, int]]  # connected, listening by inode
+
+
+def _tcp_tables(pid: int, proc: str) -> _Tables:
     """TCP sockets of ``pid``'s network namespace: connected (inode -> local, peer) and listening
     (inode -> port)."""
     connected: dict[str, tuple[Endpoint, Endpoint]] = {}
@@ -124,22 +127,55 @@ def _socket_inode(pid: int, fd: int, proc: str) -> str | None:
     return target[len("socket:[") : -1] if target.startswith("socket:[") else None
 
 
-def socket_tuple(pid: int, fd: int, proc: str = "/proc") -> SocketTuple | None:
-    """The TCP tuple of ``pid``'s ``fd`` from its network namespace's tables, or None."""
-    inode = _socket_inode(pid, fd, proc)
-    if inode is None:
-        return None
-    connected, listening = _tcp_tables(pid, proc)
-    if inode not in connected:
-        return None
-    local, peer = connected[inode]
-    return SocketTuple(local, peer, Role.SERVER if local.port in listening.values() else Role.CLIENT)
-
-
 @dataclass(frozen=True)
 class TCPSockets:
     connected: dict[int, SocketTuple]  # fd -> tuple of connected TCP sockets
     listening: dict[int, int]  # fd -> port of listening TCP sockets
+
+
+def _socket_inodes(pid: int, fds: Iterable[int], proc: str) -> dict[int, str]:
+    return {fd: inode for fd in fds if (inode := _socket_inode(pid, fd, proc)) is not None}
+
+
+def _classify(pid: int, inodes: dict[int, str], proc: str, tables: _Tables | None = None) -> TCPSockets:
+    """Which of the sockets ``inodes`` (fd -> inode) are connected or listening TCP sockets, from
+    ``pid``'s network namespace's ``tables`` (read when not given)."""
+    sockets = TCPSockets({}, {})
+    if not inodes:
+        return sockets
+    connected, listening = tables or _tcp_tables(pid, proc)
+    listening_ports = set(listening.values())
+    for fd, inode in inodes.items():
+        if inode in connected:
+            local, peer = connected[inode]
+            role = Role.SERVER if local.port in listening_ports else Role.CLIENT
+            sockets.connected[fd] = SocketTuple(local, peer, role)
+        elif inode in listening:
+            sockets.listening[fd] = listening[inode]
+    return sockets
+
+
+def socket_tuples(fds_by_pid: Mapping[int, Iterable[int]], proc: str = "/proc") -> dict[tuple[int, int], SocketTuple]:
+    """The TCP tuples of those of each process's fds that are connected TCP sockets, by (pid, fd).
+
+    Reading a network namespace's tables costs milliseconds (the kernel walks every socket in
+    it), so they are read once per namespace, for all the fds asked about.
+    """
+    found: dict[tuple[int, int], SocketTuple] = {}
+    tables: dict[str, _Tables] = {}
+    for pid, fds in fds_by_pid.items():
+        inodes = _socket_inodes(pid, fds, proc)
+        if not inodes:
+            continue
+        try:
+            namespace = os.readlink(f"{proc}/{pid}/ns/net")
+        except OSError:
+            continue
+        if namespace not in tables:
+            tables[namespace] = _tcp_tables(pid, proc)
+        for fd, socket_tuple in _classify(pid, inodes, proc, tables[namespace]).connected.items():
+            found[(pid, fd)] = socket_tuple
+    return found
 
 
 def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
@@ -148,18 +184,7 @@ def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
         fds = [int(name) for name in os.listdir(f"{proc}/{pid}/fd")]
     except OSError:
         return TCPSockets({}, {})
-    connected, listening = _tcp_tables(pid, proc)
-    listening_ports = set(listening.values())
-    sockets = TCPSockets({}, {})
-    for fd in fds:
-        inode = _socket_inode(pid, fd, proc)
-        if inode in connected:
-            local, peer = connected[inode]
-            role = Role.SERVER if local.port in listening_ports else Role.CLIENT
-            sockets.connected[fd] = SocketTuple(local, peer, role)
-        elif inode in listening:
-            sockets.listening[fd] = listening[inode]
-    return sockets
+    return _classify(pid, _socket_inodes(pid, fds, proc), proc)
 
 
 def local_endpoints(pid: int, proc: str = "/proc") -> set[Endpoint]:

@@ -12,32 +12,34 @@ from otel_ebpf import procfs
 from otel_ebpf.protocol import Endpoint, Role
 
 
-def test_socket_tuple_of_a_connected_pair() -> None:
+def test_socket_tuples_of_a_connected_pair() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port)) as client:
             accepted, _ = listener.accept()
             with accepted:
                 client_port = client.getsockname()[1]
-                got_client = procfs.socket_tuple(os.getpid(), client.fileno())
-                got_server = procfs.socket_tuple(os.getpid(), accepted.fileno())
+                pid = os.getpid()
+                got = procfs.socket_tuples({pid: [client.fileno(), accepted.fileno(), 10**6]})
+                got_client, got_server = got[(pid, client.fileno())], got[(pid, accepted.fileno())]
+                assert len(got) == 2
     assert got_client == procfs.SocketTuple(Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port), Role.CLIENT)
     assert got_server == procfs.SocketTuple(Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", client_port), Role.SERVER)
 
 
-def test_socket_tuple_ipv6_and_non_sockets() -> None:
+def test_socket_tuples_ipv6_and_non_sockets() -> None:
     with socket.create_server(("::1", 0), family=socket.AF_INET6) as listener:
         port = listener.getsockname()[1]
         with socket.create_connection(("::1", port)) as client:
-            got = procfs.socket_tuple(os.getpid(), client.fileno())
+            got = procfs.socket_tuples({os.getpid(): [client.fileno()]}).get((os.getpid(), client.fileno()))
     assert got is not None and got.peer == Endpoint("::1", port)
     r, w = os.pipe()
     try:
-        assert procfs.socket_tuple(os.getpid(), r) is None
+        assert procfs.socket_tuples({os.getpid(): [r]}) == {}
     finally:
         os.close(r)
         os.close(w)
-    assert procfs.socket_tuple(2**22, 3) is None  # no such process
+    assert procfs.socket_tuples({2**22: [3]}) == {}  # no such process
 
 
 def test_process_identity_reads_only_resource_variables() -> None:

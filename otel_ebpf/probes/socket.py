@@ -14,6 +14,7 @@ import os
 import struct
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -67,6 +68,25 @@ def _endpoint(family: int, raw: bytes, port: int) -> Endpoint:
     return Endpoint(str(addr), port)
 
 
+@dataclass(slots=True)
+class _Opening:
+    """A connection the kernel announced, until user space admits it (as a ConnOpen) or not.
+
+    ``index`` is its place in the poll's events, where a placeholder waits while its tuple is
+    looked up in /proc."""
+
+    index: int
+    ts: int
+    key: ConnKey
+    role: Role | None
+    family: int
+    local: Endpoint | None
+    peer: Endpoint | None
+    lport: int
+    rport: int
+    unwanted: bool = False
+
+
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
@@ -76,7 +96,7 @@ class SocketProbe:
         self.payload_cap = _power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
-        self._events: list[Event] = []
+        self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
         self._next_loss_check = 0.0
@@ -84,6 +104,8 @@ class SocketProbe:
         # events may still be in flight; insertion-ordered so the oldest go first past the cap
         self._filtered_out: dict[ConnKey, None] = {}
         self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
+        self._own_endpoints_fresh = False  # read from /proc during this poll
+        self._unresolved: list[_Opening] = []  # this poll's sockets announced without a local end
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
@@ -177,9 +199,12 @@ class SocketProbe:
         """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing)."""
         # The kernel wakes us only every few dozen events; the timeout bounds the wait for the
         # rest, and consume() takes whatever is there whether or not a wakeup was sent.
+        self._own_endpoints_fresh = False
         self._bpf.ring_buffer_poll(timeout_ms)
         self._bpf.ring_buffer_consume()
         events, self._events = self._events, []
+        if self._unresolved:
+            self._resolve_openings(events)
         now = time.monotonic()
         if now >= self._next_loss_check:  # per-CPU map reads are syscalls: not every poll
             self._next_loss_check = now + LOSS_CHECK_S
@@ -224,32 +249,53 @@ class SocketProbe:
             self._known_pids.discard(tgid)
             self._events.append(ProcessExit(ts, tgid))
 
-    def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> ConnOpen | None:
+    def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
         role_code, family, lport, rport, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
-        role = _ROLES.get(role_code)
-        local = _endpoint(family, laddr, lport) if family and any(laddr) else None
-        peer = _endpoint(family, raddr, rport) if family else None
-        unwanted = False
-        if local is None:
+        opening = _Opening(len(self._events), ts, (tgid, fd, generation), _ROLES.get(role_code), family,
+                           _endpoint(family, laddr, lport) if family and any(laddr) else None,
+                           _endpoint(family, raddr, rport) if family else None, lport, rport)
+        if opening.local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,
-            # only the peer address: /proc knows the rest while the socket is open.
-            found = self._preexisting.pop((tgid, fd), None) or procfs.socket_tuple(tgid, fd)
-            if found is not None:
-                local, peer, role = found.local, found.peer, role or found.role
-                lport, rport = local.port, peer.port
+            # only the peer address: /proc knows the rest while the socket is open. Its tables
+            # cost milliseconds to read, so the poll's unknown sockets are looked up together.
+            self._events.append(opening)  # replaced once resolved
+            self._unresolved.append(opening)
+        elif (opened := self._admit(opening)) is not None:
+            self._events.append(opened)
+
+    def _resolve_openings(self, events: list[Event | _Opening]) -> None:
+        """Fill in the tuples of the sockets announced in this poll without their local end."""
+        openings, self._unresolved = self._unresolved, []
+        lookup: dict[int, list[int]] = {}
+        for opening in openings:
+            if opening.key[:2] not in self._preexisting:
+                lookup.setdefault(opening.key[0], []).append(opening.key[1])
+        found = procfs.socket_tuples(lookup)
+        for opening in openings:
+            known = self._preexisting.pop(opening.key[:2], None) or found.get(opening.key[:2])
+            if known is not None:
+                opening.local, opening.peer = known.local, known.peer
+                opening.role = opening.role or known.role
+                opening.lport, opening.rport = known.local.port, known.peer.port
             # Tracking fds, an accept/connect without an inet address is no TCP connection.
-            unwanted = found is None and not family and self.socket_mode == "fd-tracking"
+            opening.unwanted = known is None and not opening.family and self.socket_mode == "fd-tracking"
+            events[opening.index] = self._admit(opening) or opening
+        events[:] = [e for e in events if not isinstance(e, _Opening)]
+
+    def _admit(self, opening: _Opening) -> ConnOpen | None:
+        """The ConnOpen for ``opening``, or None when user space rejects the connection (then the
+        kernel is told to ignore it)."""
         if (
-            unwanted
-            or self.targets.ports and not (lport in self.targets.ports or rport in self.targets.ports)
-            or self._talks_to_agent(local, peer)
+            opening.unwanted
+            or self.targets.ports and not (opening.lport in self.targets.ports or opening.rport in self.targets.ports)
+            or self._talks_to_agent(opening.local, opening.peer)
         ):
-            self.ignore_connection((tgid, fd, generation))
-            self._filtered_out[(tgid, fd, generation)] = None
+            self.ignore_connection(opening.key)
+            self._filtered_out[opening.key] = None
             if len(self._filtered_out) > self.capture.max_connections:
                 del self._filtered_out[next(iter(self._filtered_out))]
             return None
-        return ConnOpen(ts, tgid, fd, generation, role, local, peer)
+        return ConnOpen(opening.ts, *opening.key, opening.role, opening.local, opening.peer)
 
     def _talks_to_agent(self, local: Endpoint | None, peer: Endpoint | None) -> bool:
         """A collector on this node receiving the agent's own exports: tracing it would feed the
@@ -258,8 +304,9 @@ class SocketProbe:
         if peer is None or self.socket_mode != "fd-tracking":
             return False
         same_host = ipaddress.ip_address(peer.address).is_loopback or (local and local.address == peer.address)
-        if same_host and peer not in self._own_endpoints:
+        if same_host and peer not in self._own_endpoints and not self._own_endpoints_fresh:
             self._own_endpoints = procfs.local_endpoints(os.getpid())
+            self._own_endpoints_fresh = True  # read at most once per poll: it costs milliseconds
         return peer in self._own_endpoints
 
     def _announce_process(self, pid: int, ts: int, comm: str) -> None:
