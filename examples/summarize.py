@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +46,9 @@ class Span:
     duration_ms: float
     error: bool
     attributes: dict[str, Any] = field(default_factory=dict)
+    trace_id: str = ""
+    span_id: str = ""
+    parent_span_id: str = ""  # empty for a root
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ def read_spans(path: Path) -> list[Span]:
                             duration_ms=max(end - start, 0) / 1e6,
                             error=status == STATUS_ERROR,
                             attributes=attributes(s.get("attributes", [])),
+                            trace_id=s.get("traceId", ""),
+                            span_id=s.get("spanId", ""),
+                            parent_span_id=s.get("parentSpanId", ""),
                         )
                     )
     return spans
@@ -225,6 +231,21 @@ def format_span_table(stats: Sequence[SpanStats]) -> str:
     return "\n".join(lines)
 
 
+def format_traces(spans: Sequence[Span]) -> str:
+    """How the spans form traces: traces by span count, and how many spans found their parent
+    (in their own process, or across processes: a client span of another service)."""
+    by_trace: dict[str, list[Span]] = {}
+    for s in spans:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    sizes = Counter(len(trace) for trace in by_trace.values())
+    services = {(s.trace_id, s.span_id): s.service for s in spans}
+    with_parent = [s for s in spans if (s.trace_id, s.parent_span_id) in services]
+    across = sum(services[(s.trace_id, s.parent_span_id)] != s.service for s in with_parent)
+    shape = ", ".join(f"{count} of {size} span{'s' * (size > 1)}" for size, count in sorted(sizes.items()))
+    return (f"Traces: {len(by_trace)} ({shape}); {len(with_parent)} spans have their parent in the trace, "
+            f"{across} of them across services")
+
+
 def format_summary(directory: Path) -> str:
     """The report ``make demo`` prints: a span table, then the agent's self-metrics."""
     directory = Path(directory)
@@ -232,6 +253,7 @@ def format_summary(directory: Path) -> str:
     out = [f"Spans in {directory / TRACES_FILE}: {len(spans)}"]
     if spans:
         out.append(format_span_table(span_stats(spans)))
+        out.append(format_traces(spans))
     self_metrics = read_self_metrics(directory / METRICS_FILE)
     out.append("")
     out.append(f"Agent self-metrics (latest values in {directory / METRICS_FILE}):")

@@ -196,6 +196,23 @@ def test_format_summary_and_cli(summarize: ModuleType, data_dir: Path, capsys: p
     assert "request.duration.fake" not in text
 
 
+def test_traces_are_summarized_by_shape(summarize: ModuleType, tmp_path: Path) -> None:
+    def linked(name: str, kind: int, trace: int, span_id: int, parent: int | None = None) -> trace_pb2.Span:
+        s = span(name, kind, 1.0)
+        s.trace_id, s.span_id = bytes([trace]) * 16, bytes([span_id]) * 8
+        if parent is not None:
+            s.parent_span_id = bytes([parent]) * 8
+        return s
+
+    jsonl(tmp_path / "traces.jsonl", [
+        traces("gateway", [linked("GET /a", SERVER, 1, 1), linked("GET /b", CLIENT, 1, 2, parent=1)]),
+        traces("backend", [linked("GET /b", SERVER, 1, 3, parent=2), linked("GET /c", SERVER, 2, 4, parent=9)]),
+    ])
+    text = summarize.format_traces(summarize.read_spans(tmp_path / "traces.jsonl"))
+    assert text == "Traces: 2 (1 of 1 span, 1 of 3 spans); 2 spans have their parent in the trace, 1 of them across services"
+    assert "Traces: 2" in summarize.format_summary(tmp_path)
+
+
 def test_empty_directory_and_usage(summarize: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "Spans in" in summarize.format_summary(tmp_path)
     assert summarize.main([str(tmp_path / "missing")]) == 2
