@@ -56,6 +56,7 @@ class Connection:
     # cumulative counters already reported for this connection's session and stitcher
     reported_errors: int = 0
     reported_unmatched: int = 0
+    reported_partial: int = 0
 
     def info(self) -> ConnectionInfo:
         return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport)
@@ -235,6 +236,12 @@ class ConnectionTracker:
         if errors != conn.reported_errors:
             self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, {"protocol": conn.protocol.name})
             conn.reported_errors = errors
+        partial = conn.session.partial_messages
+        if partial != conn.reported_partial:
+            self._metrics.add(
+                "otel_ebpf.messages.partial", partial - conn.reported_partial, {"protocol": conn.protocol.name}
+            )
+            conn.reported_partial = partial
         if unmatched != conn.reported_unmatched:
             self._metrics.add(
                 "otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, {"protocol": conn.protocol.name}

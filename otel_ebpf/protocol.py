@@ -206,6 +206,9 @@ class Session(ABC):
     """Parses both directions of one connection. Sans-I/O, never raises on bad input."""
 
     parse_errors: int = 0  # malformed input the session skipped past (exported as a self-metric)
+    # messages reported with parts the capture could not tell, e.g. header fields compressed
+    # against state from before the capture started (exported as a self-metric)
+    partial_messages: int = 0
 
     @abstractmethod
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> Iterable[SessionOutput]:

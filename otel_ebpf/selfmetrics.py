@@ -18,6 +18,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.events.lost": ("{event}", "Events the kernel could not hand over (ring buffer full)", False),
     "otel_ebpf.payload.not_captured": ("By", "Payload bytes beyond the capture cap, counted not copied", False),
     "otel_ebpf.parse.errors": ("{error}", "Malformed protocol input skipped by a parser", False),
+    "otel_ebpf.messages.partial": (
+        "{message}", "Messages reported with parts unknown (e.g. header compression state from before the capture)",
+        False),
     "otel_ebpf.messages.unmatched": ("{message}", "Messages that found no request/response partner", False),
     "otel_ebpf.connections.tracked": ("{connection}", "Connections in the connection table", True),
     "otel_ebpf.connections.opened": ("{connection}", "Connections the agent started tracking", False),
