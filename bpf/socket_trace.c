@@ -48,7 +48,8 @@
 #define STAT_ACTIVE_FULL 1   // syscalls not tracked because active_io was full
 #define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, counted not copied
 #define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg calls on sockets, counted not parsed
-#define NSTATS 4
+#define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
+#define NSTATS 5
 
 // The UAPI layouts of iovec and user_msghdr: user-space ABI, identical on every kernel.
 struct uiovec {
@@ -80,12 +81,14 @@ struct event_header {
     u32 pad;
 };
 
+#define DATA_TLS 1  // data_event.flags: plaintext of a TLS connection, from the SSL probes
+
 struct data_event {
     struct event_header h;
     u32 direction;
     u32 length;    // bytes the syscall moved (for one iovec segment)
     u32 captured;  // bytes copied into data[]
-    u32 pad;
+    u32 flags;     // DATA_*
     // Twice the cap so that a length masked with (2 * PAYLOAD_CAP - 1) is provably in bounds.
     char data[PAYLOAD_CAP * 2];
 };
@@ -117,6 +120,21 @@ struct conn_info {
     u32 generation;
     u8 role;
     u8 ignored;      // port filter rejected it
+    u8 tls;          // its bytes are TLS: the SSL probes report the plaintext, syscalls nothing
+};
+
+// An SSL_read/SSL_write/handshake call in flight on a thread (the probes are in tls_trace.c).
+// The syscalls it makes carry ciphertext: the first one names the socket, none is emitted.
+#define SSL_OP_READ 0
+#define SSL_OP_WRITE 1
+#define SSL_OP_HANDSHAKE 2
+struct active_ssl {
+    u64 ssl;       // the SSL* (first argument)
+    u64 buf;
+    u64 done;      // size_t * where SSL_{read,write}_ex put the length; 0 for the plain calls
+    u64 enter_ns;
+    s32 fd;        // -1 until a syscall inside the call names the socket
+    u32 op;        // SSL_OP_*
 };
 
 #define IO_DATA 0
@@ -139,6 +157,7 @@ struct active_io {
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_HASH(active_io, u32, struct active_io, 16384);
+BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
 BPF_HASH(ignored, u64, u32, MAX_CONNS);
@@ -438,6 +457,9 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
     if (!is_target(id >> 32))
         return;
     u32 tid = id;
+    struct active_ssl *ssl = active_ssl.lookup(&tid);
+    if (ssl && ssl->fd < 0)
+        ssl->fd = fd;
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
                            .enter_ns = bpf_ktime_get_ns()};
     if (active_io.update(&tid, &io))
@@ -548,7 +570,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
 }
 
 static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u32 direction,
-                                      const char *buf, u32 length) {
+                                      const char *buf, u32 length, u32 flags) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
     if (!ev)
@@ -558,7 +580,7 @@ static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u3
     ev->h.ts = ts;
     ev->direction = direction;
     ev->length = length;
-    ev->pad = 0;
+    ev->flags = flags;
     // clang may drop the compare above from the register it passes on; the barrier and mask
     // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
     asm volatile("" : "+r"(n));
@@ -596,6 +618,10 @@ static __always_inline void exit_io(void *ctx, long ret) {
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts);
     if (!ci || ci->ignored)
         return;
+    if (ci->tls || active_ssl.lookup(&tid)) {  // ciphertext: the SSL probes report the plaintext
+        ci->tls = 1;
+        return;
+    }
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
     u32 *gave_up = ignored.lookup(&key);
     if (gave_up && *gave_up == ci->generation)
@@ -603,7 +629,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
     u32 generation = ci->generation;
 
     if (!io.iovcnt) {
-        emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret);
+        emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret, 0);
         return;
     }
     // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
@@ -618,7 +644,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
             break;
         u64 len = seg.len < left ? seg.len : left;
         if (len)
-            emit_data(ts, id, io.fd, generation, io.direction, seg.base, len);
+            emit_data(ts, id, io.fd, generation, io.direction, seg.base, len, 0);
         left -= len;
     }
     count(STAT_IOV_BYTES, left);

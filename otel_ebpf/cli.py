@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             return _cmd_run(args, export=False)
         return _cmd_replay(args)
-    except RuntimeError as exc:
+    except (RuntimeError, ImportError) as exc:  # a probe that cannot load, a broken plugin
         print(f"otel-ebpf: {exc}", file=sys.stderr)
         return 1
 

@@ -47,6 +47,7 @@ class Connection:
     session: Session | None = None
     stitcher: Stitcher | None = None
     unknown: bool = False
+    tls: bool = False  # its bytes come as TLS plaintext
     exchanges: int = 0
     # undecided traffic, kept until a plugin claims the connection
     pending: list[ConnData] = field(default_factory=list)
@@ -59,7 +60,19 @@ class Connection:
     reported_partial: int = 0
 
     def info(self) -> ConnectionInfo:
-        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport)
+        scheme = "https" if self.tls else "http"
+        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme)
+
+    def start_tls(self) -> None:
+        """Plaintext from the SSL probes from now on: what the ciphertext before it looked like
+        (a handshake seen before the library was hooked, judged "unknown") no longer counts."""
+        self.tls = True
+        self.unknown = False
+        self.protocol = self.session = self.stitcher = None
+        self.pending.clear()
+        self.pending_bytes = 0
+        self.heads.clear()
+        self.head_start.clear()
 
 
 # What a connection produced: a request that started, or an exchange that completed, with the
@@ -108,6 +121,11 @@ class ConnectionTracker:
         not_captured = event.length - len(event.data)
         if not_captured > 0:
             self._metrics.add("otel_ebpf.payload.not_captured", not_captured)
+        if event.tls != conn.tls:
+            if not event.tls:
+                return []  # ciphertext sent before the kernel knew the connection is TLS
+            conn.start_tls()
+            self._metrics.add("otel_ebpf.connections.tls")
         if conn.unknown:
             return []
         if conn.session is None:

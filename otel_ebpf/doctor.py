@@ -363,6 +363,57 @@ def check_uprobes() -> CheckResult:
     )
 
 
+def _ssl_symbols(path: str) -> set[str]:
+    from bcc import BPF
+
+    from .probes.tls import SYMBOL_PATTERN
+
+    try:
+        return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
+    except Exception:  # not an ELF file, or unreadable
+        return set()
+
+
+def check_tls_libraries(bcc_ok: bool) -> list[CheckResult]:
+    """HTTPS and gRPC-over-TLS plaintext come from uprobes on OpenSSL's SSL_read/SSL_write: the
+    library must export those symbols. grpcio links BoringSSL into its stripped ``cygrpc`` module."""
+    from .probes.tls import REQUIRED, system_libssl
+
+    if not bcc_ok:
+        return [CheckResult("TLS libraries", False, "not checked: bcc is unavailable", "make bootstrap", False)]
+    results = []
+    libraries = system_libssl()
+    hookable = [path for path in libraries if set(REQUIRED) <= _ssl_symbols(path)]
+    results.append(CheckResult(
+        "TLS (OpenSSL)",
+        bool(hookable),
+        f"SSL_read/SSL_write found in {', '.join(hookable)}" if hookable
+        else f"no libssl with SSL_read/SSL_write symbols ({', '.join(libraries) or 'none installed'})",
+        "apt-get install -y libssl3  (HTTPS of programs using their own static TLS is not captured)",
+        required=False,
+    ))
+    for module in _grpcio_modules():
+        if not set(REQUIRED) <= _ssl_symbols(module):
+            results.append(CheckResult(
+                "TLS (grpcio)", False,
+                f"{module} carries BoringSSL without symbols: gRPC over TLS from grpcio is not captured "
+                "(plaintext gRPC is)",
+                "terminate TLS in a proxy using OpenSSL, or use plaintext gRPC inside the node", required=False,
+            ))
+    return results
+
+
+def _grpcio_modules() -> list[str]:
+    """grpcio's compiled core (``grpc/_cython/cygrpc*.so``) in this interpreter's environment."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("grpc")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "_cython", "cygrpc*.so")))
+
+
 def check_kprobes() -> CheckResult:
     """Information only: otel-ebpf never uses kprobes (DESIGN.md, principle 1)."""
     root = tracefs_root()
@@ -431,6 +482,7 @@ def run_checks() -> list[CheckResult]:
         check_perf_paranoid(),
         check_perf_sampling(bcc.ok),
         check_uprobes(),
+        *check_tls_libraries(bcc.ok),
         check_kprobes(),
         check_memlock(),
         check_bpf_lsm(),

@@ -48,7 +48,10 @@ class ConnOpen:
 
 @dataclass(frozen=True, slots=True)
 class ConnData:
-    """Bytes one syscall moved on a connection: ``data`` is the captured prefix of ``length``."""
+    """Bytes one syscall moved on a connection: ``data`` is the captured prefix of ``length``.
+
+    ``tls``: the plaintext of a TLS connection, from the SSL probes (the ciphertext that the
+    syscalls moved is never reported once the connection is known to be TLS)."""
 
     timestamp_ns: int
     pid: int
@@ -58,6 +61,7 @@ class ConnData:
     direction: Direction
     length: int
     data: bytes
+    tls: bool = False
 
     @property
     def key(self) -> ConnKey:

@@ -281,15 +281,21 @@ def load_protocols(
 ) -> list[Protocol]:
     """Construct every registered protocol plugin (only those named in ``enabled`` when given).
 
-    ``options`` maps a plugin name to its options. Raises ``LookupError`` naming plugins that
-    ``enabled`` asks for but are not installed, ``TypeError`` when an entry point is not a
+    ``options`` maps a plugin name to its options; plugins are registered under their name. Raises
+    ``LookupError`` naming plugins that ``enabled`` asks for but are not installed, ``ImportError``
+    for a plugin whose module fails to import, ``TypeError`` when an entry point is not a
     :class:`Protocol` subclass, and ``ValueError`` from a plugin that rejects its options.
     """
     from importlib.metadata import entry_points
 
     found: dict[str, type[Protocol]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
+        if enabled is not None and ep.name not in enabled:
+            continue  # a plugin not asked for is not imported: a broken one cannot stop the agent
+        try:
+            cls = ep.load()
+        except Exception as exc:  # whatever the plugin's import raises
+            raise ImportError(f"protocol plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
         if not (isinstance(cls, type) and issubclass(cls, Protocol)):
             raise TypeError(f"entry point {ep.name!r} ({ep.value}) is not an otel_ebpf Protocol")
         found[cls.name] = cls

@@ -27,6 +27,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.connections.evicted": ("{connection}", "Connections evicted from the full table", False),
     "otel_ebpf.connections.without_tuple": (
         "{connection}", "Connections whose ends the agent could not learn (closed before /proc was read)", False),
+    "otel_ebpf.connections.tls": ("{connection}", "Connections read as TLS plaintext from the SSL probes", False),
     "otel_ebpf.connections.unknown_protocol": ("{connection}", "Connections no protocol plugin claimed", False),
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
     "otel_ebpf.spans.dropped": ("{span}", "Spans dropped: export queue full or export failed", False),

@@ -509,6 +509,30 @@ def test_data_on_a_connection_never_opened_is_tracked_and_its_role_sniffed() -> 
     assert table[("unknown_process", "http.client.request.duration", client)].count == 1
 
 
+def tls(ms: float, pid: int, fd: int, direction: Direction, payload: bytes, tid: int | None = None) -> ConnData:
+    """Plaintext from the SSL probes."""
+    return ConnData(at(ms), pid, pid if tid is None else tid, fd, 0, direction, len(payload), payload, tls=True)
+
+
+def test_tls_plaintext_replaces_the_ciphertext_seen_before_it() -> None:
+    """The handshake of a connection whose library was hooked late reached user space as
+    ciphertext and no plugin claimed it; the plaintext that follows is parsed, as https."""
+    handshake = bytes([0x16, 0x03, 0x01, 0x02, 0x00]) + bytes(range(256)) * 2
+    run = Run()
+    events = [opened(0, PID, 7)] + [data(0.1 * i, PID, 7, IN, handshake) for i in range(1, 17)]
+    spans = run.feed([
+        *events,
+        tls(5, PID, 7, IN, get("/secure")),
+        data(5.5, PID, 7, OUT, b"\x17\x03\x03\x00\x20" + bytes(32)),  # ciphertext in flight: ignored
+        tls(6, PID, 7, OUT, ok(b"{}")),
+    ])
+    assert run.unknown == [(PID, 7, 0)]  # the kernel was told to stop copying the ciphertext
+    assert [(s.name, s.attributes["url.scheme"], s.attributes["http.response.status_code"]) for s in spans] == [
+        ("GET /secure", "https", 200)]
+    assert run.total("otel_ebpf.connections.tls") == 1
+    assert run.total("otel_ebpf.parse.errors") == 0
+
+
 def test_open_sorted_after_its_data_fills_in_the_connection() -> None:
     """Keys are unique per connection (the generation changes when an fd is reused), so a ConnOpen
     for a key in the table announces that very connection, e.g. one recorded before announcements

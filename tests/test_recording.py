@@ -15,6 +15,7 @@ EVENTS = [
     ConnOpen(2, 42, 7, 99, Role.SERVER, Endpoint("127.0.0.1", 80), Endpoint("::1", 5555)),
     ConnOpen(3, 42, 8, 100, None, None, None),
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 10_000, b"GET / HTTP/1.1\r\n\x00\xff"),
+    ConnData(4, 42, 43, 7, 99, Direction.EGRESS, 2, b"OK", tls=True),
     ConnClose(5, 42, 7, 99),
     KernelLoss(6, 3),
     ProcessExit(7, 42),
@@ -27,6 +28,14 @@ def test_round_trip() -> None:
     header, events = read_recording(io.StringIO(buf.getvalue()))
     assert header.host_name == "node-1"
     assert list(events) == EVENTS
+
+
+def test_fields_added_later_take_their_defaults() -> None:
+    """Recordings made before ConnData had ``tls`` still replay."""
+    old = '{"type":"ConnData","timestamp_ns":4,"pid":42,"tid":43,"fd":7,"generation":99,"direction":1,' \
+          '"length":2,"data":"T0s="}'
+    _, events = read_recording(io.StringIO('{"format": "otel-ebpf-events", "version": 1}\n' + old + "\n"))
+    assert list(events) == [ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 2, b"OK", tls=False)]
 
 
 @pytest.mark.parametrize(

@@ -23,17 +23,19 @@ from ..config import CaptureConfig, TargetsConfig
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role
 from .compiler_memory import release_compiler_memory
+from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
 log = logging.getLogger(__name__)
 
 EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT = 1, 2, 3, 4, 5
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
-STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls")
+STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls", "tls_unattributed")
 MAX_IOV = 8
 LOSS_CHECK_S = 1.0
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
-_DATA = struct.Struct("<IIII")  # direction, length, captured, pad
+_DATA = struct.Struct("<IIII")  # direction, length, captured, flags
+DATA_TLS = 1
 _OPEN = struct.Struct("<IHHH6x16s16s16s")  # role, family, lport, rport, pad, laddr, raddr, comm
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
 
@@ -87,6 +89,16 @@ class _Opening:
     unwanted: bool = False
 
 
+def _tls_symbols(path: str) -> set[str]:
+    """Which SSL entry points ``path`` defines (BCC reads its symbol tables)."""
+    from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
+
+    try:
+        return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
+    except Exception:  # not an ELF file, or unreadable: no symbols
+        return set()
+
+
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
@@ -106,6 +118,8 @@ class SocketProbe:
         self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
         self._own_endpoints_fresh = False  # read from /proc during this poll
         self._unresolved: list[_Opening] = []  # this poll's sockets announced without a local end
+        self._target_pids: set[int] = set()
+        self._tls: TLSAttacher | None = None
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
@@ -117,7 +131,8 @@ class SocketProbe:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
-        source = resources.files("otel_ebpf.bpf").joinpath("socket_trace.c").read_text()
+        bpf_dir = resources.files("otel_ebpf.bpf")
+        source = bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text()
         pages = _power_of_two_at_least(max(1, self.capture.ring_buffer_kb // 4))
         cflags = [
             f"-DPAYLOAD_CAP={self.payload_cap}",
@@ -154,7 +169,19 @@ class SocketProbe:
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
         self._bpf["events"].open_ring_buffer(self._on_event)
+        self._tls = TLSAttacher(_tls_symbols, self._attach_tls)
+        start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
+        self._tls.scan(start_pids, system_libssl())
         settings[ctypes.c_int(SET_READY)] = ctypes.c_uint32(1)
+
+    def _attach_tls(self, path: str, symbol: str, program: str, is_return: bool) -> None:
+        attach = self._bpf.attach_uretprobe if is_return else self._bpf.attach_uprobe
+        attach(name=path, sym=symbol, fn_name=program)
+
+    @property
+    def tls_libraries(self) -> TLSLibraries:
+        """TLS implementations found so far: hooked, and those without symbols."""
+        return self._tls.libraries
 
     def close(self) -> None:
         if self._bpf is not None:
@@ -162,6 +189,7 @@ class SocketProbe:
             self._bpf = None
 
     def add_target(self, pid: int) -> None:
+        self._target_pids.add(pid)
         self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         self._note_existing_sockets([pid])
 
@@ -205,6 +233,8 @@ class SocketProbe:
         events, self._events = self._events, []
         if self._unresolved:
             self._resolve_openings(events)
+        if self._tls.scan_due():  # libraries loaded since (Python imports ssl on first use)
+            self._tls.scan(self._known_pids)
         now = time.monotonic()
         if now >= self._next_loss_check:  # per-CPU map reads are syscalls: not every poll
             self._next_loss_check = now + LOSS_CHECK_S
@@ -231,11 +261,11 @@ class SocketProbe:
             comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
-            direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
+            direction, length, captured, flags = _DATA.unpack_from(raw, _HEADER.size)
             start = _HEADER.size + _DATA.size
             self._events.append(
                 ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
-                         raw[start : start + captured])
+                         raw[start : start + captured], bool(flags & DATA_TLS))
             )
         elif kind == EV_OPEN:
             opened = self._conn_open(raw, ts, tgid, fd, generation)

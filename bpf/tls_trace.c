@@ -1,0 +1,80 @@
+// TLS plaintext through uprobes on OpenSSL's (and BoringSSL's) public API; appended to
+// socket_trace.c, whose maps and helpers it uses. No OpenSSL struct offsets:
+//
+//   uprobe SSL_write(ssl, buf, num)      remember ssl and buf                  (active_ssl[tid])
+//     sys_enter_write(fd, ...)           the first syscall inside names the socket (socket_trace.c)
+//     sys_exit_write                     ciphertext: marks the connection TLS, emits nothing
+//   uretprobe SSL_write -> n             emit n plaintext bytes from buf on that fd's connection
+//
+// SSL_read may return plaintext OpenSSL had already buffered, with no syscall inside: the socket
+// is then the one this SSL* last used (ssl_fds). The _ex variants return 1/0 and put the length
+// in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are tracked only so that
+// their ciphertext is kept out of the socket capture.
+
+#include <uapi/linux/ptrace.h>
+
+BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socket
+
+static __always_inline int ssl_enter(struct pt_regs *ctx, u32 op, u64 done) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u32 tid = id;
+    struct active_ssl call = {.ssl = PT_REGS_PARM1(ctx), .buf = PT_REGS_PARM2(ctx), .done = done,
+                              .enter_ns = bpf_ktime_get_ns(), .fd = -1, .op = op};
+    active_ssl.update(&tid, &call);
+    return 0;
+}
+
+int ssl_read_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_OP_READ, 0); }
+int ssl_read_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_OP_READ, PT_REGS_PARM4(ctx)); }
+int ssl_write_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_OP_WRITE, 0); }
+int ssl_write_ex_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_OP_WRITE, PT_REGS_PARM4(ctx)); }
+int ssl_handshake_enter(struct pt_regs *ctx) { return ssl_enter(ctx, SSL_OP_HANDSHAKE, 0); }
+
+// Plaintext bytes the call moved, or 0.
+static __always_inline u64 ssl_length(struct pt_regs *ctx, const struct active_ssl *call) {
+    int ret = PT_REGS_RC(ctx);  // an int: the upper half of the register is not part of it
+    if (!call->done)
+        return ret > 0 ? ret : 0;
+    u64 done = 0;  // size_t
+    if (ret != 1 || bpf_probe_read_user(&done, sizeof(done), (const void *)call->done))
+        return 0;
+    return done;
+}
+
+int ssl_return(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id;
+    struct active_ssl *found = active_ssl.lookup(&tid);
+    if (!found)
+        return 0;  // the inner call of a nested pair (SSL_connect -> SSL_do_handshake) ended it
+    struct active_ssl call = *found;
+    active_ssl.delete(&tid);
+
+    s32 fd = call.fd;
+    if (fd >= 0) {
+        ssl_fds.update(&call.ssl, &fd);
+    } else {
+        s32 *known = ssl_fds.lookup(&call.ssl);
+        if (known)
+            fd = *known;
+    }
+    u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
+    if (!length)
+        return 0;
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
+    struct conn_info *ci = fd >= 0 ? conns.lookup(&key) : 0;
+    if (!ci) {  // an SSL over a memory BIO (asyncio), or a socket never seen
+        count(STAT_TLS_UNATTRIBUTED, 1);
+        return 0;
+    }
+    if (ci->ignored)
+        return 0;
+    ci->tls = 1;
+    // Stamped like the syscalls: a write when it starts, a read when it returns.
+    u32 direction = call.op == SSL_OP_WRITE ? DIR_EGRESS : DIR_INGRESS;
+    u64 ts = direction == DIR_EGRESS ? call.enter_ns : bpf_ktime_get_ns();
+    emit_data(ts, id, fd, ci->generation, direction, (const char *)call.buf, length, DATA_TLS);
+    return 0;
+}

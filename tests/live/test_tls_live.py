@@ -1,0 +1,131 @@
+"""Live BPF: TLS plaintext from the SSL probes, with real OpenSSL peers, at a real OTLP receiver.
+
+The HTTPS server is Python's ``http.server`` wrapped by ``ssl`` (OpenSSL 3: ``SSL_read_ex`` /
+``SSL_write_ex``); the clients are ``http.client`` (the same) and ``curl`` (``SSL_read`` /
+``SSL_write``). gRPC over TLS goes through the BoringSSL that grpcio links into its stripped module:
+that is reported as not capturable, and its ciphertext must not turn into spans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.conftest import AGENT, REPO
+from tests.live.test_backend_down import _total
+from tests.live.test_http_live import _wait_for_file
+from tests.otlp_receiver import OTLPReceiver
+
+pytestmark = pytest.mark.bpf
+WORKLOAD = [sys.executable, str(Path(__file__).with_name("tls_workload.py"))]
+CALLS = 20
+
+
+def _certificates(tmp: Path) -> tuple[str, str, str]:
+    """(CA, server certificate chain, key) files for 127.0.0.1 and localhost."""
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    server.private_key_pem.write_to_path(str(tmp / "key.pem"))
+    server.cert_chain_pems[0].write_to_path(str(tmp / "cert.pem"))
+    return str(tmp / "ca.pem"), str(tmp / "cert.pem"), str(tmp / "key.pem")
+
+
+def _start_agent(tmp: Path, receiver: OTLPReceiver, socket_mode: str, *targets: str) -> subprocess.Popen:
+    ready = tmp / "agent.ready"
+    agent = subprocess.Popen(
+        [*AGENT, "run", *targets, "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
+         "--ready-file", str(ready)],
+        cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode},
+    )
+    _wait_for_file(ready, agent)
+    return agent
+
+
+def _stop(agent: subprocess.Popen) -> str:
+    agent.send_signal(signal.SIGINT)
+    stderr = agent.communicate(timeout=60)[1]
+    assert agent.returncode == 0, stderr
+    return stderr
+
+
+def _path(span: dict) -> str:
+    a = span["attributes"]
+    return a["url.path"] if span["kind"] == "SERVER" else "/" + a["url.full"].split("/", 3)[3]
+
+
+@pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
+def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None:
+    ca, cert, key = _certificates(tmp_path)
+    server = subprocess.Popen([*WORKLOAD, "https-serve", str(tmp_path / "port"), cert, key])
+    try:
+        port = int(_wait_for_file(tmp_path / "port", server))
+        client = subprocess.Popen([*WORKLOAD, "https-client", str(port), ca, str(CALLS)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert json.loads(client.stdout.readline())["status"] == 200  # before the agent
+        assert client.stdout.readline() == "ready\n"
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, socket_mode, "--port", str(port))
+            out, _ = client.communicate("go\n", timeout=60)
+            assert client.returncode == 0
+            calls = [json.loads(line) for line in out.splitlines()]
+            for path in ("/items/curl", "/missing/curl"):
+                subprocess.run(["curl", "-s", "-o", "/dev/null", "--cacert", ca, f"https://127.0.0.1:{port}{path}"],
+                               check=True, timeout=30)
+                calls.append({"path": path, "status": 404 if path.startswith("/missing") else 200})
+            stderr = _stop(agent)
+            receiver.wait_for(lambda r: len(r.spans()) >= 2 * len(calls) - 1, timeout=10)
+            spans, metrics = receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+
+    assert "TLS: hooked" in stderr and "libssl" in stderr
+    expected = Counter((c["path"], c["status"]) for c in calls)
+    clients = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == "CLIENT")
+    servers = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == "SERVER")
+    assert clients == expected
+    # The server thread of the connection that predates the agent was already inside SSL_read when
+    # the probes attached: that call's plaintext is not seen (its response is, unmatched).
+    assert servers == expected - Counter([("/missing/0", 404)])
+    assert all(s["attributes"]["url.full"].startswith("https://") for s in spans if s["kind"] == "CLIENT")
+    assert all(s["attributes"]["url.scheme"] == "https" for s in spans if s["kind"] == "SERVER")
+    assert _total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
+    assert _total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
+    # same-node hops: every server span's parent is the client span of the same request
+    by_id = {s["span_id"]: s for s in spans}
+    for server_span in (s for s in spans if s["kind"] == "SERVER"):
+        parent = by_id[server_span["parent_span_id"]]
+        assert (parent["kind"], _path(parent)) == ("CLIENT", _path(server_span))
+
+
+def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
+    """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
+    ca, cert, key = _certificates(tmp_path)
+    server = subprocess.Popen([*WORKLOAD, "grpc-serve", str(tmp_path / "port"), cert, key])
+    try:
+        port = int(_wait_for_file(tmp_path / "port", server))
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, "tracepoints", "--port", str(port))
+            client = subprocess.run([*WORKLOAD, "grpc-client", str(port), ca, str(CALLS)],
+                                    capture_output=True, text=True, timeout=60)
+            assert client.returncode == 0, client.stderr
+            assert len(client.stdout.splitlines()) == CALLS
+            stderr = _stop(agent)
+            receiver.wait_for(lambda r: bool(r.metrics()), timeout=10)
+            spans, metrics = receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+    assert "cygrpc" in stderr and "no SSL_read/SSL_write symbols" in stderr
+    assert spans == []
+    assert _total(metrics, "otel_ebpf.parse.errors") == 0
+    assert _total(metrics, "otel_ebpf.connections.unknown_protocol") >= 1  # judged unknown, then ignored

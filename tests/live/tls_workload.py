@@ -1,0 +1,109 @@
+"""TLS peers for the live tests: an HTTPS server, a keep-alive HTTPS client, and gRPC over TLS.
+
+    tls_workload.py https-serve PORT_FILE CERT KEY
+    tls_workload.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
+    tls_workload.py grpc-serve PORT_FILE CERT KEY
+    tls_workload.py grpc-client PORT CA N
+
+Python's ``ssl`` goes through the system OpenSSL (``SSL_read_ex``/``SSL_write_ex``); grpcio through
+the BoringSSL linked into its own module. Each client prints one JSON line per call.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import ssl
+import sys
+import threading
+from pathlib import Path
+
+SERVICE, METHOD = "demo.Echo", "Say"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+        status = 404 if self.path.startswith("/missing") else 200
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def https_serve(port_file: str, cert: str, key: str) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    Path(port_file).write_text(str(server.server_address[1]))
+    server.serve_forever()
+
+
+def https_client(port: int, ca: str, count: int) -> None:
+    """One keep-alive connection, opened (with one request) before the go line: when the agent
+    starts in between, it attaches to a TLS connection in the middle of its life."""
+    context = ssl.create_default_context(cafile=ca)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+
+    def get(path: str) -> None:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        print(json.dumps({"path": path, "status": response.status}), flush=True)
+
+    get("/items/before-agent")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for i in range(count):
+        get(f"/items/{i}" if i % 5 else f"/missing/{i}")
+    conn.close()
+
+
+def grpc_serve(port_file: str, cert: str, key: str) -> None:
+    import grpc
+
+    server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(4))
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, _context: request)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler})])
+    credentials = grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    Path(port_file).write_text(str(port))
+    threading.Event().wait()
+
+
+def grpc_client(port: int, ca: str, count: int) -> None:
+    import grpc
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+    with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/{METHOD}")
+        for i in range(count):
+            reply = call(b"hello %d" % i, timeout=10)
+            print(json.dumps({"call": i, "reply": reply.decode()}), flush=True)
+
+
+def main() -> None:
+    command, *args = sys.argv[1:]
+    if command == "https-serve":
+        https_serve(*args)
+    elif command == "https-client":
+        https_client(int(args[0]), args[1], int(args[2]))
+    elif command == "grpc-serve":
+        grpc_serve(*args)
+    elif command == "grpc-client":
+        grpc_client(int(args[0]), args[1], int(args[2]))
+    else:
+        sys.exit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main()
