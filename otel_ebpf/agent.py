@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -40,6 +40,7 @@ POLL_MS = 100
 # How long past the reorder window a live agent waits, in wall time, for events a busy CPU has
 # not handed over yet, before releasing what it holds while traffic is quiet.
 IDLE_RELEASE_NS = 1_000_000_000
+KERNEL_STATS_S = 1.0
 REPLAY_BATCH = 512
 
 
@@ -111,6 +112,11 @@ class Agent:
         if time.monotonic() >= self._next_metrics:
             self._export_metrics()
 
+    def record_kernel_stats(self, stats: Mapping[str, int]) -> None:
+        """The kernel side's own drop counters (totals since start), as self-metrics."""
+        for reason, total in stats.items():
+            self.selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
+
     def _export_spans(self) -> None:
         spans = self.telemetry.take_spans()
         if spans:
@@ -153,18 +159,23 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
         if config.run.ready_file:
             Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
+        next_kernel_stats = 0.0
         while not stop.stopped:
             events = probe.poll(POLL_MS)
             if recorder is not None:
                 recorder.write(events)
             if agent is not None:
                 agent.process(events, time.time_ns())
+                if time.monotonic() >= next_kernel_stats:  # per-CPU map reads: not every poll
+                    next_kernel_stats = time.monotonic() + KERNEL_STATS_S
+                    agent.record_kernel_stats(probe.kernel_stats())
         # What the kernel handed over before the stop still counts.
         events = probe.poll(0)
         if recorder is not None:
             recorder.write(events)
         if agent is not None:
             agent.process(events)
+            agent.record_kernel_stats(probe.kernel_stats())
             log.info("kernel drop counters: %s", probe.kernel_stats())
     finally:
         probe.close()

@@ -34,6 +34,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
     "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
+    "otel_ebpf.kernel.drops": (
+        "{item}", "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
+        "full, iovec bytes past the cap, mmsg calls, TLS calls without a socket)", False),
     "otel_ebpf.events.late": (
         "{event}", "Events that arrived after the reorder window and were handled out of order", False),
     "otel_ebpf.events.reorder_overflow": (

@@ -99,6 +99,8 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
     assert all(s["attributes"]["url.full"].startswith("https://") for s in spans if s["kind"] == "CLIENT")
     assert all(s["attributes"]["url.scheme"] == "https" for s in spans if s["kind"] == "SERVER")
     assert _total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
+    assert _total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert "ringbuf_full" in {p["attributes"]["reason"] for p in metrics["otel_ebpf.kernel.drops"]}
     assert _total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
     # same-node hops: every server span's parent is the client span of the same request
     by_id = {s["span_id"]: s for s in spans}
