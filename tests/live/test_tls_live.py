@@ -25,7 +25,7 @@ from tests.live.test_http_live import _wait_for_file
 from tests.otlp_receiver import OTLPReceiver
 
 pytestmark = pytest.mark.bpf
-WORKLOAD = [sys.executable, str(Path(__file__).with_name("tls_workload.py"))]
+WORKLOAD = [sys.executable, str(REPO / "examples" / "tls_peers.py")]
 CALLS = 20
 
 

@@ -1,9 +1,9 @@
 """TLS peers for the live tests: an HTTPS server, a keep-alive HTTPS client, and gRPC over TLS.
 
-    tls_workload.py https-serve PORT_FILE CERT KEY
-    tls_workload.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
-    tls_workload.py grpc-serve PORT_FILE CERT KEY
-    tls_workload.py grpc-client PORT CA N
+    tls_peers.py https-serve PORT_FILE CERT KEY
+    tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
+    tls_peers.py grpc-serve PORT_FILE CERT KEY
+    tls_peers.py grpc-client PORT CA N
 
 Python's ``ssl`` goes through the system OpenSSL (``SSL_read_ex``/``SSL_write_ex``); grpcio through
 the BoringSSL linked into its own module. Each client prints one JSON line per call.
