@@ -1,4 +1,4 @@
-"""TLS peers for the live tests: an HTTPS server, a keep-alive HTTPS client, and gRPC over TLS.
+"""TLS peers for tests, benchmarks and demos: an HTTPS server, a keep-alive HTTPS client, gRPC over TLS.
 
     tls_peers.py https-serve PORT_FILE CERT KEY
     tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
