@@ -158,6 +158,14 @@ struct active_io {
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_HASH(active_io, u32, struct active_io, 16384);
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
+// The socket each thread last read, and when: TLS over memory BIOs (Python asyncio) decrypts what
+// the thread read from that socket just before, with no syscall inside SSL_read (tls_trace.c).
+struct last_read {
+    s32 fd;
+    u32 pad;
+    u64 ts;
+};
+BPF_TABLE("lru_hash", u32, struct last_read, last_read, 16384);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
 BPF_HASH(ignored, u64, u32, MAX_CONNS);
@@ -618,6 +626,10 @@ static __always_inline void exit_io(void *ctx, long ret) {
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts);
     if (!ci || ci->ignored)
         return;
+    if (io.direction == DIR_INGRESS) {
+        struct last_read read = {.fd = io.fd, .ts = ts};
+        last_read.update(&tid, &read);
+    }
     if (ci->tls || active_ssl.lookup(&tid)) {  // ciphertext: the SSL probes report the plaintext
         ci->tls = 1;
         return;

@@ -7,13 +7,17 @@
 //   uretprobe SSL_write -> n             emit n plaintext bytes from buf on that fd's connection
 //
 // SSL_read may return plaintext OpenSSL had already buffered, with no syscall inside: the socket
-// is then the one this SSL* last used (ssl_fds). The _ex variants return 1/0 and put the length
-// in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are tracked only so that
+// is then the one this SSL* last used (ssl_fds). An SSL over memory BIOs (Python asyncio's
+// SSLProtocol) never makes a syscall: its socket is learnt when a read or handshake step decrypts
+// what the same thread read from a socket just before (last_read, socket_trace.c), and used from
+// then on. The _ex variants return 1/0 and put the length in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are tracked only so that
 // their ciphertext is kept out of the socket capture.
 
 #include <uapi/linux/ptrace.h>
 
 BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socket
+
+#define MEMORY_BIO_WINDOW_NS 10000000ULL  // a socket read this recently feeds the SSL call
 
 static __always_inline int ssl_enter(struct pt_regs *ctx, u32 op, u64 done) {
     u64 id = bpf_get_current_pid_tgid();
@@ -53,13 +57,16 @@ int ssl_return(struct pt_regs *ctx) {
     active_ssl.delete(&tid);
 
     s32 fd = call.fd;
-    if (fd >= 0) {
-        ssl_fds.update(&call.ssl, &fd);
-    } else {
+    if (fd < 0) {
         s32 *known = ssl_fds.lookup(&call.ssl);
+        struct last_read *read = last_read.lookup(&tid);
         if (known)
             fd = *known;
+        else if (call.op != SSL_OP_WRITE && read && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
+            fd = read->fd;
     }
+    if (fd >= 0)
+        ssl_fds.update(&call.ssl, &fd);
     u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
     if (!length)
         return 0;

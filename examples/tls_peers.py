@@ -2,11 +2,14 @@
 
     tls_peers.py https-serve PORT_FILE CERT KEY
     tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
+    tls_peers.py async-serve PORT_FILE CERT KEY   (aiohttp: asyncio TLS over memory BIOs)
+    tls_peers.py async-client PORT CA N
     tls_peers.py grpc-serve PORT_FILE CERT KEY
     tls_peers.py grpc-client PORT CA N
 
-Python's ``ssl`` goes through the system OpenSSL (``SSL_read_ex``/``SSL_write_ex``); grpcio through
-the BoringSSL linked into its own module. Each client prints one JSON line per call.
+Python's ``ssl`` goes through the system OpenSSL (``SSL_read_ex``/``SSL_write_ex``) — on the socket
+itself for blocking code, over memory BIOs for asyncio; grpcio through the BoringSSL linked into
+its own module. Each client prints one JSON line per call.
 """
 
 from __future__ import annotations
@@ -67,6 +70,47 @@ def https_client(port: int, ca: str, count: int) -> None:
     conn.close()
 
 
+def async_serve(port_file: str, cert: str, key: str) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        status = 404 if request.path.startswith("/missing") else 200
+        return web.json_response({"path": request.path}, status=status)
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+def async_client(port: int, ca: str, count: int) -> None:
+    import asyncio
+
+    import aiohttp
+
+    async def run() -> None:
+        context = ssl.create_default_context(cafile=ca)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=1)) as session:
+            for i in range(count):
+                path = f"/items/{i}" if i % 5 else f"/missing/{i}"
+                async with session.get(f"https://127.0.0.1:{port}{path}") as response:
+                    await response.read()
+                    print(json.dumps({"path": path, "status": response.status}), flush=True)
+
+    asyncio.run(run())
+
+
 def grpc_serve(port_file: str, cert: str, key: str) -> None:
     import grpc
 
@@ -97,6 +141,10 @@ def main() -> None:
         https_serve(*args)
     elif command == "https-client":
         https_client(int(args[0]), args[1], int(args[2]))
+    elif command == "async-serve":
+        async_serve(*args)
+    elif command == "async-client":
+        async_client(int(args[0]), args[1], int(args[2]))
     elif command == "grpc-serve":
         grpc_serve(*args)
     elif command == "grpc-client":

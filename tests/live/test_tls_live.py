@@ -109,6 +109,33 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
         assert (parent["kind"], _path(parent)) == ("CLIENT", _path(server_span))
 
 
+def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
+    """aiohttp on both ends: asyncio's SSLProtocol decrypts through memory BIOs, so no syscall
+    happens inside SSL_read; the socket is the one the thread read just before."""
+    ca, cert, key = _certificates(tmp_path)
+    server = subprocess.Popen([*WORKLOAD, "async-serve", str(tmp_path / "port"), cert, key])
+    try:
+        port = int(_wait_for_file(tmp_path / "port", server))
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, "tracepoints", "--port", str(port))
+            client = subprocess.run([*WORKLOAD, "async-client", str(port), ca, str(CALLS)],
+                                    capture_output=True, text=True, timeout=60)
+            assert client.returncode == 0, client.stderr
+            calls = [json.loads(line) for line in client.stdout.splitlines()]
+            _stop(agent)
+            receiver.wait_for(lambda r: len(r.spans()) >= 2 * CALLS, timeout=10)
+            spans, metrics = receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+    expected = Counter((c["path"], c["status"]) for c in calls)
+    for kind in ("SERVER", "CLIENT"):
+        got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
+        assert got == expected, kind
+    assert _total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert _total(metrics, "otel_ebpf.parse.errors") == 0
+
+
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
     ca, cert, key = _certificates(tmp_path)
