@@ -3,9 +3,9 @@
     tls_peers.py https-serve PORT_FILE CERT KEY
     tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
     tls_peers.py async-serve PORT_FILE CERT KEY   (aiohttp: asyncio TLS over memory BIOs)
-    tls_peers.py async-client PORT CA N
+    tls_peers.py async-client PORT CA N           (prints "ready", waits for a line, then N GETs)
     tls_peers.py grpc-serve PORT_FILE CERT KEY
-    tls_peers.py grpc-client PORT CA N
+    tls_peers.py grpc-client PORT CA N            (prints "ready", waits for a line, then N calls)
 
 Python's ``ssl`` goes through the system OpenSSL (``SSL_read_ex``/``SSL_write_ex``) — on the socket
 itself for blocking code, over memory BIOs for asyncio; grpcio through the BoringSSL linked into
@@ -50,6 +50,12 @@ def https_serve(port_file: str, cert: str, key: str) -> None:
     server.serve_forever()
 
 
+def wait_for_go() -> None:
+    """Let whoever started this client attach to it first."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
 def https_client(port: int, ca: str, count: int) -> None:
     """One keep-alive connection, opened (with one request) before the go line: when the agent
     starts in between, it attaches to a TLS connection in the middle of its life."""
@@ -63,8 +69,7 @@ def https_client(port: int, ca: str, count: int) -> None:
         print(json.dumps({"path": path, "status": response.status}), flush=True)
 
     get("/items/before-agent")
-    print("ready", flush=True)
-    sys.stdin.readline()
+    wait_for_go()
     for i in range(count):
         get(f"/items/{i}" if i % 5 else f"/missing/{i}")
     conn.close()
@@ -99,6 +104,8 @@ def async_client(port: int, ca: str, count: int) -> None:
 
     import aiohttp
 
+    wait_for_go()
+
     async def run() -> None:
         context = ssl.create_default_context(cafile=ca)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=1)) as session:
@@ -127,6 +134,7 @@ def grpc_serve(port_file: str, cert: str, key: str) -> None:
 def grpc_client(port: int, ca: str, count: int) -> None:
     import grpc
 
+    wait_for_go()
     credentials = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
     with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
         call = channel.unary_unary(f"/{SERVICE}/{METHOD}")

@@ -50,6 +50,17 @@ def _start_agent(tmp: Path, receiver: OTLPReceiver, socket_mode: str, *targets: 
     return agent
 
 
+def _client_and_agent(tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, command: str, port: int,
+                      ca: str) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """A client waiting for its go line, and the agent tracing it and the server (by pid: other
+    programs on a busy machine stay out of the counts)."""
+    client = subprocess.Popen([*WORKLOAD, command, str(port), ca, str(CALLS)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline() == "ready\n"
+    agent = _start_agent(tmp, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
+    return client, agent
+
+
 def _stop(agent: subprocess.Popen) -> str:
     agent.send_signal(signal.SIGINT)
     stderr = agent.communicate(timeout=60)[1]
@@ -73,13 +84,19 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
         assert json.loads(client.stdout.readline())["status"] == 200  # before the agent
         assert client.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
-            agent = _start_agent(tmp_path, receiver, socket_mode, "--port", str(port))
+            # Everything is traced by pid, so other programs on a busy machine stay out of the
+            # counts: each curl is a shell that waits for a line, then becomes curl (same pid).
+            curls = {path: subprocess.Popen(
+                ["sh", "-c", f'read go && exec curl -s -o /dev/null --cacert {ca} "https://127.0.0.1:{port}{path}"'],
+                stdin=subprocess.PIPE, text=True) for path in ("/items/curl", "/missing/curl")}
+            pids = [server.pid, client.pid, *(curl.pid for curl in curls.values())]
+            agent = _start_agent(tmp_path, receiver, socket_mode, *(f"--pid={pid}" for pid in pids))
             out, _ = client.communicate("go\n", timeout=60)
             assert client.returncode == 0
             calls = [json.loads(line) for line in out.splitlines()]
-            for path in ("/items/curl", "/missing/curl"):
-                subprocess.run(["curl", "-s", "-o", "/dev/null", "--cacert", ca, f"https://127.0.0.1:{port}{path}"],
-                               check=True, timeout=30)
+            for path, curl in curls.items():
+                curl.communicate("go\n", timeout=30)
+                assert curl.returncode == 0
                 calls.append({"path": path, "status": 404 if path.startswith("/missing") else 200})
             stderr = _stop(agent)
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * len(calls) - 1, timeout=10)
@@ -117,11 +134,10 @@ def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
         with OTLPReceiver() as receiver:
-            agent = _start_agent(tmp_path, receiver, "tracepoints", "--port", str(port))
-            client = subprocess.run([*WORKLOAD, "async-client", str(port), ca, str(CALLS)],
-                                    capture_output=True, text=True, timeout=60)
-            assert client.returncode == 0, client.stderr
-            calls = [json.loads(line) for line in client.stdout.splitlines()]
+            client, agent = _client_and_agent(tmp_path, receiver, server, "async-client", port, ca)
+            out, _ = client.communicate("go\n", timeout=60)
+            assert client.returncode == 0
+            calls = [json.loads(line) for line in out.splitlines()]
             _stop(agent)
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * CALLS, timeout=10)
             spans, metrics = receiver.spans(), receiver.metrics()
@@ -143,11 +159,10 @@ def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
         with OTLPReceiver() as receiver:
-            agent = _start_agent(tmp_path, receiver, "tracepoints", "--port", str(port))
-            client = subprocess.run([*WORKLOAD, "grpc-client", str(port), ca, str(CALLS)],
-                                    capture_output=True, text=True, timeout=60)
-            assert client.returncode == 0, client.stderr
-            assert len(client.stdout.splitlines()) == CALLS
+            client, agent = _client_and_agent(tmp_path, receiver, server, "grpc-client", port, ca)
+            out, _ = client.communicate("go\n", timeout=60)
+            assert client.returncode == 0
+            assert len(out.splitlines()) == CALLS
             stderr = _stop(agent)
             receiver.wait_for(lambda r: bool(r.metrics()), timeout=10)
             spans, metrics = receiver.spans(), receiver.metrics()
