@@ -28,6 +28,11 @@ def test_real_checks_required_pass_as_root() -> None:
     failed = [f"{r.name}: {r.detail}" for r in results if r.required and not r.ok]
     assert not failed, "required checks failed:\n" + "\n".join(failed)
     assert doctor.print_report(results, io.StringIO()) == 0
+    # TLS: the system OpenSSL can be hooked; grpcio's BoringSSL (a test dependency) cannot
+    by_name = {r.name: r for r in results}
+    assert by_name["TLS (OpenSSL)"].ok and "libssl" in by_name["TLS (OpenSSL)"].detail
+    assert not by_name["TLS (grpcio)"].ok and not by_name["TLS (grpcio)"].required
+    assert "cygrpc" in by_name["TLS (grpcio)"].detail
 
 
 def test_report_all_ok_exits_zero() -> None:
