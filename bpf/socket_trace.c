@@ -46,7 +46,7 @@
 // stats[] slots (per-CPU counters read by user space).
 #define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
 #define STAT_ACTIVE_FULL 1   // syscalls not tracked because active_io was full
-#define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, counted not copied
+#define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, reported as a gap, not copied
 #define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg calls on sockets, counted not parsed
 #define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
 #define NSTATS 5
@@ -659,7 +659,10 @@ static __always_inline void exit_io(void *ctx, long ret) {
             emit_data(ts, id, io.fd, generation, io.direction, seg.base, len, 0);
         left -= len;
     }
-    count(STAT_IOV_BYTES, left);
+    if (left) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
+        emit_data(ts, id, io.fd, generation, io.direction, 0, left, 0);
+        count(STAT_IOV_BYTES, left);
+    }
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS); return 0; }

@@ -19,10 +19,11 @@ Subcommands:
     on the handling thread (thread causality) over that thread's keep-alive connection; without,
     it answers after ~2 ms of "work". ``--next grpc://HOST:PORT`` makes the call with gRPC instead
     (needs grpcio).
-``serve-async NAME PORT_FILE --next URL``
+``serve-async NAME PORT_FILE --next URL [--no-forward]``
     The same on one asyncio event loop (aiohttp server and ``aiohttp.ClientSession``), sleeping
-    20 ms before the outgoing call so that concurrent requests overlap on the loop thread: there
-    the agent cannot tell which incoming request an outgoing one belongs to.
+    20 ms before the outgoing call so that concurrent requests overlap on the loop thread: the
+    thread cannot tell which incoming request an outgoing one belongs to, the forwarded
+    ``x-request-id`` can. ``--no-forward`` leaves it out: then the agent cannot tell.
 ``serve-grpc NAME PORT_FILE``
     A gRPC backend (grpcio, generic handler, raw bytes: no protoc) answering ``/tracechain.Chain/Work``.
 ``load URL --requests N --concurrency C [--traceparent] [--wait]``
@@ -31,6 +32,12 @@ Subcommands:
     the OpenTelemetry SDK (a CLIENT span per request, ``traceparent`` injected) and adds the span's
     ``trace_id``/``span_id`` to each line. ``--wait`` prints ``ready`` and waits for a line on
     stdin before sending, so an agent can be attached to the loader's PID first.
+``load-grpc HOST:PORT --seconds S --concurrency C [--rate R]``
+    Unary ``/tracechain.Chain/Work`` calls for S seconds on one channel (one HTTP/2 connection,
+    ready before the clock starts) from C threads, as fast as they go or paced at R calls/s in all
+    (each thread on a fixed schedule, catching up when late); calls in flight at the end are
+    awaited and counted. Then one JSON line: calls answered, errors, seconds, p50/p99 latency in ms
+    (from each call's send).
 """
 
 from __future__ import annotations
@@ -188,7 +195,7 @@ def serve(name: str, port_file: str, next_url: str | None) -> None:
 # --- asyncio HTTP server ---------------------------------------------------------------------------
 
 
-def serve_async(name: str, port_file: str, next_url: str) -> None:
+def serve_async(name: str, port_file: str, next_url: str, forward: bool = True) -> None:
     import asyncio
 
     from aiohttp import ClientSession, web  # optional: only this mode needs aiohttp
@@ -196,7 +203,8 @@ def serve_async(name: str, port_file: str, next_url: str) -> None:
     async def work(request: web.Request) -> web.Response:
         work_id = request.match_info["id"]
         await asyncio.sleep(ASYNC_DELAY_S)  # let concurrent requests pile up on this one thread
-        headers = {REQUEST_ID: value} if (value := request.headers.get(REQUEST_ID)) else {}
+        value = request.headers.get(REQUEST_ID) if forward else None
+        headers = {REQUEST_ID: value} if value else {}
         try:
             async with request.app["session"].get(f"{next_url}/work/{work_id}", headers=headers) as response:
                 status, body = response.status, await response.read()
@@ -324,6 +332,47 @@ def load(url: str, requests: int, concurrency: int, traceparent: bool, wait: boo
     return 1 if failures else 0
 
 
+def load_grpc(target: str, seconds: float, concurrency: int, rate: float | None) -> int:
+    """Calls until the clock runs out (calls in flight then are awaited and counted); 0 when none failed."""
+    import grpc  # optional: only this mode needs grpcio
+
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        work = channel.unary_unary(GRPC_METHOD)
+        start = time.perf_counter()
+        stop_at = start + seconds
+
+        def worker(n: int) -> None:
+            due, i = start + (n / rate if rate else 0), n
+            while (sent := time.perf_counter()) < stop_at:
+                if rate:
+                    if due >= stop_at:
+                        return
+                    if due > sent:
+                        time.sleep(due - sent)
+                        sent = time.perf_counter()
+                    due += concurrency / rate
+                try:
+                    work(str(i).encode(), timeout=30)
+                    latencies[n].append(time.perf_counter() - sent)
+                except grpc.RpcError:
+                    errors[n] += 1
+                i += concurrency
+
+        threads = [threading.Thread(target=worker, args=(n,), name=f"load-{n}") for n in range(concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - start
+    done = sorted(latency for per_thread in latencies for latency in per_thread)
+    p50, p99 = (done[int(q * (len(done) - 1))] * 1e3 if done else None for q in (0.5, 0.99))
+    print(json.dumps({"calls": len(done), "errors": sum(errors), "seconds": elapsed, "p50_ms": p50, "p99_ms": p99}))
+    return 1 if sum(errors) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -335,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("port_file")
     p.add_argument("--next", dest="next_url", required=True, help="http://HOST:PORT")
+    p.add_argument("--no-forward", dest="forward", action="store_false", help="do not forward x-request-id")
     p = sub.add_parser("serve-grpc", help="gRPC backend (grpcio, raw bytes)")
     p.add_argument("name")
     p.add_argument("port_file")
@@ -344,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--traceparent", action="store_true", help="instrument with the OpenTelemetry SDK")
     p.add_argument("--wait", action="store_true", help="print 'ready', wait for a line on stdin")
+    p = sub.add_parser("load-grpc", help="unary gRPC calls to a serve-grpc backend for a fixed time")
+    p.add_argument("target", help="HOST:PORT")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--concurrency", type=int, default=4, help="threads sharing the one channel")
+    p.add_argument("--rate", type=float, help="calls/s in all (default: as fast as possible)")
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, _stop)
@@ -351,9 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             serve(args.name, args.port_file, args.next_url)
         elif args.command == "serve-async":
-            serve_async(args.name, args.port_file, args.next_url.rstrip("/"))
+            serve_async(args.name, args.port_file, args.next_url.rstrip("/"), args.forward)
         elif args.command == "serve-grpc":
             serve_grpc(args.name, args.port_file)
+        elif args.command == "load-grpc":
+            return load_grpc(args.target, args.seconds, args.concurrency, args.rate)
         else:
             return load(args.url, args.requests, args.concurrency, args.traceparent, args.wait)
     except KeyboardInterrupt:

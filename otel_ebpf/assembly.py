@@ -11,11 +11,15 @@ served starts after that request did and completes before it does. The rules, in
    caller's span as parent (``tracestate`` kept). An outgoing request that carries one comes from an
    instrumented program, whose own span already stands for it: by default the agent emits no span
    for it (``instrumented_clients="skip"``), or with ``"child"`` one under the program's span.
-3. *Thread causality.* An outgoing request made on a thread that is serving exactly one incoming
-   request is that request's child.
-4. *Ambiguity.* A thread serving several incoming requests at once (an event loop) gives no
+3. *Correlation id.* An outgoing request that carries the ``x-request-id`` (or
+   ``x-correlation-id``) of exactly one incoming request its process is serving is that request's
+   child: the program forwarded the id, whichever thread ended up writing the call (gRPC's core
+   writes on threads of its own; an event loop serves many requests on one).
+4. *Thread causality.* Otherwise, an outgoing request made on a thread that is serving exactly one
+   incoming request is that request's child.
+5. *Ambiguity.* A thread serving several incoming requests at once (an event loop) gives no
    parent: the outgoing request starts a trace of its own, with links to the candidates, counted.
-5. Otherwise the request starts a new trace.
+6. Otherwise the request starts a new trace.
 
 Ids are derived from the request's identity (connection, start time), never drawn at random, so a
 replay of a recording assembles the very same traces; a request whose state was evicted gets the
@@ -34,8 +38,8 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
 from .events import ConnKey
-from .propagation import PropagatedContext, extract
-from .protocol import Carrier, ConnectionInfo, Endpoint, RequestStart, Role
+from .propagation import PropagatedContext, read_carrier
+from .protocol import ConnectionInfo, Endpoint, RequestStart, Role
 from .selfmetrics import SelfMetrics
 
 SKIP, CHILD = "skip", "child"
@@ -78,6 +82,7 @@ class RequestContext:
     start_ns: int = 0
     started: tuple[ConnKey, int] | None = None  # key into TraceAssembler._started
     thread: Thread | None = None  # serving thread, for an incoming request
+    correlation: tuple[int, str] | None = None  # (pid, correlation id), for an incoming request
     pair: Pair | None = None  # its connection's ends, for an outgoing request
     done: bool = False
     _span_context: SpanContext | None = field(default=None, repr=False)
@@ -112,6 +117,7 @@ class TraceAssembler:
         self._live = 0
         self._threads: dict[Thread, list[RequestContext]] = {}  # incoming requests being served
         self._pairs: dict[Pair, deque[RequestContext]] = {}  # outgoing requests by connection ends
+        self._correlated: dict[tuple[int, str], list[RequestContext]] = {}  # incoming, by (pid, id)
 
     @property
     def inflight(self) -> int:
@@ -125,7 +131,8 @@ class TraceAssembler:
         slot = (key, start_ns)
         announced = self._started.get(slot)
         ordinal = len(announced) if announced else 0
-        context = self._decide(key, conn, start_ns, ordinal, request.carrier, stream, tid)
+        propagated, correlation = read_carrier(request.carrier) if request.carrier else (None, None)
+        context = self._decide(key, conn, start_ns, ordinal, propagated, correlation, stream, tid)
         context.start_ns, context.started = start_ns, slot
         if announced is None:
             self._started[slot] = [context]
@@ -135,6 +142,9 @@ class TraceAssembler:
         self._live += 1
         if conn.role is Role.SERVER:
             self._serve_on((key[0], tid), context)
+            if correlation is not None:
+                context.correlation = (key[0], correlation)
+                self._correlated.setdefault(context.correlation, []).append(context)
         elif conn.local is not None and conn.peer is not None:
             context.pair = _pair(conn.local, conn.peer, stream)
             self._pairs.setdefault(context.pair, deque()).append(context)
@@ -150,7 +160,7 @@ class TraceAssembler:
             return context
         # Never announced (the plugin does not announce, or the head was cut off) or evicted:
         # decided now, from what is still known.
-        return self._decide(key, conn, start_ns, 0, (), None, tid)
+        return self._decide(key, conn, start_ns, 0, None, None, None, tid)
 
     def expire(self, now_ns: int) -> None:
         """Forget requests that started more than the timeout before ``now_ns`` (event time)."""
@@ -172,12 +182,12 @@ class TraceAssembler:
         conn: ConnectionInfo,
         start_ns: int,
         ordinal: int,
-        carrier: Carrier,
+        propagated: PropagatedContext | None,
+        correlation: str | None,
         stream: int | None,
         tid: int,
     ) -> RequestContext:
         trace_id, span_id = request_ids(key, start_ns, ordinal)
-        propagated = extract(carrier) if carrier else None
         if conn.role is Role.SERVER:
             caller = self._caller(conn, stream, start_ns)
             if caller is not None and (propagated is None or propagated.trace_id == caller.trace_id):
@@ -197,6 +207,10 @@ class TraceAssembler:
                     propagated.trace_id, propagated.span_id, flags, trace_state=propagated.trace_state, emit=False
                 )
             return _under_propagated(propagated, span_id)
+        forwarded = self._correlated.get((key[0], correlation)) if correlation is not None else None
+        if forwarded is not None and len(forwarded) == 1:
+            self._metrics.add("otel_ebpf.trace.correlated_parents")
+            return self._child(forwarded[0], span_id)
         serving = self._threads.get((key[0], tid), ())  # unregistered as they complete
         if len(serving) == 1:
             return self._child(serving[0], span_id)
@@ -255,23 +269,20 @@ class TraceAssembler:
             return
         context.done = True
         self._live -= 1
-        announced = self._started.get(context.started)
-        if announced is not None:
-            announced.remove(context)
-            if not announced:
-                del self._started[context.started]
-        if context.thread is not None:
-            serving = self._threads[context.thread]
-            serving.remove(context)
-            if not serving:
-                del self._threads[context.thread]
-            context.thread = None
-        if context.pair is not None:
-            waiting = self._pairs[context.pair]
-            waiting.remove(context)
-            if not waiting:
-                del self._pairs[context.pair]
-            context.pair = None
+        _unregister(self._started, context.started, context)
+        _unregister(self._threads, context.thread, context)
+        _unregister(self._correlated, context.correlation, context)
+        _unregister(self._pairs, context.pair, context)
+        context.thread = context.correlation = context.pair = None
+
+
+def _unregister(index: dict, key: object, context: RequestContext) -> None:
+    """Take ``context`` out of ``index[key]`` (a list or deque), and the key out when empty."""
+    entries = index.get(key) if key is not None else None
+    if entries is not None:
+        entries.remove(context)
+        if not entries:
+            del index[key]
 
 
 def _under_propagated(propagated: PropagatedContext, span_id: int) -> RequestContext:

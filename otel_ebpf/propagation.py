@@ -18,9 +18,12 @@ from .protocol import Carrier
 W3C = "w3c"
 B3 = "b3"
 
+# Request-correlation fields: an id a program forwards on the calls it makes for a request.
+CORRELATION_FIELDS = ("x-request-id", "x-correlation-id")
 # Field names worth looking at; a request rarely has any, so most carriers are rejected by one
 # set lookup per field.
-_FIELDS = frozenset({"traceparent", "tracestate", "b3", "x-b3-traceid", "x-b3-spanid", "x-b3-sampled", "x-b3-flags"})
+_FIELDS = frozenset({"traceparent", "tracestate", "b3", "x-b3-traceid", "x-b3-spanid", "x-b3-sampled", "x-b3-flags",
+                     *CORRELATION_FIELDS})
 # version-traceid-parentid-flags; a version above 00 may append fields after a dash
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\Z")
 _B3_SINGLE = re.compile(r"([0-9a-f]{32}|[0-9a-f]{16})-([0-9a-f]{16})(?:-([01d]))?(?:-[0-9a-f]{16})?\Z")
@@ -40,9 +43,10 @@ class PropagatedContext:
     format: str  # W3C or B3
 
 
-def extract(carrier: Carrier) -> PropagatedContext | None:
-    """The context ``carrier`` propagates, or ``None``. W3C ``traceparent`` wins over ``b3``,
-    which wins over the multi-header ``X-B3-*`` form."""
+def read_carrier(carrier: Carrier) -> tuple[PropagatedContext | None, str | None]:
+    """The context ``carrier`` propagates (W3C ``traceparent`` wins over ``b3``, which wins over
+    the multi-header ``X-B3-*`` form), and its correlation id (``x-request-id``, else
+    ``x-correlation-id``); either may be ``None``."""
     fields: dict[str, str] | None = None
     for name, value in carrier:
         if name in _FIELDS:
@@ -50,8 +54,9 @@ def extract(carrier: Carrier) -> PropagatedContext | None:
                 fields = {}
             fields.setdefault(name, value.strip())
     if fields is None:
-        return None
-    return _w3c(fields) or _b3_single(fields) or _b3_multi(fields)
+        return None, None
+    correlation = next((fields[name] for name in CORRELATION_FIELDS if fields.get(name)), None)
+    return _w3c(fields) or _b3_single(fields) or _b3_multi(fields), correlation
 
 
 def _w3c(fields: dict[str, str]) -> PropagatedContext | None:

@@ -255,6 +255,10 @@ class Protocol(ABC):
     name: str  # short, stable, lowercase: "http1"
     transports: frozenset[Transport] = frozenset({Transport.TCP})
     instruments: Sequence[InstrumentSpec] = ()
+    # Plugins sniff a connection in ascending order (then by name), unless ``protocols.enabled``
+    # lists an order: a plugin whose sniff is more specific than another's (HTTP/2's upgrade
+    # request is also an HTTP/1 request) goes first.
+    sniff_order: int = 100
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         if options:
@@ -281,6 +285,7 @@ def load_protocols(
 ) -> list[Protocol]:
     """Construct every registered protocol plugin (only those named in ``enabled`` when given).
 
+    The plugins come in the order they sniff: ``enabled``'s, else by :attr:`Protocol.sniff_order`.
     ``options`` maps a plugin name to its options; plugins are registered under their name. Raises
     ``LookupError`` naming plugins that ``enabled`` asks for but are not installed, ``ImportError``
     for a plugin whose module fails to import, ``TypeError`` when an entry point is not a
@@ -299,7 +304,7 @@ def load_protocols(
         if not (isinstance(cls, type) and issubclass(cls, Protocol)):
             raise TypeError(f"entry point {ep.name!r} ({ep.value}) is not an otel_ebpf Protocol")
         found[cls.name] = cls
-    wanted = sorted(found) if enabled is None else list(enabled)
+    wanted = sorted(found, key=lambda name: (found[name].sniff_order, name)) if enabled is None else list(enabled)
     missing = [name for name in wanted if name not in found]
     if missing:
         raise LookupError(

@@ -47,6 +47,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.trace.ambiguous_parents": (
         "{request}", "Outgoing requests left without a parent: several incoming requests shared their thread",
         False),
+    "otel_ebpf.trace.correlated_parents": (
+        "{request}", "Outgoing requests parented through the x-request-id/x-correlation-id they forwarded", False),
     "otel_ebpf.trace.same_node_parents": (
         "{request}", "Incoming requests parented by an outgoing request of another process on the node", False),
     "otel_ebpf.trace.propagated": ("{request}", "Requests that carried a trace context (traceparent, b3)", False),

@@ -64,6 +64,13 @@ RESPONSE_MISSING = "response_missing"  # the connection ended before any final r
 CORRELATION_HEADERS = frozenset({"x-request-id", "x-correlation-id"})
 CONNECTION_CLOSED = "connection_closed"  # the connection ended in the middle of the response
 
+# What a transaction holds for parts of a message the capture could not tell (HTTP/2 header
+# fields compressed against state from before the capture): the method, the target, and the
+# status of a response that was seen.
+UNKNOWN_METHOD = ""
+UNKNOWN_TARGET = ""
+UNKNOWN_STATUS = 0
+
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
@@ -125,11 +132,12 @@ def normalize_method(method: str) -> tuple[str, str | None]:
     """``(http.request.method, http.request.method_original)``.
 
     The conventions allow only the RFC 9110 methods plus PATCH, matched case-sensitively; anything
-    else becomes ``_OTHER`` so an arbitrary client cannot mint new metric series.
+    else becomes ``_OTHER`` so an arbitrary client cannot mint new metric series. An empty method
+    is one the capture could not tell (:data:`UNKNOWN_METHOD`): ``_OTHER``, without an original.
     """
     if method in KNOWN_METHODS:
         return method, None
-    return OTHER_METHOD, method
+    return OTHER_METHOD, method or None
 
 
 _SEGMENT_PLACEHOLDERS = {
@@ -265,7 +273,8 @@ class HttpTransaction:
 
     ``authority`` is what the request named as its origin (``Host`` or ``:authority``).
     ``status`` is ``None`` when no final response was seen; ``error`` then (or when the response was
-    cut short) says why, as an ``error.type`` value.
+    cut short) says why, as an ``error.type`` value. :data:`UNKNOWN_STATUS` is a response whose
+    status the capture could not tell: neither an error nor a status attribute.
     """
 
     method: str
@@ -302,6 +311,8 @@ def _error_type(tx: HttpTransaction, is_server: bool) -> str | None:
         return tx.error
     if tx.status is None:
         return RESPONSE_MISSING
+    if tx.status == UNKNOWN_STATUS:
+        return None
     if tx.status >= (500 if is_server else 400):
         return str(tx.status)
     return None
@@ -356,7 +367,7 @@ def describe_span(
         if target.query:
             attributes["url.query"] = redact_query(target.query)
         attributes["url.scheme"] = scheme
-    else:
+    elif tx.target != UNKNOWN_TARGET:  # a URL without its path would name another resource
         url_full = _url_full(scheme, address, port, target)
         if url_full is not None:
             attributes["url.full"] = url_full
@@ -368,7 +379,7 @@ def describe_span(
         attributes["network.peer.address"] = peer.address
         attributes["network.peer.port"] = peer.port
     attributes["network.protocol.version"] = tx.version
-    if tx.status is not None:
+    if tx.status:  # neither missing nor UNKNOWN_STATUS
         attributes["http.response.status_code"] = tx.status
     if is_server:
         user_agent = first_header(tx.request_headers, "user-agent")
@@ -434,7 +445,7 @@ def metric_points(tx: HttpTransaction, conn: ConnectionInfo) -> list[MetricPoint
         "url.scheme": scheme,
         "network.protocol.version": tx.version,
     }
-    if tx.status is not None:
+    if tx.status:  # neither missing nor UNKNOWN_STATUS
         attributes["http.response.status_code"] = tx.status
     if not is_server:
         _put_server(attributes, *_server(target, tx.authority, scheme, conn))

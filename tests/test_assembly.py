@@ -239,6 +239,36 @@ def test_event_loop_ambiguity_gives_no_parent_but_links_and_a_count() -> None:
     assert run.total("otel_ebpf.trace.ambiguous_parents") == 1
 
 
+def test_forwarded_request_ids_link_calls_made_on_any_thread() -> None:
+    """The event loop of the previous test, now forwarding ``x-request-id``; and a call written by
+    another thread of the process (as gRPC's core does): the id names the parent."""
+    other = Endpoint("127.0.0.1", 41001)
+    rid = lambda r: b"x-request-id: %s\r\n" % r  # noqa: E731
+    run = Assembly()
+    spans = {s.name: s for s in run.run([
+        info(SERVICE),
+        opened(1, SERVICE, 5, 0, Role.SERVER, SVC, GW_OUT),
+        data(1, SERVICE, 5, IN, get("/work/a", "svc", rid(b"ra")), tid=201),
+        opened(2, SERVICE, 7, 0, Role.SERVER, SVC, other),
+        data(2, SERVICE, 7, IN, get("/work/b", "svc", rid(b"rb")), tid=201),
+        opened(3, SERVICE, 6, 0, Role.CLIENT, SVC_OUT, BE),
+        data(3, SERVICE, 6, OUT, get("/call/for-b", "be", rid(b"rb")), tid=201),
+        data(4, SERVICE, 6, IN, ok(b"1"), tid=201),
+        data(5, SERVICE, 6, OUT, get("/call/for-a", "be", rid(b"ra")), tid=999),  # another thread
+        data(6, SERVICE, 6, IN, ok(b"2"), tid=999),
+        data(7, SERVICE, 6, OUT, get("/call/unknown-id", "be", rid(b"rz")), tid=201),  # no such request
+        data(8, SERVICE, 6, IN, ok(b"3"), tid=201),
+        data(9, SERVICE, 5, OUT, ok(b"a"), tid=201),
+        data(10, SERVICE, 7, OUT, ok(b"b"), tid=201),
+    ])}
+    a, b = spans["GET /work/a"], spans["GET /work/b"]
+    assert parent_id(spans["GET /call/for-b"]) == b.context.span_id
+    assert parent_id(spans["GET /call/for-a"]) == a.context.span_id
+    assert spans["GET /call/unknown-id"].parent is None  # two requests on its thread: ambiguous
+    assert run.total("otel_ebpf.trace.correlated_parents") == 2
+    assert run.total("otel_ebpf.trace.ambiguous_parents") == 1
+
+
 def test_in_flight_state_is_bounded_and_evictions_keep_span_ids() -> None:
     selfmetrics = SelfMetrics()
     assembler = TraceAssembler(selfmetrics, inflight_timeout_ns=1000 * MS, max_inflight=2)

@@ -6,7 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_ebpf.propagation import B3, W3C, extract
+from otel_ebpf.propagation import B3, W3C, PropagatedContext, read_carrier
+
+def extract(carrier: list[tuple[str, str]]) -> PropagatedContext | None:
+    return read_carrier(carrier)[0]
+
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
@@ -62,6 +66,14 @@ def test_w3c_wins_over_b3_and_the_first_field_counts() -> None:
     assert (found.trace_id, found.format) == (int(TRACE, 16), W3C)
     # an invalid traceparent falls back to b3
     assert extract([("traceparent", "bad"), ("b3", f"{other}-{SPAN}")]).trace_id == int(other, 16)
+
+
+def test_correlation_ids() -> None:
+    assert read_carrier([("x-correlation-id", "c"), ("x-request-id", "r")]) == (None, "r")
+    assert read_carrier([("x-correlation-id", "c"), ("x-request-id", "")]) == (None, "c")
+    context, correlation = read_carrier([("traceparent", f"00-{TRACE}-{SPAN}-01"), ("x-request-id", " r1 ")])
+    assert (context.trace_id, correlation) == (int(TRACE, 16), "r1")
+    assert read_carrier([("host", "a")]) == (None, None)
 
 
 def test_no_context() -> None:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT = 1, 2, 3, 4, 5
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
 STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls", "tls_unattributed")
-MAX_IOV = 8
+MAX_IOV = 64  # iovec segments copied per vectored syscall (grpcio writes one per HPACK field)
 LOSS_CHECK_S = 1.0
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
@@ -296,6 +296,7 @@ class SocketProbe:
     def _resolve_openings(self, events: list[Event | _Opening]) -> None:
         """Fill in the tuples of the sockets announced in this poll without their local end."""
         openings, self._unresolved = self._unresolved, []
+        rejected: set[ConnKey] = set()
         lookup: dict[int, list[int]] = {}
         for opening in openings:
             if opening.key[:2] not in self._preexisting:
@@ -309,8 +310,12 @@ class SocketProbe:
                 opening.lport, opening.rport = known.local.port, known.peer.port
             # Tracking fds, an accept/connect without an inet address is no TCP connection.
             opening.unwanted = known is None and not opening.family and self.socket_mode == "fd-tracking"
-            events[opening.index] = self._admit(opening) or opening
-        events[:] = [e for e in events if not isinstance(e, _Opening)]
+            admitted = self._admit(opening)
+            events[opening.index] = admitted or opening
+            if admitted is None:
+                rejected.add(opening.key)
+        # Placeholders go, and so do the rejected connections' events that came in the same poll.
+        events[:] = [e for e in events if not isinstance(e, _Opening) and getattr(e, "key", None) not in rejected]
 
     def _admit(self, opening: _Opening) -> ConnOpen | None:
         """The ConnOpen for ``opening``, or None when user space rejects the connection (then the

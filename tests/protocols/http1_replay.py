@@ -1,55 +1,17 @@
-"""Helpers for the HTTP/1 tests: load recordings, replay chunks through a session and stitcher."""
+"""Helpers for the HTTP/1 tests: what they compare, on top of the shared ones (stream_replay.py)."""
 
 from __future__ import annotations
 
-import base64
-import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
-from pathlib import Path
+from collections.abc import Sequence
 
 from otel_ebpf.protocol import Direction, Message, RequestStart, Role
-from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Exchange, HTTP1Session
+from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
 
-DATA = Path(__file__).parent / "data"
+# the shared helpers, for the HTTP/1 tests to import from here
+from stream_replay import DATA, Chunk, Replay, as_client, capped, cut, load  # noqa: F401
+from stream_replay import replay as replay_with
+
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
-
-
-@dataclass(frozen=True)
-class Chunk:
-    direction: Direction  # as seen from the observed process
-    t_ns: int
-    data: bytes
-    gap: int = 0  # bytes that followed ``data`` in the same syscall but were not captured
-
-
-def load(name: str) -> list[Chunk]:
-    """A recording as seen by the server process (requests INGRESS)."""
-    document = json.loads((DATA / f"{name}.json").read_text())
-    return [
-        Chunk(Direction[chunk["direction"].upper()], chunk["t_ns"], base64.b64decode(chunk["data"]))
-        for chunk in document["chunks"]
-    ]
-
-
-def as_client(chunks: Iterable[Chunk]) -> list[Chunk]:
-    """The same bytes as the client process saw them (requests EGRESS)."""
-    return [Chunk(c.direction.reverse(), c.t_ns, c.data, c.gap) for c in chunks]
-
-
-def capped(chunks: Iterable[Chunk], cap: int) -> list[Chunk]:
-    """What a capture that copies at most ``cap`` bytes per syscall delivers."""
-    return [Chunk(c.direction, c.t_ns, c.data[:cap], max(0, len(c.data) - cap)) for c in chunks]
-
-
-@dataclass
-class Replay:
-    session: HTTP1Session
-    stitcher: FifoStitcher
-    exchanges: list[HTTP1Exchange] = field(default_factory=list)
-    starts: list[RequestStart] = field(default_factory=list)
-    max_buffered: int = 0
 
 
 def replay(
@@ -58,27 +20,7 @@ def replay(
     protocol: HTTP1 | None = None,
     close: bool = True,
 ) -> Replay:
-    protocol = protocol or HTTP1()
-    run = Replay(protocol.new_session(role), protocol.new_stitcher(role))
-
-    def take(outputs: Iterable[Message | RequestStart]) -> None:
-        for output in outputs:
-            if isinstance(output, RequestStart):
-                run.starts.append(output)
-            else:
-                run.exchanges.extend(run.stitcher.add(output))
-
-    for chunk in chunks:
-        take(run.session.feed(chunk.direction, chunk.data, chunk.t_ns))
-        if chunk.gap:
-            take(run.session.feed_gap(chunk.direction, chunk.gap, chunk.t_ns))
-        run.max_buffered = max(run.max_buffered, run.session.buffered)
-    if close:
-        end = (chunks[-1].t_ns if chunks else 0) + 1
-        take(run.session.close(end))
-        run.exchanges.extend(run.stitcher.flush(end))
-        check_starts(run)
-    return run
+    return replay_with(chunks, role, protocol or HTTP1(), close, check_starts)
 
 
 def check_starts(run: Replay) -> None:
@@ -117,21 +59,3 @@ def summary(exchange: HTTP1Exchange) -> tuple:
         ),
         exchange.end_ns,
     )
-
-
-def cut(data: bytes, offsets: Iterable[int]) -> list[bytes]:
-    """``data`` cut at ``offsets`` (those outside it ignored), without empty pieces."""
-    bounds = sorted({0, len(data), *(i for i in offsets if 0 < i < len(data))})
-    return [data[a:b] for a, b in pairwise(bounds)]
-
-
-def split_everywhere(chunks: Sequence[Chunk], index: int) -> Iterable[list[Chunk]]:
-    """``chunks`` with chunk ``index`` split in two at every inner byte boundary."""
-    chunk = chunks[index]
-    for cut in range(1, len(chunk.data)):
-        yield [
-            *chunks[:index],
-            Chunk(chunk.direction, chunk.t_ns, chunk.data[:cut]),
-            Chunk(chunk.direction, chunk.t_ns, chunk.data[cut:], chunk.gap),
-            *chunks[index + 1 :],
-        ]

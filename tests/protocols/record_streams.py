@@ -257,7 +257,11 @@ def record(
 ) -> None:
     proxy = TeeProxy(upstream)
     client(f"http://127.0.0.1:{proxy.port}")
-    chunks = proxy.wait()
+    record_to(DATA / f"{name}.json", name, description, proxy.wait())
+
+
+def record_to(path: Path, name: str, description: str, chunks: list[tuple[str, int, bytes]]) -> None:
+    """Save what a :class:`TeeProxy` relayed, times relative to the first chunk."""
     t0 = chunks[0][1]
     document = {
         "name": name,
@@ -267,7 +271,7 @@ def record(
             for direction, t, data in chunks
         ],
     }
-    (DATA / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    path.write_text(json.dumps(document, indent=1) + "\n")
     print(f"{name}: {len(chunks)} chunks, {sum(len(c[2]) for c in chunks)} bytes")
 
 

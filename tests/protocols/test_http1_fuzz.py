@@ -10,6 +10,7 @@ from otel_ebpf.protocols.http1 import HTTP1
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
 
 from http1_replay import Chunk, load
+from stream_replay import mutate
 
 RECORDINGS = [
     "keepalive",
@@ -91,36 +92,7 @@ def test_random_input(chunks: list[Chunk], closes: bool) -> None:
 
 @st.composite
 def mutated_recordings(draw: st.DrawFn) -> list[Chunk]:
-    chunks = load(draw(st.sampled_from(RECORDINGS)))
-    for _ in range(draw(st.integers(1, 6))):
-        if not chunks:
-            break
-        index = draw(st.integers(0, len(chunks) - 1))
-        chunk = chunks[index]
-        data = bytearray(chunk.data)
-        at = draw(st.integers(0, len(data)))
-        kind = draw(st.sampled_from(["flip", "truncate", "insert", "token", "gap", "drop"]))
-        gap = chunk.gap
-        if kind == "flip" and data:
-            data[min(at, len(data) - 1)] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=20))
-        elif kind == "token":
-            data[at:at] = draw(st.sampled_from(TOKENS))
-        elif kind == "gap":
-            gap = len(data) - at
-            del data[at:]
-        elif kind == "drop":
-            chunks = chunks[:index] + chunks[index + 1 :]
-            continue
-        chunks = [
-            *chunks[:index],
-            Chunk(chunk.direction, chunk.t_ns, bytes(data), gap),
-            *chunks[index + 1 :],
-        ]
-    return chunks
+    return mutate(draw, load(draw(st.sampled_from(RECORDINGS))), TOKENS)
 
 
 @settings(max_examples=300, deadline=None)

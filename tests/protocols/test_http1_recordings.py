@@ -14,12 +14,11 @@ from http1_replay import (
     Chunk,
     as_client,
     capped,
-    cut,
     load,
     replay,
-    split_everywhere,
     summary,
 )
+from stream_replay import byte_by_byte, every_split, rechunked
 
 # Per exchange: method, target, request body size, status, response body size, and the indices of
 # the chunks carrying the request's first and last byte and the response's first and last byte.
@@ -88,23 +87,16 @@ def test_recording(name: str, role: Role) -> None:
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_every_split_point(name: str) -> None:
     """Each syscall's bytes split in two at every byte boundary (but the large body's chunks)."""
-    chunks = load(name)
     want = expected(name)
-    for index in range(len(chunks)):
-        if len(chunks[index].data) > 4096:
-            continue
-        for split in split_everywhere(chunks, index):
-            assert [summary(e) for e in replay(split).exchanges] == want
+    for split in every_split(load(name)):
+        assert [summary(e) for e in replay(split).exchanges] == want
 
 
 @pytest.mark.parametrize("role", [Role.SERVER, Role.CLIENT])
 @pytest.mark.parametrize("name", SMALL)
 def test_one_byte_at_a_time(name: str, role: Role) -> None:
     chunks = load(name) if role is Role.SERVER else as_client(load(name))
-    single = [
-        Chunk(c.direction, c.t_ns, c.data[i : i + 1]) for c in chunks for i in range(len(c.data))
-    ]
-    run = replay(single, role)
+    run = replay(byte_by_byte(chunks), role)
     assert [summary(e) for e in run.exchanges] == expected(name)
     assert run.session.parse_errors == 0
 
@@ -113,14 +105,7 @@ def test_one_byte_at_a_time(name: str, role: Role) -> None:
 @given(st.data())
 def test_random_rechunking(data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(SMALL))
-    rechunked = [
-        Chunk(chunk.direction, chunk.t_ns, piece)
-        for chunk in load(name)
-        for piece in cut(
-            chunk.data, data.draw(st.sets(st.integers(1, len(chunk.data)), max_size=6))
-        )
-    ]
-    assert [summary(e) for e in replay(rechunked).exchanges] == expected(name)
+    assert [summary(e) for e in replay(rechunked(data, load(name))).exchanges] == expected(name)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,170 @@
+"""Live BPF: HTTP/2 and gRPC peers (grpcio with stubs generated at test time, hypercorn, httpx,
+curl), the agent attached, a real OTLP receiver; spans and metrics compared call by call with what
+the clients say they did. The peers are those the HTTP/2 recordings come from
+(``tests/protocols/h2_peers.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.live.test_backend_down import _total
+from tests.live.test_http_live import _latest_points, _wait_for_file
+from tests.live.test_traces_live import Scenario
+from tests.otlp_receiver import OTLPReceiver
+
+pytestmark = pytest.mark.bpf
+PEERS_DIR = REPO / "tests" / "protocols"
+PEERS = [sys.executable, str(PEERS_DIR / "h2_peers.py")]
+SOCKET_MODES = pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
+SERVICE = "otelebpf.test.Echo"
+
+sys.path.insert(0, str(PEERS_DIR))
+import h2_peers  # noqa: E402 -- the peers live next to the recordings they made
+
+Span = dict[str, Any]
+
+
+class Peers(Scenario):
+    """The peers of one test, with the agent and the receiver of the trace tests' scenarios."""
+
+    def __init__(self, tmp: Path, receiver: OTLPReceiver, socket_mode: str) -> None:
+        super().__init__(tmp, receiver, socket_mode)
+        self.stubs = tmp / "stubs"
+        h2_peers.generate_stubs(self.stubs)  # grpcio-tools, now, into tmp_path
+
+    def server(self, kind: str) -> tuple[int, int]:
+        """``grpc`` or ``h2``: the server's (pid, port)."""
+        port_file = self.tmp / f"{kind}.port"
+        args = ["serve-grpc", str(port_file), str(self.stubs)] if kind == "grpc" else ["serve-h2", str(port_file)]
+        proc = self._spawn([*PEERS, *args])
+        return proc.pid, int(_wait_for_file(port_file, proc))
+
+    def client(self, *args: str) -> subprocess.Popen:
+        """A client waiting for ``go`` (so that its pid can be traced first)."""
+        proc = self._spawn([*PEERS, *args, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        return proc
+
+    def held(self, *argv: str) -> subprocess.Popen:
+        """``argv`` (curl) exec'd by a shell that first waits for ``go``: its pid is known (and
+        traced) before it runs."""
+        return self._spawn(["sh", "-c", 'read go && exec "$@"', "sh", *argv], stdin=subprocess.PIPE, text=True)
+
+    def grpc_client(self, port: int, scenario: str, *flags: str) -> subprocess.Popen:
+        return self.client("grpc-client", str(port), str(self.stubs), scenario, *flags)
+
+    @staticmethod
+    def go(client: subprocess.Popen) -> list[dict]:
+        out, _ = client.communicate("go\n", timeout=60)
+        assert client.returncode == 0, out
+        return [json.loads(line) for line in (out or "").splitlines()]
+
+
+def _by(spans: list[Span], pid: int, kind: str) -> list[Span]:
+    return sorted((s for s in spans if s["resource"]["process.pid"] == pid and s["kind"] == kind),
+                  key=lambda s: s["start_ns"])
+
+
+def _call_key(span: Span) -> tuple:
+    a = span["attributes"]
+    return (a["rpc.method"], a.get("rpc.grpc.status_code"), a.get("otel_ebpf.rpc.request.message_count"),
+            a.get("otel_ebpf.rpc.response.message_count"))
+
+
+STATUS_CODES = {"OK": 0, "NOT_FOUND": 5}
+
+
+# grpcio (gRPC C-core) writes a call with one sendmsg of many iovecs (each HPACK literal its own):
+# the probe copies up to 64 and reports the rest as a gap, so the plugin knows what it missed.
+
+
+@SOCKET_MODES
+def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
+    """Unary OK and NOT_FOUND, server-streaming of 10, client-streaming, bidi; then 100 unary calls
+    on one channel: one SERVER and one CLIENT span each, with the conventions' attributes."""
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, socket_mode) as run:
+        server, port = run.server("grpc")
+        first, many = run.grpc_client(port, "everything"), run.grpc_client(port, "many")
+        run.start_agent(server, first.pid, many.pid)
+        calls = run.go(first)
+        calls_many = run.go(many)
+        spans, metrics = run.stop_agent(2 * (len(calls) + len(calls_many)))
+
+    assert [c["code"] for c in calls] == ["OK", "NOT_FOUND", "OK", "OK", "OK"] and len(calls_many) == 100
+    for pid, kind, made in ((server, "SERVER", calls + calls_many), (first.pid, "CLIENT", calls),
+                            (many.pid, "CLIENT", calls_many)):
+        got = _by(spans, pid, kind)
+        expected = Counter((c["method"], STATUS_CODES[c["code"]], c["requests"], c["responses"]) for c in made)
+        assert Counter(_call_key(s) for s in got) == expected, f"{kind} of {pid}"
+        for span in got:
+            a = span["attributes"]
+            assert span["name"] == f"{SERVICE}/{a['rpc.method']}"
+            assert (a["rpc.system"], a["rpc.service"], a["network.protocol.version"]) == ("grpc", SERVICE, "2")
+            assert a["server.port"] == port
+    assert len(spans) == 2 * 105
+    errors = {(s["kind"], s["attributes"]["rpc.grpc.status_code"], s["status_code"], s["status_message"])
+              for s in spans if s["attributes"]["rpc.grpc.status_code"]}
+    # NOT_FOUND is the caller's error only
+    assert errors == {("SERVER", 5, "UNSET", ""), ("CLIENT", 5, "ERROR", h2_peers.NOT_FOUND_MESSAGE)}
+    assert sum(point["count"] for point in _latest_points(metrics["rpc.server.duration"])) == 105
+    assert _total(metrics, "otel_ebpf.messages.partial") == 0
+
+
+@SOCKET_MODES
+def test_http2_hypercorn_httpx_and_curl(tmp_path: Path, socket_mode: str) -> None:
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, socket_mode) as run:
+        server, port = run.server("h2")
+        httpx_client = run.client("httpx-client", str(port))
+        curl = run.held("curl", "-s", "-o", "/dev/null", "--http2-prior-knowledge", f"http://127.0.0.1:{port}/items/42")
+        run.start_agent(server, httpx_client.pid, curl.pid)
+        requests = run.go(httpx_client)
+        assert run.go(curl) == []
+        spans, _ = run.stop_agent(6)
+
+    assert [(r["method"], r["path"], r["status"], r["version"]) for r in requests] == [
+        ("GET", "/items/1", 200, "HTTP/2"), ("POST", "/upload", 201, "HTTP/2")]
+    server_spans = _by(spans, server, "SERVER")
+    assert [(s["name"], s["attributes"]["http.response.status_code"]) for s in server_spans] == [
+        ("GET /items/{id}", 200), ("POST /upload", 201), ("GET /items/{id}", 200)]
+    assert all(s["attributes"]["network.protocol.version"] == "2" for s in spans)
+    assert server_spans[1]["attributes"]["http.request.body.size"] == 3000
+    httpx_spans = _by(spans, httpx_client.pid, "CLIENT")
+    assert [s["attributes"]["url.full"] for s in httpx_spans] == [
+        f"http://127.0.0.1:{port}/items/1", f"http://127.0.0.1:{port}/upload"]
+    curl = [s for s in spans if s["resource"]["process.executable.name"] == "curl"]
+    assert [(s["kind"], s["attributes"]["url.full"]) for s in curl] == [("CLIENT", f"http://127.0.0.1:{port}/items/42")]
+    assert len(spans) == 6
+
+
+@SOCKET_MODES
+def test_agent_attached_to_an_open_grpc_channel(tmp_path: Path, socket_mode: str) -> None:
+    """The channel made a call before the agent started: its later calls are reported, what was
+    compressed against header state from before is unknown (and counted), never guessed."""
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, socket_mode) as run:
+        server, port = run.server("grpc")
+        client = run.grpc_client(port, "unary", "--warm")
+        run.start_agent(server, client.pid)
+        calls = run.go(client)
+        spans, metrics = run.stop_agent(2 * len(calls))
+
+    assert [c["code"] for c in calls] == ["OK"] * 3
+    for pid, kind in ((server, "SERVER"), (client.pid, "CLIENT")):
+        got = _by(spans, pid, kind)
+        assert len(got) == 3, f"{kind}: {[s['name'] for s in got]}"
+        for span in got:
+            a = span["attributes"]
+            assert (span["name"], a["rpc.system"], a["rpc.method"]) == ("grpc", "grpc", "_OTHER")
+            assert "rpc.service" not in a and "rpc.grpc.status_code" not in a  # indexed before the agent
+            assert span["status_code"] == "UNSET"
+            assert (a["otel_ebpf.rpc.request.message_count"], a["otel_ebpf.rpc.response.message_count"]) == (1, 1)
+    assert len(spans) == 6
+    # every request and response of both processes: fields compressed against the lost table
+    assert _total(metrics, "otel_ebpf.messages.partial", protocol="http2") == 12
