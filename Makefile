@@ -28,6 +28,7 @@ demo: bootstrap
 bench: bootstrap
 	$(PY) bench/http_load.py
 	$(PY) bench/trace_assembly.py
+	$(PY) bench/protocol_load.py
 
 # No bootstrap here: doctor is what you run when bootstrap or the agent fails. Without a venv it
 # still works from the source tree with the system interpreter (it needs only the stdlib and bcc).

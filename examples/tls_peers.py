@@ -27,6 +27,10 @@ SERVICE, METHOD = "demo.Echo", "Say"
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # one write per response, sent at once: header and body written apart would wait ~40 ms for
+    # the client's delayed ACK (Nagle)
+    wbufsize = 64 * 1024
+    disable_nagle_algorithm = True
 
     def log_message(self, *args: object) -> None:
         pass

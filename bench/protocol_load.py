@@ -1,0 +1,310 @@
+"""gRPC unary calls and HTTPS requests with and without the agent, measured side by side in one run.
+
+- gRPC: ``examples/trace_chain.py serve-grpc`` (plaintext grpcio, 16 worker threads, raw-bytes
+  handler, ~2 ms of "work" per call) loaded by its ``load-grpc``: unary calls on one channel (one
+  HTTP/2 connection) from 16 threads, which fill the pool: "max" is bound by the CPUs, not by the
+  sleep (4 threads would be: ~1,500/s, CPUs a third idle). Paced: each thread on a fixed schedule.
+- HTTPS: ``examples/tls_peers.py``'s https server (``http.server`` behind Python's ``ssl``, i.e. the
+  system OpenSSL the agent hooks with uprobes; trustme cert for 127.0.0.1), loaded by ``wrk``
+  (10 keep-alive connections), which links the same libssl: its SSL calls hit the uprobes too.
+  Paced as in ``http_load.py`` (``paced.lua``): a whole number of ms between a connection's
+  requests (closed loop), so latency the agent adds lowers the traced rate too.
+
+Per workload, "max" first, then ``--paced`` fractions of the untraced max. Per load and round, an
+untraced and a traced run in alternating order, so drift hits both; each on a fresh server warmed
+up by 1 s of load before the agent attaches (``run --pid <server>``, file exporter, SIGINT to
+flush); the load then connects anew. A run during which another process held BPF programs (an
+agent, a live test: its probes fire here too) is done again. Reported: calls/s (medians), ratio
+(median of per-round ratios), spans per call (SERVER spans named ``tracechain.Chain/Work``, resp.
+with ``url.scheme=https``, over calls the client completed; wrk leaves out the <= 10 requests in
+flight when it stops, so a row is met when each traced run has calls <= spans <= calls + 10),
+events lost in the kernel / spans dropped at export (self-metrics), agent CPU per call
+(utime+stime of the agent process: user space only, probe time is charged to the traced
+processes), agent RSS (max sampled under load), p50/p99 latency.
+Target: spans per call 1.000 and ratio >= 0.90.
+
+Usage: ``python bench/protocol_load.py [--quick] [--duration S] [--rounds R] [--paced 0.5,...] [--only grpc|https]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from http_load import AGENT, PACING_SCRIPT, REPO, _cpu_seconds, _status_mb  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from tests.otlp_receiver import load_file_metrics, load_file_spans  # noqa: E402
+
+CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
+# tls_peers.py's https server with its handler set up as http_service.py's (one write per response,
+# TCP_NODELAY): as is, Nagle + the client's delayed ACK stall each response ~40 ms (~200/s at -c10).
+HTTPS_SERVER = [sys.executable, str(REPO / "examples" / "tls_peers.py"), "https-serve"]
+GRPC_SPAN = "tracechain.Chain/Work"
+WRK_CONNECTIONS = 10
+HEADER = ["workload", "offered", "untraced", "traced", "ratio", "spans/call", "lost ev/spans", "agent CPU/call",
+          "agent RSS", "p50 ms u / t", "p99 ms u / t", "meets target"]
+
+
+@dataclass
+class Run:
+    calls: int
+    rate: float  # calls/s the client achieved
+    p50_ms: float
+    p99_ms: float
+    errors: int = 0  # failed calls, as the client counts them
+    spans: int = 0
+    error_spans: int = 0  # of those, with status ERROR
+    lost: tuple[int, int] = (0, 0)  # events lost in the kernel, spans dropped at export
+    agent_cpu_s: float = 0.0
+    agent_rss_mb: float = 0.0
+    shared: tuple[int, ...] = ()  # other processes holding BPF programs during the load
+
+
+Load = Callable[[int, float, float | None], Run]  # (port, seconds, calls/s or None: max) -> Run
+
+
+@dataclass
+class Workload:
+    name: str
+    serve: Callable[[Path], list[str]]  # port file -> server command line (writes its port there)
+    load: Load
+    is_span: Callable[[dict], bool]  # a flattened SERVER span standing for one call
+    pace: Callable[[float], float]  # a wanted rate -> the nearest rate not above it the load can offer
+    in_flight: int  # calls that can be answered (and traced) after the client stopped counting
+
+
+def progress(message: str) -> None:
+    print(f"[protocol_load] {message}", file=sys.stderr, flush=True)
+
+
+def grpc_load(concurrency: int) -> Load:
+    def load(port: int, seconds: float, rate: float | None) -> Run:
+        paced = [] if rate is None else ["--rate", str(rate)]
+        out = subprocess.run([*CHAIN, "load-grpc", f"127.0.0.1:{port}", "--seconds", str(seconds),
+                              "--concurrency", str(concurrency), *paced], capture_output=True, text=True)
+        if not out.stdout.strip():
+            raise SystemExit(f"load-grpc failed ({out.returncode}): {out.stderr}")
+        r = json.loads(out.stdout)
+        return Run(r["calls"], r["calls"] / r["seconds"], r["p50_ms"] or 0.0, r["p99_ms"] or 0.0, r["errors"])
+    return load
+
+
+def _wrk_delay_ms(rate: float) -> int:
+    return max(1, math.ceil(WRK_CONNECTIONS * 1000 / rate))
+
+
+def _wrk_ms(out: str, percentile: str) -> float:
+    value, unit = re.search(rf"^\s*{percentile}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.M).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+def https_load(port: int, seconds: float, rate: float | None) -> Run:
+    command = ["wrk", "-t1", f"-c{WRK_CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--latency",
+               f"https://127.0.0.1:{port}/health"]
+    env = dict(os.environ)
+    if rate is not None:
+        command[1:1] = ["-s", str(PACING_SCRIPT)]
+        env["WRK_DELAY_MS"] = str(_wrk_delay_ms(rate))
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    errors += int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    return Run(requests, rps, _wrk_ms(out, "50"), _wrk_ms(out, "99"), errors)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, what: str, log: Path | None = None) -> str:
+    deadline = time.monotonic() + 120
+    while not (path.exists() and (text := path.read_text().strip()) != ""):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not come up (exit {proc.poll()})\n{log.read_text() if log else ''}")
+        time.sleep(0.05)
+    return text
+
+
+def _self_counter(metrics: dict[str, list[dict]], name: str) -> int:
+    """A cumulative self-metric's last value, summed over its attribute sets."""
+    return int(sum({tuple(sorted(p["attributes"].items())): p["value"] for p in metrics.get(name, [])}.values()))
+
+
+def bpf_holders() -> set[int]:
+    """Processes holding BPF programs (fds to ``anon_inode:bpf-prog``)."""
+    pids = set()
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == "anon_inode:bpf-prog" for fd in fds.iterdir()):
+                pids.add(int(fds.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+class Watch(threading.Thread):
+    """Twice a second under load: the agent's VmRSS (``peak``), other processes holding BPF programs."""
+
+    def __init__(self, agent: int | None) -> None:
+        super().__init__(daemon=True)
+        self.agent, self.peak, self.others, self.stop = agent, 0.0, set[int](), threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.others |= bpf_holders() - {self.agent}
+            if self.agent:
+                self.peak = max(self.peak, _status_mb(self.agent, "VmRSS"))
+
+
+def measure(workload: Workload, rate: float | None, seconds: float, traced: bool) -> Run:
+    """One run: a fresh server, a 1 s warm-up, then (traced) the agent attached, then the load."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file, ready, log, out = (Path(tmp) / name for name in ("port", "agent.ready", "agent.log", "out"))
+        server = subprocess.Popen(workload.serve(port_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        agent: subprocess.Popen | None = None
+        try:
+            port = int(_wait_for(port_file, server, f"{workload.name} server"))
+            workload.load(port, 1, rate)  # warm-up, before any agent: not counted
+            if traced:
+                with log.open("w") as stderr:
+                    agent = subprocess.Popen([*AGENT, "run", "--pid", str(server.pid), "--exporter", "file",
+                                              "--output", str(out), "--ready-file", str(ready)],
+                                             cwd=REPO, stderr=stderr)
+                _wait_for(ready, agent, "the agent", log)
+            cpu_before, watch = _cpu_seconds(agent.pid) if agent else 0.0, Watch(agent and agent.pid)
+            watch.start()
+            run = workload.load(port, seconds, rate)
+            if agent:
+                time.sleep(0.5)  # let the agent drain the ring buffer
+            watch.stop.set()
+            run.shared = tuple(sorted(watch.others))
+            if agent is None:
+                return run
+            run.agent_cpu_s, run.agent_rss_mb = _cpu_seconds(agent.pid) - cpu_before, watch.peak
+            agent.send_signal(signal.SIGINT)
+            if agent.wait(timeout=120) != 0:
+                raise SystemExit(f"agent failed ({agent.returncode}):\n{log.read_text()}")
+            spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
+            run.spans, run.error_spans = len(spans), sum(1 for s in spans if s["status_code"] == "ERROR")
+            metrics = load_file_metrics(out)
+            run.lost = (_self_counter(metrics, "otel_ebpf.events.lost"),
+                        _self_counter(metrics, "otel_ebpf.spans.dropped"))
+            return run
+        finally:
+            for proc in (agent, server):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+def quiet_measure(workload: Workload, rate: float | None, traced: bool, args: argparse.Namespace) -> Run:
+    """``measure``, first waiting for other BPF users to end, and again while one shared the run."""
+    for _ in range(3):
+        deadline = time.monotonic() + args.wait_quiet
+        if others := bpf_holders():
+            progress(f"  waiting up to {args.wait_quiet:.0f} s for other BPF users to end: pids {sorted(others)}")
+        while bpf_holders() and time.monotonic() < deadline:
+            time.sleep(5)
+        run = measure(workload, rate, args.duration, traced)
+        if not run.shared:
+            break
+        progress(f"  other processes held BPF programs during the load: pids {list(run.shared)}")
+    return run
+
+
+def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tuple[list[str], list[Run]]:
+    """The table row of one offered load, and its untraced runs."""
+    label = "max" if rate is None else f"{rate:,.0f}/s"
+    u: list[Run] = []
+    t: list[Run] = []
+    for n in range(args.rounds):
+        order = (False, True) if n % 2 == 0 else (True, False)
+        progress(f"{workload.name} {label}, round {n + 1}/{args.rounds}: "
+                 + " then ".join("traced" if traced else "untraced" for traced in order) + " ...")
+        for traced in order:
+            run = quiet_measure(workload, rate, traced, args)
+            (t if traced else u).append(run)
+            progress(f"  {'traced' if traced else 'untraced'}: {run.rate:,.0f}/s, {run.calls} calls"
+                     + (f", {run.spans} spans ({run.error_spans} ERROR), lost (events, spans) {run.lost}, "
+                        f"agent {run.agent_cpu_s:.2f} CPU-s" if traced else "")
+                     + (f", {run.errors} client ERRORS" if run.errors else ""))
+    ratio = statistics.median(b.rate / a.rate for a, b in zip(u, t))
+    calls = sum(r.calls for r in t)
+    spans, errs = sum(r.spans for r in t) / calls, sum(r.error_spans for r in t)
+    captured = all(r.calls <= r.spans <= r.calls + workload.in_flight for r in t)
+    misses = [what for what, ok in (("spans", captured), ("ratio", ratio >= 0.90)) if not ok]
+    notes = [f"{n} errors" for n in [sum(r.errors for r in u + t)] if n]
+    notes += [f"{n} of {len(u + t)} runs shared" for n in [sum(1 for r in u + t if r.shared)] if n]
+    return [workload.name, label, f"{statistics.median(r.rate for r in u):,.0f}/s",
+            f"{statistics.median(r.rate for r in t):,.0f}/s", f"{ratio:.3f}",
+            f"{spans:.4f}" + (f" ({errs} ERROR)" if errs else ""),
+            f"{sum(r.lost[0] for r in t)} / {sum(r.lost[1] for r in t)}",
+            f"{sum(r.agent_cpu_s for r in t) / calls * 1e6:.0f} µs", f"{max(r.agent_rss_mb for r in t):.0f} MB",
+            f"{statistics.median(r.p50_ms for r in u):.2f} / {statistics.median(r.p50_ms for r in t):.2f}",
+            f"{statistics.median(r.p99_ms for r in u):.2f} / {statistics.median(r.p99_ms for r in t):.2f}",
+            ("yes" if not misses else f"NO ({', '.join(misses)})") + "".join(f" [{n}]" for n in notes)], u
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds of load per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="untraced/traced pairs per load")
+    parser.add_argument("--paced", default="0.5", help="paced loads, fractions of the untraced max ('' for none)")
+    parser.add_argument("--grpc-concurrency", type=int, default=16, help="load-grpc threads on the one channel")
+    parser.add_argument("--only", choices=["grpc", "https"], help="one workload only")
+    parser.add_argument("--wait-quiet", type=float, default=300,
+                        help="seconds to wait before a run for other processes holding BPF programs to end")
+    parser.add_argument("--quick", action="store_true", help="short run: 3 s, 1 round")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.rounds = 3.0, 1
+    if os.geteuid() != 0:
+        raise SystemExit("the benchmark attaches eBPF programs: run it as root")
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: run scripts/bootstrap.sh (or apt-get install wrk)")
+    import trustme
+
+    certs = Path(tempfile.mkdtemp(prefix="protocol_load-"))
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(certs / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(certs / "server.pem"))
+    workloads = {
+        "grpc": Workload("gRPC", lambda port: [*CHAIN, "serve-grpc", "bench", str(port)],
+                         grpc_load(args.grpc_concurrency), lambda s: s["name"] == GRPC_SPAN, lambda r: round(r, -1), 0),
+        "https": Workload("HTTPS", lambda port: [*HTTPS_SERVER, str(port), *[str(certs / "server.pem")] * 2],
+                          https_load, lambda s: s["attributes"].get("url.scheme") == "https",
+                          lambda r: WRK_CONNECTIONS * 1000 / _wrk_delay_ms(r), WRK_CONNECTIONS),
+    }
+    table = [HEADER]
+    try:
+        for key, workload in workloads.items():
+            if args.only in (None, key):
+                cells, untraced = row(workload, None, args)
+                table.append(cells)
+                top = statistics.median(r.rate for r in untraced)
+                table += [row(workload, workload.pace(top * float(f)), args)[0] for f in args.paced.split(",") if f]
+    finally:
+        shutil.rmtree(certs, ignore_errors=True)
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    print(f"\n{args.rounds} round(s) of {args.duration:g} s per load, medians; gRPC: {args.grpc_concurrency} threads "
+          f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print("target: spans/call 1.000 and traced/untraced ratio >= 0.90")
+    for line in table:
+        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+
+
+if __name__ == "__main__":
+    main()
