@@ -647,7 +647,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
     // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
     u64 left = ret;
     struct uiovec *iov = (struct uiovec *)io.buf;
-#pragma unroll
+// a bounded loop (Linux 5.3+): unrolling 64 iterations would multiply the program and its compile memory
     for (int i = 0; i < MAX_IOV; i++) {
         if (i >= io.iovcnt || left == 0)
             break;
