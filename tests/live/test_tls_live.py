@@ -61,6 +61,25 @@ def _client_and_agent(tmp: Path, receiver: OTLPReceiver, server: subprocess.Pope
     return client, agent
 
 
+def _serve_and_call(tmp: Path, serve: str, call: str, spans_expected: int) -> tuple[list[str], str, list, dict]:
+    """A TLS server and a client of it (``tls_peers.py`` commands), both traced from the start:
+    the client's output lines, the agent's stderr, and what the receiver got."""
+    ca, cert, key = _certificates(tmp)
+    server = subprocess.Popen([*WORKLOAD, serve, str(tmp / "port"), cert, key])
+    try:
+        port = int(_wait_for_file(tmp / "port", server))
+        with OTLPReceiver() as receiver:
+            client, agent = _client_and_agent(tmp, receiver, server, call, port, ca)
+            out, _ = client.communicate("go\n", timeout=60)
+            assert client.returncode == 0
+            stderr = _stop(agent)
+            receiver.wait_for(lambda r: len(r.spans()) >= spans_expected and bool(r.metrics()), timeout=10)
+            return out.splitlines(), stderr, receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+
+
 def _stop(agent: subprocess.Popen) -> str:
     agent.send_signal(signal.SIGINT)
     stderr = agent.communicate(timeout=60)[1]
@@ -129,21 +148,8 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
 def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
     """aiohttp on both ends: asyncio's SSLProtocol decrypts through memory BIOs, so no syscall
     happens inside SSL_read; the socket is the one the thread read just before."""
-    ca, cert, key = _certificates(tmp_path)
-    server = subprocess.Popen([*WORKLOAD, "async-serve", str(tmp_path / "port"), cert, key])
-    try:
-        port = int(_wait_for_file(tmp_path / "port", server))
-        with OTLPReceiver() as receiver:
-            client, agent = _client_and_agent(tmp_path, receiver, server, "async-client", port, ca)
-            out, _ = client.communicate("go\n", timeout=60)
-            assert client.returncode == 0
-            calls = [json.loads(line) for line in out.splitlines()]
-            _stop(agent)
-            receiver.wait_for(lambda r: len(r.spans()) >= 2 * CALLS, timeout=10)
-            spans, metrics = receiver.spans(), receiver.metrics()
-    finally:
-        server.kill()
-        server.wait()
+    lines, _, spans, metrics = _serve_and_call(tmp_path, "async-serve", "async-client", 2 * CALLS)
+    calls = [json.loads(line) for line in lines]
     expected = Counter((c["path"], c["status"]) for c in calls)
     for kind in ("SERVER", "CLIENT"):
         got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
@@ -154,21 +160,8 @@ def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
 
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
-    ca, cert, key = _certificates(tmp_path)
-    server = subprocess.Popen([*WORKLOAD, "grpc-serve", str(tmp_path / "port"), cert, key])
-    try:
-        port = int(_wait_for_file(tmp_path / "port", server))
-        with OTLPReceiver() as receiver:
-            client, agent = _client_and_agent(tmp_path, receiver, server, "grpc-client", port, ca)
-            out, _ = client.communicate("go\n", timeout=60)
-            assert client.returncode == 0
-            assert len(out.splitlines()) == CALLS
-            stderr = _stop(agent)
-            receiver.wait_for(lambda r: bool(r.metrics()), timeout=10)
-            spans, metrics = receiver.spans(), receiver.metrics()
-    finally:
-        server.kill()
-        server.wait()
+    lines, stderr, spans, metrics = _serve_and_call(tmp_path, "grpc-serve", "grpc-client", 0)
+    assert len(lines) == CALLS
     assert "cygrpc" in stderr and "no SSL_read/SSL_write symbols" in stderr
     assert spans == []
     assert _total(metrics, "otel_ebpf.parse.errors") == 0
