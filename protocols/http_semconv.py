@@ -62,7 +62,21 @@ RESPONSE_MISSING = "response_missing"  # the connection ended before any final r
 # Request-correlation headers, captured by default: they join an exchange to the logs of the
 # programs at both ends, whatever the trace assembly concluded.
 CORRELATION_HEADERS = frozenset({"x-request-id", "x-correlation-id"})
-CONNECTION_CLOSED = "connection_closed"  # the connection ended in the middle of the response
+CONNECTION_CLOSED = "connection_closed"
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def capture_headers_option(value: object) -> frozenset[str]:
+    """The ``capture_headers`` plugin option: lower-case header names, the correlation headers
+    when absent; ``ValueError("capture_headers: ...")`` when it is not a list of header names."""
+    if value is None:
+        return CORRELATION_HEADERS
+    if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
+        raise ValueError("capture_headers: must be a list of header names")
+    invalid = [name for name in value if not _HEADER_NAME.fullmatch(name)]
+    if invalid:
+        raise ValueError(f"capture_headers: not a header name: {invalid[0]!r}")
+    return frozenset(name.lower() for name in value)  # the connection ended in the middle of the response
 
 # What a transaction holds for parts of a message the capture could not tell (HTTP/2 header
 # fields compressed against state from before the capture): the method, the target, and the

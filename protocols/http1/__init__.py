@@ -21,7 +21,7 @@ from typing import Any
 
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
 
-from ..http_semconv import CORRELATION_HEADERS, HTTP_INSTRUMENTS
+from ..http_semconv import HTTP_INSTRUMENTS, capture_headers_option
 from .parser import MAX_LINE
 from .session import HTTP1Session
 from .stitcher import FifoStitcher
@@ -37,7 +37,6 @@ _REQUEST_PREFIX = re.compile(
 )
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] [0-9]{3}[ \t\r\n]")
 _STATUS_EXAMPLE = b"HTTP/1.1 200 "  # completes a short prefix for the "could it still be" check
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class HTTP1(Protocol):
@@ -49,7 +48,7 @@ class HTTP1(Protocol):
         options = dict(options or {})
         capture = options.pop("capture_headers", None)
         super().__init__(options)
-        self.capture_headers: frozenset[str] = _header_names(capture)
+        self.capture_headers: frozenset[str] = capture_headers_option(capture)
 
     def sniff(self, direction: Direction, data: bytes) -> Sniff:
         """A request line or status line at the very start; checked by regex, nothing parsed."""
@@ -75,14 +74,3 @@ class HTTP1(Protocol):
 
     def new_stitcher(self, role: Role) -> FifoStitcher:
         return FifoStitcher(self.capture_headers)
-
-
-def _header_names(value: object) -> frozenset[str]:
-    if value is None:
-        return CORRELATION_HEADERS
-    if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
-        raise ValueError("capture_headers: must be a list of header names")
-    invalid = [name for name in value if not _HEADER_NAME.fullmatch(name)]
-    if invalid:
-        raise ValueError(f"capture_headers: not a header name: {invalid[0]!r}")
-    return frozenset(name.lower() for name in value)

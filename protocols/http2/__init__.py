@@ -55,8 +55,7 @@ from typing import Any
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
 
 from .. import grpc_semconv
-from ..http1 import _header_names as header_names_option
-from ..http_semconv import HTTP_INSTRUMENTS
+from ..http_semconv import HTTP_INSTRUMENTS, capture_headers_option
 from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
     END_HEADERS,
@@ -89,7 +88,7 @@ class HTTP2(Protocol):
         if opt_in is not None and not isinstance(opt_in, str):
             raise ValueError("semconv_stability_opt_in: must be a string such as 'rpc' or 'rpc/dup'")
         semconv = grpc_semconv.semconv_from_opt_in(opt_in)
-        self.settings = Settings(header_names_option(capture), semconv)
+        self.settings = Settings(capture_headers_option(capture), semconv)
         self.instruments = (*HTTP_INSTRUMENTS, *grpc_semconv.instruments(semconv))
 
     def sniff(self, direction: Direction, data: bytes) -> Sniff:
