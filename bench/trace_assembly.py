@@ -42,9 +42,9 @@ from typing import Any
 from otel_ebpf.agent import REPLAY_BATCH
 from otel_ebpf.assembly import TraceAssembler
 from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import Event, ProcessInfo
+from otel_ebpf.events import Event, ProcessExit, ProcessInfo
 from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.protocol import load_protocols
+from otel_ebpf.protocol import Protocol, load_protocols
 from otel_ebpf.recording import read_recording
 from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -74,13 +74,14 @@ def batched(events: list[Event]) -> list[list[Event]]:
 
 
 def laid_end_to_end(events: list[Event], copies: int) -> list[Event]:
-    """``copies`` of the recording one after another (ProcessInfo once), arrival order kept."""
+    """``copies`` of the recording's connections one after another (ProcessInfo once, ProcessExit
+    never), arrival order kept."""
     shift = max(e.timestamp_ns for e in events) - min(e.timestamp_ns for e in events) + 1_000_000
     stream = [e for e in events if isinstance(e, ProcessInfo)]
     for c in range(copies):
         stream += [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + c * shift,
                                        generation=e.generation + c * GENERATION_STRIDE)
-                   for e in events if not isinstance(e, ProcessInfo)]
+                   for e in events if not isinstance(e, (ProcessInfo, ProcessExit))]
     return stream
 
 
@@ -104,13 +105,14 @@ class NotingAssembler(TraceAssembler):
         super().expire(now_ns)
 
 
-def run_pipeline(events: list[Event], window_ns: int | None = None,
-                 assembler: TraceAssembler | None = None) -> tuple[float, list[int]]:
-    """Seconds through a fresh pipeline (``window_ns`` None: the default reorder window) and the
-    trace id of every span. Unlike ``pipeline_replay.run_pipeline`` it flushes at the end: without,
-    the spans still held in the reorder window never come out."""
+def run_pipeline(events: list[Event], window_ns: int | None = None, assembler: TraceAssembler | None = None,
+                 protocols: list[Protocol] | None = None) -> tuple[float, list[int]]:
+    """Seconds through a fresh pipeline (``window_ns`` None: the default reorder window; ``protocols``
+    None: the installed plugins with default options) and the trace id of every span. Unlike
+    ``pipeline_replay.run_pipeline`` it flushes at the end: without, the spans still held in the
+    reorder window never come out."""
     selfmetrics = SelfMetrics()
-    protocols = load_protocols()
+    protocols = load_protocols() if protocols is None else protocols
     telemetry = Telemetry(protocols, "bench-host", {}, selfmetrics)
     reorderer = None if window_ns is None else EventReorderer(selfmetrics, window_ns=window_ns)
     pipeline = Pipeline(ConnectionTracker(protocols, selfmetrics), telemetry, selfmetrics, assembler, reorderer)

@@ -5,7 +5,10 @@
    ``/proc/<pid>/environ``);
 2. starts the agent with the file exporter on that port and waits for its ready file;
 3. drives traffic: ``examples/http_client.py`` (keep-alive, mixed routes) and a few ``curl`` calls,
-   one with an ``Authorization`` header and secrets in the query string to show redaction;
+   one with an ``Authorization`` header and secrets in the query string to show redaction; then LLM
+   calls (``examples/llm_clients.py``: OpenAI-style SSE streams, Ollama NDJSON, TGI, embeddings)
+   against ``examples/llm_server.py`` (``OTEL_SERVICE_NAME=demo-llm``, first token after 300 ms, one
+   every 40 ms), traced on the same agent;
 4. stops the agent with SIGINT (it flushes and exits) and prints a summary of ``traces.jsonl`` and
    ``metrics.jsonl``, plus whether either secret reached the exported data.
 
@@ -30,6 +33,7 @@ import summarize
 EXAMPLES = Path(__file__).resolve().parent
 REPO = EXAMPLES.parent
 SERVICE_NAME = "demo-inference"
+LLM_SERVICE_NAME = "demo-llm"
 SECRET_TOKEN = "demo-secret-token-0123456789"
 SECRET_KEY = "demo-secret-api-key-9876543210"
 READY_TIMEOUT_S = 90.0  # BCC compiles every probe at start-up: seconds, more on a busy machine
@@ -75,11 +79,25 @@ def start_service(python: str) -> tuple[subprocess.Popen[bytes], int]:
     return proc, int(line.rsplit(":", 1)[1])
 
 
-def start_agent(agent: str, output: Path, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+def start_llm_server(python: str, port_file: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The stand-in LLM server on a free port; returns it and its port."""
+    env = {**os.environ, "OTEL_SERVICE_NAME": LLM_SERVICE_NAME}
+    proc = subprocess.Popen([python, str(EXAMPLES / "llm_server.py"), str(port_file)], stdout=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 15
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc, signal.SIGTERM, 5)
+            raise DemoError("the LLM stand-in server did not start")
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+def start_agent(agent: str, output: Path, ports: Sequence[int]) -> tuple[subprocess.Popen[bytes], Path]:
     """Start the agent and wait until its probes are attached; returns it and its log file."""
     ready = output / "agent.ready"
     log = output / "agent.log"
-    cmd = [agent, "run", "--exporter", "file", "--output", str(output), "--port", str(port), "--ready-file", str(ready)]
+    cmd = [agent, "run", "--exporter", "file", "--output", str(output), *(f"--port={port}" for port in ports),
+           "--ready-file", str(ready)]
     print("$ " + " ".join(cmd))
     with log.open("wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
@@ -119,6 +137,14 @@ def drive_traffic(python: str, port: int, requests: int) -> None:
             ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", *args], capture_output=True, text=True, check=False
         )
         print(f"$ curl {shown}  -> {result.stdout or result.stderr.strip()}")
+
+
+def drive_llm_calls(python: str, port: int) -> None:
+    """Every kind of LLM call the stand-in serves, once, as applications make them."""
+    print(f"\n$ python examples/llm_clients.py {port}")
+    clients = subprocess.run([python, str(EXAMPLES / "llm_clients.py"), str(port)], check=False)
+    if clients.returncode != 0:
+        raise DemoError(f"the LLM clients failed with status {clients.returncode}")
 
 
 def redaction_report(output: Path) -> str:
@@ -162,13 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(args.output, ignore_errors=True)  # a fresh run: the exporter appends
     args.output.mkdir(parents=True)
 
-    service = agent = None
+    service = llm = agent = None
     try:
         service, port = start_service(sys.executable)
         print(f"demo service (OTEL_SERVICE_NAME={SERVICE_NAME}) listening on 127.0.0.1:{port}")
-        agent, log = start_agent(args.agent, args.output, port)
+        llm, llm_port = start_llm_server(sys.executable, args.output / "llm.port")
+        print(f"LLM stand-in (OTEL_SERVICE_NAME={LLM_SERVICE_NAME}) listening on 127.0.0.1:{llm_port}")
+        agent, log = start_agent(args.agent, args.output, [port, llm_port])
         print(f"agent ready (log: {log})")
         drive_traffic(sys.executable, port, args.requests)
+        drive_llm_calls(sys.executable, llm_port)
         time.sleep(0.5)  # let the last responses' events reach the agent before it stops
         status = _stop(agent, signal.SIGINT, STOP_TIMEOUT_S)
         if status is None:
@@ -179,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        for proc, sig in ((agent, signal.SIGINT), (service, signal.SIGTERM)):
+        for proc, sig in ((agent, signal.SIGINT), (service, signal.SIGTERM), (llm, signal.SIGTERM)):
             if proc is not None:
                 _stop(proc, sig, 10)
 

@@ -246,6 +246,28 @@ def format_traces(spans: Sequence[Span]) -> str:
             f"{across} of them across services")
 
 
+def format_llm_calls(spans: Sequence[Span]) -> str:
+    """LLM calls (spans with ``gen_ai.*`` attributes) by (service, kind, span name): count, median
+    time to first token and per output token, tokens in and out; empty when there are none."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for s in spans:
+        if "gen_ai.operation.name" in s.attributes:
+            groups[(s.service, s.kind, s.name)].append(s.attributes)
+    if not groups:
+        return ""
+    lines = ["LLM calls (median TTFT / TPOT of streamed calls; tokens in / out summed):"]
+    for (service, kind, name), calls in sorted(groups.items()):
+        ttft = sorted(float(a["gen_ai.response.time_to_first_chunk"]) for a in calls
+                      if "gen_ai.response.time_to_first_chunk" in a)
+        tpot = sorted(float(a["otel_ebpf.gen_ai.time_per_output_token"]) for a in calls
+                      if "otel_ebpf.gen_ai.time_per_output_token" in a)
+        tokens = [sum(int(a.get(f"gen_ai.usage.{side}_tokens", 0)) for a in calls) for side in ("input", "output")]
+        timing = f"TTFT {percentile(ttft, 50) * 1e3:6.1f} ms  TPOT {percentile(tpot, 50) * 1e3:5.1f} ms" if ttft else ""
+        lines.append(f"  {service:<14} {kind:<6} {name:<28} {len(calls):>4} calls  "
+                     f"tokens {tokens[0]:>6} / {tokens[1]:<6} {timing}".rstrip())
+    return "\n".join(lines)
+
+
 def format_summary(directory: Path) -> str:
     """The report ``make demo`` prints: a span table, then the agent's self-metrics."""
     directory = Path(directory)
@@ -254,6 +276,9 @@ def format_summary(directory: Path) -> str:
     if spans:
         out.append(format_span_table(span_stats(spans)))
         out.append(format_traces(spans))
+        llm = format_llm_calls(spans)
+        if llm:
+            out += ["", llm]
     self_metrics = read_self_metrics(directory / METRICS_FILE)
     out.append("")
     out.append(f"Agent self-metrics (latest values in {directory / METRICS_FILE}):")

@@ -332,6 +332,17 @@ def _error_type(tx: HttpTransaction, is_server: bool) -> str | None:
     return None
 
 
+def error_type(tx: HttpTransaction, conn: ConnectionInfo) -> str | None:
+    """The transaction's ``error.type`` as the observed process's side sees it."""
+    return _error_type(tx, conn.role is Role.SERVER)
+
+
+def server_endpoint(tx: HttpTransaction, conn: ConnectionInfo) -> tuple[str | None, int | None]:
+    """``(server.address, server.port)`` of the transaction."""
+    target = split_target(tx.target)
+    return _server(target, tx.authority, target.scheme or conn.scheme, conn)
+
+
 def _span_name(method: str, path: str) -> str:
     method = "HTTP" if method == OTHER_METHOD else method
     return f"{method} {route_template(path)}" if path.startswith("/") else method

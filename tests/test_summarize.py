@@ -217,3 +217,20 @@ def test_empty_directory_and_usage(summarize: ModuleType, tmp_path: Path, capsys
     assert "Spans in" in summarize.format_summary(tmp_path)
     assert summarize.main([str(tmp_path / "missing")]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_llm_calls_are_summarized(summarize: ModuleType) -> None:
+    def call(ttft: float | None, tpot: float | None, tokens_in: int, tokens_out: int) -> object:
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": tokens_in,
+                      "gen_ai.usage.output_tokens": tokens_out}
+        if ttft is not None:
+            attributes["gen_ai.response.time_to_first_chunk"] = ttft
+            attributes["otel_ebpf.gen_ai.time_per_output_token"] = tpot
+        return summarize.Span("llm", "chat m", "SERVER", 1.0, False, attributes)
+
+    spans = [call(0.30, 0.040, 20, 25), call(0.32, 0.042, 20, 25), call(None, None, 7, 3),
+             summarize.Span("web", "GET /", "SERVER", 1.0, False, {})]
+    text = summarize.format_llm_calls(spans)
+    assert text.splitlines()[1].split() == ["llm", "SERVER", "chat", "m", "3", "calls", "tokens", "47", "/", "53",
+                                            "TTFT", "300.0", "ms", "TPOT", "40.0", "ms"]
+    assert summarize.format_llm_calls(spans[3:]) == ""

@@ -11,6 +11,9 @@ Options (``protocols.http1`` in the agent configuration):
     ``http.response.header.<name>`` (default: the correlation headers ``x-request-id`` and
     ``x-correlation-id``; an empty list captures none). Credential-bearing headers are exported as
     ``REDACTED`` even when listed.
+``genai``
+    How LLM calls (OpenAI-compatible, Ollama, TGI) are recognised and read: see
+    :mod:`otel_ebpf.protocols.genai`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
 
+from ..genai import GENAI_INSTRUMENTS, genai_option
 from ..http_semconv import HTTP_INSTRUMENTS, capture_headers_option
 from .parser import MAX_LINE
 from .session import HTTP1Session
@@ -42,13 +46,15 @@ _STATUS_EXAMPLE = b"HTTP/1.1 200 "  # completes a short prefix for the "could it
 class HTTP1(Protocol):
     name = "http1"
     transports = frozenset({Transport.TCP})
-    instruments = HTTP_INSTRUMENTS
+    instruments = HTTP_INSTRUMENTS + GENAI_INSTRUMENTS
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         capture = options.pop("capture_headers", None)
+        genai = options.pop("genai", None)
         super().__init__(options)
         self.capture_headers: frozenset[str] = capture_headers_option(capture)
+        self.genai = genai_option(genai)
 
     def sniff(self, direction: Direction, data: bytes) -> Sniff:
         """A request line or status line at the very start; checked by regex, nothing parsed."""
@@ -70,7 +76,7 @@ class HTTP1(Protocol):
         return NO_MATCH
 
     def new_session(self, role: Role) -> HTTP1Session:
-        return HTTP1Session(role)
+        return HTTP1Session(role, self.genai)
 
     def new_stitcher(self, role: Role) -> FifoStitcher:
-        return FifoStitcher(self.capture_headers)
+        return FifoStitcher(self.capture_headers, content_chars=self.genai.content_chars if self.genai else 0)

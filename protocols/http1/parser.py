@@ -22,16 +22,21 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Any
 
 from otel_ebpf.protocol import Direction, RequestStart, SessionOutput
 
 from ..caching import memoize
+from ..genai import GenAIOptions, RequestBody, ResponseBody, Route
 from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
 from .types import CAPTURE_GAP, MALFORMED, Request, Response
 
 MAX_HEAD = 64 * 1024  # start line + header section, and the trailer section
 MAX_LINE = 8 * 1024  # start line, chunk-size line
 MAX_PENDING = 256  # requests awaiting a response, per connection
+# A request awaiting its response: its method (a response to HEAD has no body whatever its headers
+# say) and, for an LLM call, its GenAI route (how to read the response).
+Pending = tuple[str, Route | None]
 
 # states
 _HEAD = 0  # at a message boundary: start line and header section
@@ -195,11 +200,14 @@ class _Parser(ABC):
         0  # bytes kept while resynchronising: the longest prefix of a start line to look for
     )
 
-    def __init__(self, direction: Direction, methods: deque[str]) -> None:
+    def __init__(self, direction: Direction, methods: deque[Pending], genai: GenAIOptions | None = None) -> None:
         self.direction = direction
+        self._genai = genai  # recognises LLM calls; None: every message is plain HTTP
         self.parse_errors = 0
-        # methods of requests whose final response has not been parsed, shared by both parsers
+        # requests whose final response has not been parsed, shared by both parsers
         self._methods = methods
+        # the GenAI layer's reader of the current message's content, for LLM calls only
+        self._tap: RequestBody | ResponseBody | None = None
         self._state = _HEAD
         self._buf = bytearray()  # unconsumed bytes; empty in body states
         self._base = 0  # stream offset of _buf[0]
@@ -236,10 +244,14 @@ class _Parser(ABC):
             # Large bodies arrive here: count them without copying.
             if self._state == _UNTIL_CLOSE:
                 self._body += len(data)
+                if self._tap is not None:
+                    self._tap.feed(data, timestamp_ns)
                 return []
             if self._state in (_LENGTH, _CHUNK_DATA) and len(data) < self._remaining:
                 self._remaining -= len(data)
                 self._body += len(data)
+                if self._tap is not None:
+                    self._tap.feed(data, timestamp_ns)
                 return []
             self._marks = [(self._base, timestamp_ns)]
             buf: bytes | bytearray = data
@@ -271,6 +283,8 @@ class _Parser(ABC):
         out: list[SessionOutput] = []
         self._settle_peek()
         state = self._state
+        if self._tap is not None and state in (_UNTIL_CLOSE, _LENGTH, _CHUNK_DATA):
+            self._tap.gap(length)
         if state == _UNTIL_CLOSE:
             self._body += length
             return out
@@ -330,6 +344,8 @@ class _Parser(ABC):
                 new = pos + take
                 self._remaining -= take
                 self._body += take
+                if self._tap is not None:
+                    self._tap.feed(bytes(buf[pos:new]), self._ts_at(pos))
                 if self._remaining == 0:
                     if state == _LENGTH:
                         self._emit(ts, out, self._body)
@@ -353,6 +369,8 @@ class _Parser(ABC):
             elif state == _UNTIL_CLOSE:
                 self._body += end - pos
                 new = end
+                if self._tap is not None:
+                    self._tap.feed(bytes(buf[pos:end]), self._ts_at(pos))
             elif state == _PEEK:
                 new = pos
                 want = min(len(_STATUS_PREFIX), self._remaining)
@@ -509,7 +527,12 @@ class _Parser(ABC):
     def _emit(
         self, end_ns: int, out: list[SessionOutput], body_size: int | None, incomplete: str | None = None
     ) -> None:
-        out.append(self._message(end_ns, body_size, incomplete))
+        tap, self._tap = self._tap, None
+        genai = None
+        if tap is not None:
+            genai = tap.finish()
+            self.parse_errors += tap.errors
+        out.append(self._message(end_ns, body_size, incomplete, genai))
         self._line = ()
         self._headers = ()
         self._body = 0
@@ -540,8 +563,8 @@ class _Parser(ABC):
         given what its header fields say about it (see :func:`_body_framing`)."""
 
     @abstractmethod
-    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Request | Response:
-        """The message parsed so far, ending at ``end_ns``."""
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None, genai: Any) -> Request | Response:
+        """The message parsed so far, ending at ``end_ns``; ``genai`` is what its tap found."""
 
 
 class RequestParser(_Parser):
@@ -569,7 +592,10 @@ class RequestParser(_Parser):
         out.append(RequestStart(self.direction, self._start_ns, self._headers))
 
     def _framing(self, chunked: bool | None, length: int) -> int:
-        self._methods.append(self._line[0])
+        method = self._line[0]
+        tap = self._genai.request_body(method, self._line[1]) if self._genai is not None else None
+        self._tap = tap
+        self._methods.append((method, tap.route if tap is not None else None))
         if chunked is not None:
             return _CHUNKED if chunked else _INVALID
         if length == -1:
@@ -577,7 +603,7 @@ class RequestParser(_Parser):
         self._remaining = max(length, 0)
         return _FIXED
 
-    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Request:
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None, genai: Any) -> Request:
         method, target, version = self._line
         # positional, in field order: keywords would make this per-message call a third slower
         return Request(
@@ -590,6 +616,7 @@ class RequestParser(_Parser):
             self._headers,
             body_size,
             incomplete,
+            genai,
         )
 
 
@@ -613,9 +640,11 @@ class ResponseParser(_Parser):
         if status < 200 and status != 101:
             return _INTERIM  # 100 Continue, 103 Early Hints: the final response follows
         # Responses come in request order; an empty FIFO means the request was not captured.
-        method = self._methods.popleft() if self._methods else None
+        method, route = self._methods.popleft() if self._methods else (None, None)
         if status == 101 or (method == "CONNECT" and status < 300):
             return _TUNNEL
+        if route is not None:
+            self._tap = self._genai.response_body(route, self._headers)  # type: ignore[union-attr]
         if method == "HEAD" or status in (204, 304):
             return _NO_BODY
         if chunked is not None:
@@ -632,7 +661,7 @@ class ResponseParser(_Parser):
         # this one answered a HEAD request.
         return _PEEK_FIXED
 
-    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None) -> Response:
+    def _message(self, end_ns: int, body_size: int | None, incomplete: str | None, genai: Any) -> Response:
         status, reason, version = self._line
         # positional, in field order: keywords would make this per-message call a third slower
         return Response(
@@ -645,6 +674,7 @@ class ResponseParser(_Parser):
             self._headers,
             body_size,
             incomplete,
+            genai,
         )
 
 

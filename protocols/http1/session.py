@@ -6,23 +6,25 @@ from collections import deque
 
 from otel_ebpf.protocol import Direction, Role, Session, SessionOutput
 
-from .parser import MAX_PENDING, RequestParser, ResponseParser
+from ..genai import GenAIOptions
+from .parser import MAX_PENDING, Pending, RequestParser, ResponseParser
 
 
 class HTTP1Session(Session):
     """Routes each direction to its parser and keeps the two in step.
 
     The response parser must know the method of the request each response answers (a response to
-    HEAD has no body whatever its headers say), and responses come in request order, so the
-    request parser appends methods to a bounded FIFO that the response parser consumes. When a
+    HEAD has no body whatever its headers say) and, for an LLM call, how to read its body; responses
+    come in request order, so the request parser appends both to a bounded FIFO that the response
+    parser consumes. When a
     response switches protocols (101, or 2xx to CONNECT) both directions stop being HTTP/1.
     """
 
-    def __init__(self, role: Role) -> None:
-        methods: deque[str] = deque(maxlen=MAX_PENDING)
+    def __init__(self, role: Role, genai: GenAIOptions | None = None) -> None:
+        methods: deque[Pending] = deque(maxlen=MAX_PENDING)
         requests = Direction.INGRESS if role is Role.SERVER else Direction.EGRESS
-        self._requests = RequestParser(requests, methods)
-        self._responses = ResponseParser(requests.reverse(), methods)
+        self._requests = RequestParser(requests, methods, genai)
+        self._responses = ResponseParser(requests.reverse(), methods, genai)
         self._parsers = {requests: self._requests, requests.reverse(): self._responses}
 
     @property

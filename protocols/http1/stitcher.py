@@ -22,10 +22,11 @@ class FifoStitcher(Stitcher):
     """
 
     def __init__(
-        self, capture_headers: Collection[str] = (), max_pending: int = MAX_PENDING
+        self, capture_headers: Collection[str] = (), max_pending: int = MAX_PENDING, content_chars: int = 0
     ) -> None:
         self.unmatched = 0
         self._capture_headers = capture_headers
+        self._content_chars = content_chars
         self._max_pending = max_pending
         self._requests: deque[Request] = deque()
         self._early: deque[Response] = deque()  # responses waiting for their request to complete
@@ -56,7 +57,7 @@ class FifoStitcher(Stitcher):
 
     def flush(self, timestamp_ns: int) -> list[HTTP1Exchange]:
         exchanges = [
-            HTTP1Exchange(request, None, max(request.end_ns, timestamp_ns), self._capture_headers)
+            HTTP1Exchange(request, None, max(request.end_ns, timestamp_ns), self._capture_headers, self._content_chars)
             for request in self._requests
         ]
         self.unmatched += len(self._early)
@@ -71,4 +72,4 @@ class FifoStitcher(Stitcher):
         queue.append(message)
 
     def _exchange(self, request: Request, response: Response) -> HTTP1Exchange:
-        return HTTP1Exchange(request, response, response.end_ns, self._capture_headers)
+        return HTTP1Exchange(request, response, response.end_ns, self._capture_headers, self._content_chars)

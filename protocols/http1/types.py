@@ -14,13 +14,16 @@ from otel_ebpf.protocol import (
     SpanDescription,
 )
 
+from ..genai import GenAICall, GenAIRequest, GenAIResponse
 from ..http_semconv import (
     CONNECTION_CLOSED,
     Headers,
     HttpTransaction,
     describe_span,
+    error_type,
     first_header,
     metric_points,
+    server_endpoint,
 )
 
 # Why a message's end was not seen (``incomplete``); CONNECTION_CLOSED (shared with error.type)
@@ -48,6 +51,7 @@ class Request(Message):
     headers: Headers
     body_size: int | None
     incomplete: str | None = None
+    genai: GenAIRequest | None = None  # the request as an LLM call (see ..genai)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,7 @@ class Response(Message):
     headers: Headers
     body_size: int | None
     incomplete: str | None = None
+    genai: GenAIResponse | None = None  # what the response said, when its request is an LLM call
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +82,18 @@ class HTTP1Exchange(Exchange):
     response: Response | None
     end_ns: int
     capture_headers: Collection[str] = ()
+    content_chars: int = 0  # LLM prompt and output text exported, at most (0: none)
     # Derived once, since the span and the metric points both describe it.
     _transaction: HttpTransaction = field(init=False, repr=False, compare=False)
+    _call: GenAICall | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # how a frozen dataclass sets a derived field
-        object.__setattr__(self, "_transaction", self._to_transaction())
+        tx = self._to_transaction()
+        object.__setattr__(self, "_transaction", tx)
+        request, response = self.request.genai, self.response.genai if self.response is not None else None
+        call = GenAICall(request, response, tx.start_ns, tx.end_ns) if request is not None else None
+        object.__setattr__(self, "_call", call)
 
     def transaction(self) -> HttpTransaction:
         return self._transaction
@@ -115,7 +126,12 @@ class HTTP1Exchange(Exchange):
         )
 
     def span(self, conn: ConnectionInfo) -> SpanDescription:
-        return describe_span(self._transaction, conn, self.capture_headers)
+        span = describe_span(self._transaction, conn, self.capture_headers)
+        return span if self._call is None else self._call.describe(span, self.content_chars)
 
     def metric_points(self, conn: ConnectionInfo) -> list[MetricPoint]:
-        return metric_points(self._transaction, conn)
+        points = metric_points(self._transaction, conn)
+        if self._call is not None:
+            tx = self._transaction
+            points += self._call.metric_points(conn, server_endpoint(tx, conn), error_type(tx, conn))
+        return points

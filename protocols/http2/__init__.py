@@ -40,6 +40,8 @@ Options (``protocols.http2`` in the agent configuration):
     ``http.response.header.<name>`` on HTTP spans, and as gRPC metadata
     (``rpc.grpc.request.metadata.<name>``, or ``rpc.request.metadata.<name>`` in the new
     conventions) on gRPC spans. Default: ``x-request-id``, ``x-correlation-id``.
+``genai``
+    How LLM calls are recognised and read, as for ``http1`` (see :mod:`otel_ebpf.protocols.genai`).
 ``semconv_stability_opt_in``
     Which RPC conventions gRPC spans and metrics follow, in the syntax of
     ``OTEL_SEMCONV_STABILITY_OPT_IN`` (``rpc``: the new set, ``rpc/dup``: both); defaults to that
@@ -55,6 +57,7 @@ from typing import Any
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
 
 from .. import grpc_semconv
+from ..genai import GENAI_INSTRUMENTS, genai_option
 from ..http_semconv import HTTP_INSTRUMENTS, capture_headers_option
 from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -83,13 +86,15 @@ class HTTP2(Protocol):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         capture = options.pop("capture_headers", None)
+        genai = options.pop("genai", None)
         opt_in = options.pop("semconv_stability_opt_in", os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN"))
         super().__init__(options)
+        self.genai = genai_option(genai)
         if opt_in is not None and not isinstance(opt_in, str):
             raise ValueError("semconv_stability_opt_in: must be a string such as 'rpc' or 'rpc/dup'")
         semconv = grpc_semconv.semconv_from_opt_in(opt_in)
-        self.settings = Settings(capture_headers_option(capture), semconv)
-        self.instruments = (*HTTP_INSTRUMENTS, *grpc_semconv.instruments(semconv))
+        self.settings = Settings(capture_headers_option(capture), semconv, self.genai.content_chars if self.genai else 0)
+        self.instruments = (*HTTP_INSTRUMENTS, *grpc_semconv.instruments(semconv), *GENAI_INSTRUMENTS)
 
     def sniff(self, direction: Direction, data: bytes) -> Sniff:
         """The connection preface, an ``Upgrade: h2c`` request, or frames (see the module doc)."""
@@ -105,7 +110,7 @@ class HTTP2(Protocol):
         return _sniff_frames(direction, data)
 
     def new_session(self, role: Role) -> HTTP2Session:
-        return HTTP2Session(role)
+        return HTTP2Session(role, self.genai)
 
     def new_stitcher(self, role: Role) -> StreamStitcher:
         return StreamStitcher(self.settings)

@@ -30,10 +30,13 @@ start time is what matches its announcement with its exchange, so no two may sha
 
 from __future__ import annotations
 
+from typing import Any
+
 from hyperframe.frame import Frame, SettingsFrame
 
 from otel_ebpf.protocol import Direction, RequestStart, Role, Session, SessionOutput
 
+from ..genai import GenAIOptions, RequestBody, ResponseBody, Route
 from ..http1.session import HTTP1Session
 from ..http_semconv import UNKNOWN_STATUS, Headers
 from .frames import (
@@ -62,7 +65,7 @@ _FRESH_STREAMS = 1 << 20
 class _Half:
     """What one direction of a stream carried so far."""
 
-    __slots__ = ("start_ns", "end_ns", "headers", "trailers", "unknown", "body", "counter", "ended", "lost_ns")
+    __slots__ = ("start_ns", "end_ns", "headers", "trailers", "unknown", "body", "counter", "ended", "lost_ns", "tap")
 
     def __init__(self, start_ns: int, headers: Headers, unknown: int, grpc: bool) -> None:
         self.start_ns = self.end_ns = start_ns
@@ -73,6 +76,7 @@ class _Half:
         self.counter = MessageCounter() if grpc else None
         self.ended = False  # END_STREAM seen
         self.lost_ns = 0  # when a gap may have hidden some of its frames (0: never)
+        self.tap: RequestBody | ResponseBody | None = None  # the GenAI layer's reader, LLM calls only
 
     def last_ns(self) -> int:
         return max(self.end_ns, self.lost_ns)
@@ -88,10 +92,11 @@ class _Half:
 
 
 class _Stream:
-    __slots__ = ("id", "request", "response", "status", "reported")
+    __slots__ = ("id", "request", "response", "status", "reported", "route")
 
     def __init__(self, stream_id: int) -> None:
         self.id = stream_id
+        self.route: Route | None = None  # an LLM call's API: how to read its response
         self.request: _Half | None = None  # None: its HEADERS were not seen
         self.response: _Half | None = None
         self.status = UNKNOWN_STATUS
@@ -129,8 +134,9 @@ def _status(headers: Headers) -> int:
 class HTTP2Session(Session):
     """Parses both directions of one HTTP/2 connection (see the module doc)."""
 
-    def __init__(self, role: Role) -> None:
+    def __init__(self, role: Role, genai: GenAIOptions | None = None) -> None:
         self.role = role
+        self._genai = genai
         self._requests = Direction.INGRESS if role is Role.SERVER else Direction.EGRESS
         self._responses = self._requests.reverse()
         self._readers = {
@@ -279,7 +285,7 @@ class HTTP2Session(Session):
         handshake = self._handshake
         assert handshake is not None
         self._handshake = None
-        self._http1 = http1 = HTTP1Session(self.role)
+        self._http1 = http1 = HTTP1Session(self.role, self._genai)
         out: list[SessionOutput] = []
         for direction, data, timestamp_ns, gap in handshake.held:
             if data:
@@ -329,6 +335,8 @@ class HTTP2Session(Session):
                 half.body += len(payload)
             if half.counter is not None:
                 half.counter.feed(payload)
+            if half.tap is not None:
+                half.tap.feed(payload, timestamp_ns)
             half.end_ns = timestamp_ns
 
     def on_data_gap(self, stream_id: int, length: int | None, timestamp_ns: int) -> None:
@@ -337,6 +345,8 @@ class HTTP2Session(Session):
             half.body = None if length is None or half.body is None else half.body + length
             if half.counter is not None:
                 half.counter.skip(length)
+            if half.tap is not None:
+                half.tap.gap(length or 0)
             half.end_ns = timestamp_ns
 
     def on_end_stream(self, stream_id: int, timestamp_ns: int) -> None:
@@ -364,6 +374,8 @@ class HTTP2Session(Session):
                 half.body = None
                 if half.counter is not None:
                     half.counter.lost = True
+                if half.tap is not None:
+                    half.tap.gap(0)
                 half.lost_ns = timestamp_ns
 
     # -- header blocks ------------------------------------------------------------------------------
@@ -433,6 +445,9 @@ class HTTP2Session(Session):
                 return
             start = self._start_time(block.start_ns)
             stream.request = half = _Half(start, fields, unknown, _may_be_grpc(fields, unknown))
+            if self._genai is not None and not unknown:
+                half.tap = self._genai.request_body(pseudo(fields, ":method") or "", pseudo(fields, ":path") or "")
+                stream.route = half.tap.route if half.tap is not None else None
             if not self._first_stream:
                 self._first_stream = stream_id
             self._last_stream = max(self._last_stream, stream_id)
@@ -465,6 +480,8 @@ class HTTP2Session(Session):
             grpc = stream.request is not None and stream.request.counter is not None
             stream.response = half = _Half(block.start_ns, fields, unknown, grpc)
             stream.status = status
+            if stream.route is not None:
+                half.tap = self._genai.response_body(stream.route, fields)  # type: ignore[union-attr]
         else:  # trailers
             half.trailers = fields
             half.unknown += unknown
@@ -514,8 +531,18 @@ class HTTP2Session(Session):
         end = half.end_ns if incomplete is None else half.last_ns()
         self._out.append(Request(
             self._requests, half.start_ns, end, stream.id, half.headers, half.unknown, half.body, *half.messages(),
-            incomplete,
+            incomplete, self._read_tap(half),
         ))
+
+    def _read_tap(self, half: _Half) -> Any:
+        """What the GenAI layer read of a finished half (``None`` for other requests)."""
+        tap = half.tap
+        if tap is None:
+            return None
+        half.tap = None
+        found = tap.finish()
+        self._errors += tap.errors
+        return found
 
     def _finish(self, stream: _Stream, end_ns: int, reset: int | None = None, incomplete: str | None = None) -> None:
         """The stream is over: report its request (if not yet) and its response."""
@@ -535,7 +562,7 @@ class HTTP2Session(Session):
         end = max(half.end_ns, end_ns) if incomplete is None else half.last_ns()
         self._out.append(Response(
             self._responses, half.start_ns, end, stream.id, stream.status, half.headers, half.trailers, half.unknown,
-            half.body, *half.messages(), reset, incomplete,
+            half.body, *half.messages(), reset, incomplete, self._read_tap(half),
         ))
 
     def _close_stream(self, stream: _Stream, timestamp_ns: int) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from otel_ebpf.protocol import ConnectionInfo, Direction, Exchange, Message, MetricPoint, SpanDescription
 
 from .. import grpc_semconv, http_semconv
+from ..genai import GenAICall, GenAIRequest, GenAIResponse
 from ..grpc_semconv import GrpcCall, Semconv
 from ..http_semconv import (
     CONNECTION_CLOSED,
@@ -58,6 +59,7 @@ class Request(Message):
     messages: int | None = None
     compressed: int = 0
     incomplete: str | None = None
+    genai: GenAIRequest | None = None  # the request as an LLM call (see ..genai)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,7 @@ class Response(Message):
     compressed: int = 0
     reset: int | None = None
     incomplete: str | None = None
+    genai: GenAIResponse | None = None  # what the response said, when its request is an LLM call
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class Settings:
 
     capture_headers: Collection[str] = ()
     semconv: Semconv = Semconv.OLD
+    content_chars: int = 0  # LLM prompt and output text exported, at most (0: none)
 
 
 def pseudo(headers: Headers, name: str) -> str | None:
@@ -141,12 +145,19 @@ class HTTP2Exchange(Exchange):
     # Derived once, since the span and the metric points both describe it.
     _call: GrpcCall | None = field(init=False, repr=False, compare=False)
     _transaction: HttpTransaction | None = field(init=False, repr=False, compare=False)
+    _genai: GenAICall | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grpc = is_grpc(self.request, self.response)
         # how a frozen dataclass sets derived fields
         object.__setattr__(self, "_call", self._to_call() if grpc else None)
-        object.__setattr__(self, "_transaction", None if grpc else self._to_transaction())
+        tx = None if grpc else self._to_transaction()
+        object.__setattr__(self, "_transaction", tx)
+        request = self.request.genai
+        call = None
+        if tx is not None and request is not None:
+            call = GenAICall(request, self.response.genai if self.response else None, tx.start_ns, tx.end_ns)
+        object.__setattr__(self, "_genai", call)
 
     @property
     def call(self) -> GrpcCall | None:
@@ -161,12 +172,18 @@ class HTTP2Exchange(Exchange):
     def span(self, conn: ConnectionInfo) -> SpanDescription:
         if self._call is not None:
             return grpc_semconv.describe_span(self._call, conn, self.settings.semconv, self.settings.capture_headers)
-        return http_semconv.describe_span(self._transaction, conn, self.settings.capture_headers)  # type: ignore[arg-type]
+        span = http_semconv.describe_span(self._transaction, conn, self.settings.capture_headers)  # type: ignore[arg-type]
+        return span if self._genai is None else self._genai.describe(span, self.settings.content_chars)
 
     def metric_points(self, conn: ConnectionInfo) -> list[MetricPoint]:
         if self._call is not None:
             return grpc_semconv.metric_points(self._call, conn, self.settings.semconv)
-        return http_semconv.metric_points(self._transaction, conn)  # type: ignore[arg-type]
+        tx: HttpTransaction = self._transaction  # type: ignore[assignment]
+        points = http_semconv.metric_points(tx, conn)
+        if self._genai is not None:
+            server, error = http_semconv.server_endpoint(tx, conn), http_semconv.error_type(tx, conn)
+            points += self._genai.metric_points(conn, server, error)
+        return points
 
     def _to_transaction(self) -> HttpTransaction:
         request, response = self.request, self.response

@@ -1,0 +1,195 @@
+"""A stand-in LLM server that streams like vLLM and Ollama do, with known timing (ASGI, served by
+hypercorn over HTTP/1.1 and h2c, as uvicorn or hypercorn serve vLLM's FastAPI app).
+
+It speaks the OpenAI-compatible API (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``; SSE with ``data: [DONE]`` and the ``stream_options.include_usage`` chunk),
+Ollama's native NDJSON API (``/api/generate``, ``/api/chat``) and TGI's ``/generate_stream``. A
+streamed answer's first token comes ``--first-token-ms`` after the request, then one every
+``--token-ms``; it has ``max_tokens`` tokens (default ``--tokens``). Token counts it reports:
+the prompt's characters / 4, rounded up, in; the tokens it sent, out.
+
+    python examples/llm_server.py PORT_FILE [--first-token-ms 300] [--token-ms 40] [--tokens 25]
+
+Writes the port it listens on (loopback, chosen by the kernel) to PORT_FILE once ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("messages") or body.get("prompt") or body.get("input") or body.get("inputs") or ""
+    return max(1, -(-len(json.dumps(prompt)) // 4))
+
+
+class LLMServer:
+    """The ASGI application: one handler per API, each writing its response through ``send``."""
+
+    def __init__(self, first_token_s: float, token_s: float, tokens: int) -> None:
+        self.first_token_s, self.token_s, self.tokens = first_token_s, token_s, tokens
+        self.routes: dict[str, Callable[[str, dict[str, Any], Send], Awaitable[None]]] = {
+            "/v1/chat/completions": self.openai,
+            "/v1/completions": self.openai,
+            "/v1/embeddings": self.embeddings,
+            "/api/generate": self.ollama,
+            "/api/chat": self.ollama,
+            "/generate_stream": self.tgi_stream,
+        }
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        handler = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
+        if handler is None:
+            await _json(send, {"error": {"type": "not_found", "message": scope["path"]}}, 404)
+            return
+        await handler(scope["path"], json.loads(body), send)
+
+    async def _tokens(self, count: int) -> AsyncIterator[str]:
+        """Yields token texts on the server's schedule."""
+        await asyncio.sleep(self.first_token_s)
+        for i in range(count):
+            if i:
+                await asyncio.sleep(self.token_s)
+            yield f"tok{i} "
+
+    async def openai(self, path: str, body: dict[str, Any], send: Send) -> None:
+        chat = path.endswith("/chat/completions")
+        count = int(body.get("max_tokens") or self.tokens)
+        model, prompt_tokens = body["model"], _prompt_tokens(body)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count, "total_tokens": prompt_tokens + count}
+        ident = f"cmpl-{time.monotonic_ns()}"
+        served = f"{model}-served"  # the response names the model as the server resolved it
+        if not body.get("stream"):
+            text = "".join([token async for token in self._tokens(count)])
+            choice = {"index": 0, "finish_reason": "length"}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            await _json(send, {"id": ident, "object": "chat.completion" if chat else "text_completion",
+                               "model": served, "choices": [choice], "usage": usage})
+            return
+        await _start_stream(send, b"text/event-stream")
+
+        async def event(chunk: dict[str, Any]) -> None:
+            chunk = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "model": served,
+                     **chunk}
+            await _write(send, b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+        if chat:  # vLLM opens with the role, before any content
+            await event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        sent = 0
+        async for token in self._tokens(count):
+            sent += 1
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if sent == count else None}
+            choice.update({"delta": {"content": token}} if chat else {"text": token})
+            await event({"choices": [choice]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await event({"choices": [], "usage": usage})
+        await _write(send, b"data: [DONE]\n\n", last=True)
+
+    async def embeddings(self, path: str, body: dict[str, Any], send: Send) -> None:
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        tokens = _prompt_tokens(body)
+        await _json(send, {
+            "object": "list", "model": body["model"],
+            "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i in range(len(inputs))],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })
+
+    async def ollama(self, path: str, body: dict[str, Any], send: Send) -> None:
+        chat = path == "/api/chat"
+        count = int((body.get("options") or {}).get("num_predict") or self.tokens)
+        await _start_stream(send, b"application/x-ndjson")
+        async for token in self._tokens(count):
+            line: dict[str, Any] = {"model": body["model"], "created_at": "2026-11-30T00:00:00Z", "done": False}
+            line.update({"message": {"role": "assistant", "content": token}} if chat else {"response": token})
+            await _write(send, json.dumps(line).encode() + b"\n")
+        last = {"model": body["model"], "done": True, "done_reason": "length", "prompt_eval_count": _prompt_tokens(body),
+                "eval_count": count, "total_duration": 1, "eval_duration": 1}
+        last.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+        await _write(send, json.dumps(last).encode() + b"\n", last=True)
+
+    async def tgi_stream(self, path: str, body: dict[str, Any], send: Send) -> None:
+        count = int((body.get("parameters") or {}).get("max_new_tokens") or self.tokens)
+        await _start_stream(send, b"text/event-stream")
+        sent = 0
+        async for token in self._tokens(count):
+            sent += 1
+            event: dict[str, Any] = {"index": sent, "token": {"id": sent, "text": token, "logprob": 0.0,
+                                                              "special": False}, "generated_text": None, "details": None}
+            if sent == count:
+                event["details"] = {"finish_reason": "length", "generated_tokens": count, "seed": None}
+            await _write(send, b"data:" + json.dumps(event).encode() + b"\n\n", last=sent == count)
+
+
+async def _start_stream(send: Send, content_type: bytes) -> None:
+    """A streamed response: no length, so HTTP/1.1 frames it chunked and HTTP/2 in DATA frames."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache")]})
+
+
+async def _write(send: Send, data: bytes, last: bool = False) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": not last})
+
+
+async def _json(send: Send, document: dict[str, Any], status: int = 200) -> None:
+    body = json.dumps(document).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    sock = socket.create_server(("127.0.0.1", args.port))
+    sock.set_inheritable(True)
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.accesslog = config.errorlog = None
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    port = sock.getsockname()[1]
+    if args.port_file:
+        Path(args.port_file).write_text(f"{port}\n")
+    print(f"LLM stand-in on http://127.0.0.1:{port} (HTTP/1.1 and h2c)", flush=True)
+    app = LLMServer(args.first_token_ms / 1e3, args.token_ms / 1e3, args.tokens)
+    await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("port_file", nargs="?", help="write the chosen port here once listening")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--first-token-ms", type=float, default=300)
+    parser.add_argument("--token-ms", type=float, default=40)
+    parser.add_argument("--tokens", type=int, default=25)
+    try:
+        asyncio.run(_serve(parser.parse_args()))
+    except KeyboardInterrupt:
+        return
+
+
+if __name__ == "__main__":
+    main()

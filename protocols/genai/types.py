@@ -1,0 +1,54 @@
+"""What the GenAI layer learned about one request and its response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .routes import Route
+
+
+@dataclass(frozen=True, slots=True)
+class GenAIRequest:
+    """A recognised LLM request. Fields the body did not tell (or the capture lost) are ``None``.
+
+    ``input_chars`` counts the prompt's characters when the whole body was captured; it backs an
+    approximate input-token count when the response reports no usage. ``input_text`` is the prompt
+    as JSON, only when content capture is enabled.
+    """
+
+    route: Route
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    include_usage: bool
+    input_chars: int | None
+    truncated: bool  # the capture held only part of the body
+    input_text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenAIResponse:
+    """What a response said, streamed or not.
+
+    ``chunks`` counts events that carried output content; ``first_ns`` / ``last_ns`` are the
+    timestamps of the first and last of them (``None`` without any). ``gaps_ns`` holds the time
+    between consecutive content events, bounded (``gaps_dropped`` counts those left out).
+    Token counts come from the response's own usage report, ``None`` when it gave none.
+    """
+
+    streamed: bool
+    events: int
+    chunks: int
+    first_ns: int | None
+    last_ns: int | None
+    gaps_ns: tuple[int, ...]
+    gaps_dropped: int
+    model: str | None
+    response_id: str | None
+    finish_reasons: tuple[str, ...]
+    input_tokens: int | None
+    output_tokens: int | None
+    error_type: str | None
+    finished: bool  # the stream's own end marker was seen ([DONE], "done": true, TGI details)
+    decode_errors: int
+    output_text: str | None = None
