@@ -19,6 +19,7 @@
 #define EV_CLOSE 3
 #define EV_EXEC 4
 #define EV_EXIT 5
+#define EV_DGRAM 6  // one UDP datagram, with its peer's address
 
 #define ROLE_UNKNOWN 0
 #define ROLE_CLIENT 1
@@ -28,6 +29,7 @@
 #define DIR_INGRESS 1
 
 #define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
 #define AF_INET 2
 #define AF_INET6 10
 #define TCP_ESTABLISHED 1
@@ -47,9 +49,15 @@
 #define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
 #define STAT_ACTIVE_FULL 1   // syscalls not tracked because active_io was full
 #define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, reported as a gap, not copied
-#define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg calls on sockets, counted not parsed
+#define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg messages past MAX_MMSG in one call, not copied
 #define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
 #define NSTATS 5
+
+// Messages of one sendmmsg/recvmmsg call copied (each its own datagram event); more are counted.
+// Their iovecs are gathered up to MAX_MMSG_IOV per message: the nested loops must stay within
+// what the verifier explores.
+#define MAX_MMSG 8
+#define MAX_MMSG_IOV 8
 
 // The UAPI layouts of iovec and user_msghdr: user-space ABI, identical on every kernel.
 struct uiovec {
@@ -69,6 +77,19 @@ struct umsghdr {
     int namelen;
     struct uiovec *iov;
     u64 iovlen;
+};
+// struct mmsghdr: a msghdr (56 bytes on 64-bit) and the length the kernel moved for it.
+struct ummsghdr {
+    void *name;
+    int namelen;
+    struct uiovec *iov;
+    u64 iovlen;
+    void *control;
+    u64 controllen;
+    u32 flags;
+    u32 pad;      // msghdr ends padded to 56
+    u32 msg_len;
+    u32 pad2;
 };
 
 struct event_header {
@@ -93,13 +114,30 @@ struct data_event {
     char data[PAYLOAD_CAP * 2];
 };
 
+// A UDP datagram (sockets are unconnected: every datagram names its peer). The payload of all
+// its iovecs is gathered into data[], so one event is one datagram, as RTPS needs.
+struct dgram_event {
+    struct event_header h;
+    u32 direction;
+    u32 length;    // bytes of the datagram
+    u32 captured;  // bytes copied into data[] (at most PAYLOAD_CAP)
+    u32 flags;
+    u16 family;    // the peer: 0 when the syscall named none (a connected socket)
+    u16 port;
+    u32 pad;
+    u8 addr[16];
+    // Room for a copy starting below PAYLOAD_CAP of up to 2 * PAYLOAD_CAP - 1 bytes (masked).
+    char data[PAYLOAD_CAP * 3];
+};
+
 struct open_event {
     struct event_header h;
     u32 role;
     u16 family;  // 0 when the tuple is unknown (socket predates the agent)
     u16 lport;
     u16 rport;
-    u16 pad[3];
+    u16 protocol;  // IPPROTO_TCP or IPPROTO_UDP
+    u16 pad[2];
     u8 laddr[16];
     u8 raddr[16];
     char comm[16];  // names a process that exits before user space can read its /proc entry
@@ -141,6 +179,8 @@ struct active_ssl {
 #define IO_CONNECT 1
 #define IO_ACCEPT 2
 #define IO_BIND 3
+#define IO_MMSG 4  // sendmmsg/recvmmsg: buf is the mmsghdr vector, iovcnt its length
+#define IO_NAME 5  // getsockname: buf is where the kernel writes the local end
 
 struct active_io {
     u64 buf;         // user buffer, the iovec array for vectored I/O, or a sockaddr
@@ -150,6 +190,9 @@ struct active_io {
     u32 iovcnt;      // 0 for plain buffers
     u32 direction;
     u32 kind;        // IO_*
+    u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
+    u32 udp;         // the socket is UDP (from the sock tracepoint): emit datagram events
+    u32 pad;
 #ifdef FD_TRACKING
     struct tuple conn;  // IO_CONNECT: the destination, then the local end once established
 #endif
@@ -191,6 +234,15 @@ BPF_TABLE("lru_hash", struct accepted_key, struct tuple, accepted, MAX_CONNS);
 #endif
 BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
+// Local ends that bind() set or getsockname() reported, by (tgid<<32|fd): the sock tracepoints
+// give no UDP addresses, and a short-lived process may be gone before /proc can be read.
+struct local_end {
+    u16 family;
+    u16 port;
+    u32 pad;
+    u8 addr[16];
+};
+BPF_TABLE("lru_hash", u64, struct local_end, bound_ends, MAX_CONNS);
 BPF_HASH(ports, u16, u8, 64);
 BPF_ARRAY(settings, u32, NSETTINGS);
 BPF_PERCPU_ARRAY(generation_seq, u32, 1);
@@ -198,6 +250,7 @@ BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 // One slot per CPU, indexed by CPU id: a per-CPU map would cap the value at 32 KiB, below the
 // largest payload cap. Syscall tracepoint programs do not migrate between CPUs mid-run.
 BPF_ARRAY(data_scratch, struct data_event, NR_CPUS);
+BPF_ARRAY(dgram_scratch, struct dgram_event, NR_CPUS);
 BPF_PERCPU_ARRAY(since_wakeup, u32, 1);
 
 static __always_inline u32 setting(u32 slot) {
@@ -376,6 +429,22 @@ static __always_inline void enter_conn_call(s32 fd, const void *uaddr, u32 kind)
         count(STAT_ACTIVE_FULL, 1);
 }
 
+// The address bind() gave or getsockname() returned, when it names a port (bind to port 0 does not:
+// the getsockname that usually follows does).
+static __always_inline void remember_local_end(u64 id, struct active_io *io) {
+    struct usockaddr sa = {};
+    if (bpf_probe_read_user(&sa, 8, (const void *)io->buf) || (sa.family != AF_INET && sa.family != AF_INET6) ||
+        !sa.port_be)
+        return;
+    struct local_end end = {.family = sa.family, .port = __builtin_bswap16(sa.port_be)};
+    if (sa.family == AF_INET)
+        __builtin_memcpy(end.addr, &sa.v4, 4);
+    else if (bpf_probe_read_user(end.addr, 16, ((const struct usockaddr *)io->buf)->v6))
+        return;
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)io->fd;
+    bound_ends.update(&key, &end);
+}
+
 // ret: the new fd for accept, 0 / -EINPROGRESS for a connect that goes ahead.
 static __always_inline void exit_conn_call(long ret, u32 kind) {
     u64 id = bpf_get_current_pid_tgid();
@@ -387,6 +456,8 @@ static __always_inline void exit_conn_call(long ret, u32 kind) {
         remember_conn(id, ret, ROLE_SERVER, io);
     if (io->kind == kind && kind == IO_CONNECT && (ret == 0 || ret == -EINPROGRESS))
         remember_conn(id, io->fd, ROLE_CLIENT, io);
+    if (io->kind == kind && (kind == IO_BIND || kind == IO_NAME) && ret == 0)
+        remember_local_end(id, io);
 #ifdef FD_TRACKING
     if (io->kind == kind && kind == IO_BIND && ret == 0) {
         struct usockaddr sa = {};
@@ -406,18 +477,20 @@ TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { enter_conn_call(args->fd, args->
 TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { exit_conn_call(args->ret, IO_ACCEPT); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_connect) { enter_conn_call(args->fd, args->uservaddr, IO_CONNECT); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_connect) { exit_conn_call(args->ret, IO_CONNECT); return 0; }
-#ifdef FD_TRACKING
-// The port a server binds is the local port of the connections it accepts (user space seeds the
-// listeners that predate the agent from /proc).
+// bind and getsockname: the local end of UDP sockets; tracking fds, also the port a server binds,
+// the local port of the connections it accepts (user space seeds the listeners that predate the
+// agent from /proc).
 TRACEPOINT_PROBE(syscalls, sys_enter_bind) { enter_conn_call(args->fd, args->umyaddr, IO_BIND); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_bind) { exit_conn_call(args->ret, IO_BIND); return 0; }
-#endif
+TRACEPOINT_PROBE(syscalls, sys_enter_getsockname) { enter_conn_call(args->fd, args->usockaddr, IO_NAME); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_getsockname) { exit_conn_call(args->ret, IO_NAME); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
     u64 key = (id & 0xffffffff00000000ULL) | (u32)args->fd;
+    bound_ends.delete(&key);
     struct conn_info *ci = conns.lookup(&key);
     if (!ci)
         return 0;
@@ -460,7 +533,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 
 // ---- data ------------------------------------------------------------------------------------
 
-static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction) {
+static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction, const void *name,
+                                     u32 kind) {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return;
@@ -469,7 +543,7 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
     if (ssl && ssl->fd < 0)
         ssl->fd = fd;
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
-                           .enter_ns = bpf_ktime_get_ns()};
+                           .enter_ns = bpf_ktime_get_ns(), .name = (u64)name, .kind = kind};
     if (active_io.update(&tid, &io))
         count(STAT_ACTIVE_FULL, 1);
 }
@@ -478,11 +552,11 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
     struct umsghdr m = {};
     if (bpf_probe_read_user(&m, sizeof(m), msg) || m.iovlen == 0)
         return;
-    enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction);
+    enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction, m.name, IO_DATA);
 }
 
 // Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight.
-static __always_inline void on_sock_io(u16 family, const void *sk) {
+static __always_inline void on_sock_io(u16 family, u16 protocol, const void *sk) {
     if (family != AF_INET && family != AF_INET6)
         return;
     u64 id = bpf_get_current_pid_tgid();
@@ -499,18 +573,20 @@ static __always_inline void on_sock_io(u16 family, const void *sk) {
     }
     u32 tid = id;
     struct active_io *io = active_io.lookup(&tid);
-    if (io)
+    if (io) {
         io->sk = (u64)sk;
+        io->udp = protocol == IPPROTO_UDP_;
+    }
 }
 
 #ifndef FD_TRACKING
 TRACEPOINT_PROBE(sock, sock_send_length) {
-    on_sock_io(args->family, args->sk);
+    on_sock_io(args->family, args->protocol, args->sk);
     return 0;
 }
 
 TRACEPOINT_PROBE(sock, sock_recv_length) {
-    on_sock_io(args->family, args->sk);
+    on_sock_io(args->family, args->protocol, args->sk);
     return 0;
 }
 #endif
@@ -524,7 +600,7 @@ static __always_inline int port_wanted(u16 lport, u16 rport) {
 // The connection for (tgid, fd) on socket sk, announced (EV_OPEN) when first seen or when the
 // fd now names another socket (closed and reused while we were not looking). The announcement
 // carries the stamp ts of the data that revealed it, so that it sorts before that data.
-static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts) {
+static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts, u32 udp) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
     struct conn_info *ci = conns.lookup(&key);
     if (ci && ci->sk == sk)
@@ -556,10 +632,18 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         struct endpoint_key peer = {.port = t->rport};
         __builtin_memcpy(peer.addr, t->raddr, 16);
         fresh.ignored = !port_wanted(t->lport, t->rport) || agent_endpoints.lookup(&peer);
+    } else if (udp) {
+        struct local_end *end = bound_ends.lookup(&key);
+        if (end) {
+            ev.family = end->family;
+            ev.lport = end->port;
+            __builtin_memcpy(ev.laddr, end->addr, 16);
+        }
     }
     // Unknown tuple with a port filter: user space resolves it from /proc and marks the
     // connection in ignored[] if it does not match.
     ev.role = fresh.role;
+    ev.protocol = udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
     bpf_get_current_comm(ev.comm, sizeof(ev.comm));
     conns.update(&key, &fresh);
     if (!fresh.ignored) {
@@ -570,7 +654,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         u64 lo, hi;
         __builtin_memcpy(&lo, ev.laddr, 8);
         __builtin_memcpy(&hi, ev.laddr + 8, 8);
-        u64 flags = lo | hi ? wakeup_flag() : BPF_RB_FORCE_WAKEUP_;
+        u64 flags = lo | hi || (udp && ev.lport) ? wakeup_flag() : BPF_RB_FORCE_WAKEUP_;
         if (events.ringbuf_output(&ev, sizeof(ev), flags))
             count(STAT_RINGBUF_FULL, 1);
     }
@@ -600,7 +684,98 @@ static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u3
         count(STAT_RINGBUF_FULL, 1);
 }
 
-static __always_inline void exit_io(void *ctx, long ret) {
+// One datagram: its peer from the sockaddr at name (sendto/sendmsg's destination, or where
+// recvfrom/recvmsg wrote the source), its payload gathered from buf (iovcnt 0) or from the iovec
+// array, up to PAYLOAD_CAP bytes; len bytes in all.
+static __always_inline void emit_dgram(u64 ts, u64 id, s32 fd, u32 generation, u32 direction, u64 buf,
+                                       u32 iovcnt, u64 name, u64 len, const int max_iov) {
+    u32 cpu = bpf_get_smp_processor_id();
+    struct dgram_event *ev = dgram_scratch.lookup(&cpu);
+    if (!ev)
+        return;
+    fill_header(&ev->h, EV_DGRAM, id, fd, generation);
+    ev->h.ts = ts;
+    ev->direction = direction;
+    ev->length = len;
+    ev->flags = 0;
+    ev->family = 0;
+    ev->port = 0;
+    struct usockaddr sa = {};
+    if (name && !bpf_probe_read_user(&sa, 8, (const void *)name) &&
+        (sa.family == AF_INET || sa.family == AF_INET6)) {
+        ev->family = sa.family;
+        ev->port = __builtin_bswap16(sa.port_be);
+        if (sa.family == AF_INET) {
+            __builtin_memset(ev->addr, 0, 16);
+            __builtin_memcpy(ev->addr, &sa.v4, 4);
+        } else if (bpf_probe_read_user(ev->addr, 16, ((const struct usockaddr *)name)->v6)) {
+            ev->family = 0;
+        }
+    }
+    u32 off = 0;
+    if (!iovcnt) {
+        u32 n = len < PAYLOAD_CAP ? len : PAYLOAD_CAP;
+        asm volatile("" : "+r"(n));
+        n &= (PAYLOAD_CAP << 1) - 1;
+        if (buf && !bpf_probe_read_user(ev->data, n, (const void *)buf))
+            off = n;
+    } else {
+        u64 left = len;
+        struct uiovec *iov = (struct uiovec *)buf;
+        for (int i = 0; i < max_iov; i++) {
+            if (i >= iovcnt || left == 0 || off >= PAYLOAD_CAP)
+                break;
+            struct uiovec seg = {};
+            if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
+                break;
+            u64 seglen = seg.len < left ? seg.len : left;
+            left -= seglen;
+            u32 room = PAYLOAD_CAP - off;
+            u32 n = seglen < room ? seglen : room;
+            u32 at = off;
+            // Masks the verifier can see: at < PAYLOAD_CAP, n < 2 * PAYLOAD_CAP, inside data[].
+            asm volatile("" : "+r"(n));
+            asm volatile("" : "+r"(at));
+            n &= (PAYLOAD_CAP << 1) - 1;
+            at &= PAYLOAD_CAP - 1;
+            if (n && bpf_probe_read_user(ev->data + at, n, seg.base))
+                break;
+            off = at + n;
+        }
+    }
+    u32 size = off;
+    asm volatile("" : "+r"(size));
+    size &= (PAYLOAD_CAP << 1) - 1;
+    ev->captured = size;
+    if (events.ringbuf_output(ev, offsetof(struct dgram_event, data) + size, wakeup_flag()))
+        count(STAT_RINGBUF_FULL, 1);
+}
+
+// The datagrams of a UDP syscall: one, or each message of a sendmmsg/recvmmsg (ret messages, each
+// with its own peer and length), up to MAX_MMSG of them; the rest are counted.
+static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32 generation, long ret,
+                                       const int mmsg) {
+    if (!mmsg) {
+        emit_dgram(ts, id, io->fd, generation, io->direction, io->buf, io->iovcnt, io->name, ret, MAX_IOV);
+        return;
+    }
+    struct ummsghdr *vec = (struct ummsghdr *)io->buf;
+    for (int i = 0; i < MAX_MMSG; i++) {
+        if (i >= ret)
+            return;
+        struct ummsghdr m = {};
+        if (bpf_probe_read_user(&m, sizeof(m), &vec[i]))
+            return;
+        emit_dgram(ts, id, io->fd, generation, io->direction, (u64)m.iov,
+                   m.iovlen > 0xffff ? 0xffff : m.iovlen, (u64)m.name, m.msg_len, MAX_MMSG_IOV);
+    }
+    if (ret > MAX_MMSG)
+        count(STAT_MMSG_CALLS, ret - MAX_MMSG);
+}
+
+// mmsg: a compile-time constant, 1 only in the sendmmsg/recvmmsg programs, so that the other
+// programs carry none of the batch loop.
+static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = id;
     struct active_io *iop = active_io.lookup(&tid);
@@ -608,7 +783,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
         return;
     struct active_io io = *iop;
     active_io.delete(&tid);
-    if (ret <= 0 || io.kind != IO_DATA)
+    if (ret <= 0 || io.kind != (mmsg ? IO_MMSG : IO_DATA))
         return;
 #ifdef FD_TRACKING
     u64 fd_key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
@@ -623,7 +798,7 @@ static __always_inline void exit_io(void *ctx, long ret) {
     // stamping them so keeps a client's span around the server's even on loopback, where the
     // reader can return before the writer's syscall does.
     u64 ts = io.direction == DIR_EGRESS ? io.enter_ns : bpf_ktime_get_ns();
-    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts);
+    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts, io.udp);
     if (!ci || ci->ignored)
         return;
     if (io.direction == DIR_INGRESS) {
@@ -640,6 +815,14 @@ static __always_inline void exit_io(void *ctx, long ret) {
         return;
     u32 generation = ci->generation;
 
+    if (io.udp) {
+        exit_dgram(ts, id, &io, generation, ret, mmsg);
+        return;
+    }
+    if (mmsg) {  // batched on a stream socket: counted, not copied
+        count(STAT_MMSG_CALLS, 1);
+        return;
+    }
     if (!io.iovcnt) {
         emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret, 0);
         return;
@@ -665,17 +848,19 @@ static __always_inline void exit_io(void *ctx, long ret) {
     }
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS); return 0; }
+static __always_inline void exit_io(void *ctx, long ret) { exit_io_(ctx, ret, 0); }
+
+TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0, DIR_EGRESS, args->addr, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_io(args, args->ret); return 0; }
@@ -684,17 +869,12 @@ TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_io(args, args->ret); return 
 
 // sendfile moves bytes the process never holds: reported as moved, none captured, so parsers
 // can skip over them (a body) instead of losing their place.
-TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { enter_io(args->out_fd, 0, 0, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) { enter_io(args->out_fd, 0, 0, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { exit_io(args, args->ret); return 0; }
 
-// sendmmsg/recvmmsg batch several messages per call; counted so the loss is visible.
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) {
-    if (args->ret > 0 && is_target(bpf_get_current_pid_tgid() >> 32))
-        count(STAT_MMSG_CALLS, 1);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) {
-    if (args->ret > 0 && is_target(bpf_get_current_pid_tgid() >> 32))
-        count(STAT_MMSG_CALLS, 1);
-    return 0;
-}
+// sendmmsg/recvmmsg batch several datagrams per call (UDP: one event each, up to MAX_MMSG; the
+// rest counted). On a TCP socket the batch is not copied: user space's parsers resynchronise.
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_EGRESS, 0, IO_MMSG); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) { exit_io_(args, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_INGRESS, 0, IO_MMSG); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) { exit_io_(args, args->ret, 1); return 0; }

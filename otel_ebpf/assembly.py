@@ -21,6 +21,14 @@ served starts after that request did and completes before it does. The rules, in
    parent: the outgoing request starts a trace of its own, with links to the candidates, counted.
 6. Otherwise the request starts a new trace.
 
+Messaging (a :class:`RequestStart` with ``message_id``, e.g. RTPS's (writer GUID, sequence
+number)) replaces rules 1–3: an outgoing message (PRODUCER, CLIENT request) takes its parent by
+rules 4–5 and is remembered under its id; an incoming one with the same id (CONSUMER, SERVER) is
+its child, in the same trace (same node). A received message then stays its thread's context for
+``consume_window_ns`` or until the thread receives the next one: what the thread sends meanwhile
+(a subscriber publishing while it processes a sample) continues the trace when no request is
+being served on it (rule 4 first).
+
 Ids are derived from the request's identity (connection, start time), never drawn at random, so a
 replay of a recording assembles the very same traces; a request whose state was evicted gets the
 same span id when it completes, so its children still point at it.
@@ -32,24 +40,29 @@ most ``inflight_timeout_ns`` and at most ``max_inflight`` of them; evictions are
 from __future__ import annotations
 
 import hashlib
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
 from .events import ConnKey
 from .propagation import PropagatedContext, read_carrier
-from .protocol import ConnectionInfo, Endpoint, RequestStart, Role
+from .protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
 from .selfmetrics import SelfMetrics
 
 SKIP, CHILD = "skip", "child"
 INSTRUMENTED_CLIENT_MODES = (SKIP, CHILD)
 MAX_LINKS = 8  # candidate parents linked from an ambiguous request
 MAX_PER_THREAD = 256  # incoming requests in flight on one thread (an event loop's connections)
+# How long a received message stays its thread's context: processing a camera frame takes
+# milliseconds to seconds; a thread idle longer than this has moved on.
+CONSUME_WINDOW_NS = 10 * 10**9
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _AMBIGUOUS_LINK = {"otel_ebpf.link.reason": "ambiguous_parent"}
+_MESSAGE = "message"  # tags _started slots of message-keyed starts
 
 Thread = tuple[int, int]  # (pid, tid)
 # (client address, client port, server address, server port, stream): plain values, hashed in C
@@ -118,28 +131,39 @@ class TraceAssembler:
         self._threads: dict[Thread, list[RequestContext]] = {}  # incoming requests being served
         self._pairs: dict[Pair, deque[RequestContext]] = {}  # outgoing requests by connection ends
         self._correlated: dict[tuple[int, str], list[RequestContext]] = {}  # incoming, by (pid, id)
+        # messaging: sent messages by id (LRU, bounded like the in-flight table) and, per thread,
+        # the message it received last
+        self._sent: OrderedDict[Hashable, RequestContext] = OrderedDict()
+        self._consuming: OrderedDict[Thread, RequestContext] = OrderedDict()
+        self.consume_window_ns = CONSUME_WINDOW_NS
 
     @property
     def inflight(self) -> int:
         return self._live
+
+    def active_server_span(self, pid: int, tid: int) -> tuple[int, int] | None:
+        """(trace id, span id) of the one incoming request thread ``tid`` of ``pid`` is serving
+        now, or None: none, or several (an event loop — which one a CPU sample belongs to is
+        unknown, so no link rather than a guess). Profile samples link to it."""
+        serving = self._threads.get((pid, tid))
+        if not serving or len(serving) != 1 or not serving[0].emit:
+            return None
+        return serving[0].trace_id, serving[0].span_id
 
     # ---- the two events of a request's life ----------------------------------------------------
 
     def start(self, key: ConnKey, conn: ConnectionInfo, request: RequestStart, tid: int) -> None:
         """A request began on connection ``key``, announced by a syscall of thread ``tid``."""
         start_ns, stream = request.start_ns, request.stream
+        if request.message_id is not None:
+            self._start_message(key, request, tid)
+            return
         slot = (key, start_ns)
         announced = self._started.get(slot)
         ordinal = len(announced) if announced else 0
         propagated, correlation = read_carrier(request.carrier) if request.carrier else (None, None)
         context = self._decide(key, conn, start_ns, ordinal, propagated, correlation, stream, tid)
-        context.start_ns, context.started = start_ns, slot
-        if announced is None:
-            self._started[slot] = [context]
-        else:
-            announced.append(context)
-        self._order.append(context)
-        self._live += 1
+        self._announce(slot, start_ns, context)
         if conn.role is Role.SERVER:
             self._serve_on((key[0], tid), context)
             if correlation is not None:
@@ -151,8 +175,18 @@ class TraceAssembler:
         if self._live > self._max_inflight:
             self._evict_oldest()
 
-    def finish(self, key: ConnKey, conn: ConnectionInfo, start_ns: int, tid: int) -> RequestContext:
-        """The exchange of the request that started at ``start_ns`` completed: its context."""
+    def finish(
+        self,
+        key: ConnKey,
+        conn: ConnectionInfo,
+        start_ns: int,
+        tid: int,
+        message_start: tuple[Direction, Hashable] | None = None,
+    ) -> RequestContext:
+        """The exchange of the request that started at ``start_ns`` completed: its context.
+        ``message_start``: the (direction, message id) it was announced with instead."""
+        if message_start is not None:
+            return self._finish_message(key, start_ns, tid, message_start)
         announced = self._started.get((key, start_ns))
         if announced:
             context = announced[0]
@@ -172,6 +206,11 @@ class TraceAssembler:
                 self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "timeout"})
         if len(order) > 2 * self._max_inflight:  # done entries queued behind a long request
             self._order = deque(c for c in order if not c.done)
+        # Messages: a consumer finds its producer, a thread its last sample, within the window.
+        recent = now_ns - self.consume_window_ns
+        for index in (self._sent, self._consuming):
+            while index and next(iter(index.values())).start_ns < recent:
+                index.popitem(last=False)
         self._metrics.set("otel_ebpf.trace.inflight", self._live)
 
     # ---- decisions -------------------------------------------------------------------------------
@@ -211,14 +250,71 @@ class TraceAssembler:
         if forwarded is not None and len(forwarded) == 1:
             self._metrics.add("otel_ebpf.trace.correlated_parents")
             return self._child(forwarded[0], span_id)
-        serving = self._threads.get((key[0], tid), ())  # unregistered as they complete
+        return self._on_thread((key[0], tid), start_ns, trace_id, span_id)
+
+    def _on_thread(self, thread: Thread, start_ns: int, trace_id: int, span_id: int) -> RequestContext:
+        """Thread causality for an outgoing request or message (rules 4 and 5, then the message
+        the thread is processing)."""
+        serving = self._threads.get(thread, ())  # unregistered as they complete
         if len(serving) == 1:
             return self._child(serving[0], span_id)
         if serving:
             self._metrics.add("otel_ebpf.trace.ambiguous_parents")
             links = tuple(Link(c.span_context(), _AMBIGUOUS_LINK) for c in serving[-MAX_LINKS:])
             return RequestContext(trace_id, span_id, _SAMPLED, links=links)
+        consumed = self._consuming.get(thread)
+        if consumed is not None and 0 <= start_ns - consumed.start_ns <= self.consume_window_ns:
+            return self._child(consumed, span_id)
         return RequestContext(trace_id, span_id, _SAMPLED)
+
+    # ---- messaging (RequestStart.message_id) ---------------------------------------------------
+
+    def _start_message(self, key: ConnKey, request: RequestStart, tid: int) -> None:
+        direction, message_id = request.direction, request.message_id
+        slot = (_MESSAGE, key[0], direction, message_id)
+        announced = self._started.get(slot)
+        context = self._decide_message(key, request.start_ns, len(announced) if announced else 0,
+                                       direction, message_id, tid)
+        self._announce(slot, request.start_ns, context)
+        index = self._sent if direction is Direction.EGRESS else self._consuming
+        entry = message_id if direction is Direction.EGRESS else (key[0], tid)
+        index[entry] = context
+        index.move_to_end(entry)
+        if len(index) > self._max_inflight:
+            index.popitem(last=False)
+            self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "messages"})
+        if self._live > self._max_inflight:
+            self._evict_oldest()
+
+    def _announce(self, slot: tuple, start_ns: int, context: RequestContext) -> None:
+        """Register a started request in flight under ``slot``."""
+        context.start_ns, context.started = start_ns, slot
+        self._started.setdefault(slot, []).append(context)
+        self._order.append(context)
+        self._live += 1
+
+    def _finish_message(
+        self, key: ConnKey, start_ns: int, tid: int, message_start: tuple[Direction, Hashable]
+    ) -> RequestContext:
+        direction, message_id = message_start
+        announced = self._started.get((_MESSAGE, key[0], direction, message_id))
+        if announced:
+            context = announced[0]
+            self._forget(context)
+            return context
+        return self._decide_message(key, start_ns, 0, direction, message_id, tid)
+
+    def _decide_message(
+        self, key: ConnKey, start_ns: int, ordinal: int, direction: Direction, message_id: Hashable, tid: int
+    ) -> RequestContext:
+        trace_id, span_id = request_ids(key, start_ns, ordinal)
+        if direction is Direction.INGRESS:
+            sender = self._sent.get(message_id)
+            if sender is not None:  # sent by an observed process on this node
+                self._metrics.add("otel_ebpf.trace.same_node_parents")
+                return self._child(sender, span_id)
+            return RequestContext(trace_id, span_id, _SAMPLED)
+        return self._on_thread((key[0], tid), start_ns, trace_id, span_id)
 
     @staticmethod
     def _child(parent: RequestContext, span_id: int) -> RequestContext:

@@ -9,7 +9,7 @@ connection no plugin claims within a bounded amount of traffic is handed back to
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -96,6 +96,7 @@ class ConnectionTracker:
         self._max = max_connections
         self.on_unknown = on_unknown  # told which connections no plugin claimed
         self._table: OrderedDict[ConnKey, Connection] = OrderedDict()
+        self._reported_drops: dict[tuple[str, str], int] = {}  # (protocol, reason) -> reported
 
     def __len__(self) -> int:
         return len(self._table)
@@ -128,6 +129,10 @@ class ConnectionTracker:
             self._metrics.add("otel_ebpf.connections.tls")
         if conn.unknown:
             return []
+        if event.peer is not None:
+            # A UDP socket is unconnected: the peer is the datagram's, and what the exchanges this
+            # datagram completes describe (they are reported before the next datagram comes).
+            conn.peer = event.peer
         if conn.session is None:
             return self._sniff(conn, event)
         return self._feed(conn, event)
@@ -207,7 +212,7 @@ class ConnectionTracker:
     def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Outcome]:
         conn.protocol = protocol
         conn.role = role or conn.role or Role.SERVER
-        conn.session = protocol.new_session(conn.role)
+        conn.session = protocol.new_process_session(conn.role, conn.key[0])
         conn.stitcher = protocol.new_stitcher(conn.role)
         replay, conn.pending = conn.pending[start:], []
         conn.heads.clear()
@@ -250,6 +255,9 @@ class ConnectionTracker:
         """Report growth of the session's and stitcher's own error counters."""
         if conn.session is None:
             return
+        drops = conn.protocol.drops()
+        if drops:
+            self._account_protocol(conn.protocol.name, drops)
         errors, unmatched = conn.session.parse_errors, conn.stitcher.unmatched
         if errors != conn.reported_errors:
             self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, {"protocol": conn.protocol.name})
@@ -265,3 +273,12 @@ class ConnectionTracker:
                 "otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, {"protocol": conn.protocol.name}
             )
             conn.reported_unmatched = unmatched
+
+    def _account_protocol(self, protocol: str, drops: Mapping[str, int]) -> None:
+        """Report growth of a plugin's shared-state drop counters (Protocol.drops)."""
+        reported = self._reported_drops
+        for reason, total in drops.items():
+            before = reported.get((protocol, reason), 0)
+            if total != before:
+                self._metrics.add("otel_ebpf.protocol.drops", total - before, {"protocol": protocol, "reason": reason})
+                reported[(protocol, reason)] = total

@@ -51,7 +51,11 @@ class ConnData:
     """Bytes one syscall moved on a connection: ``data`` is the captured prefix of ``length``.
 
     ``tls``: the plaintext of a TLS connection, from the SSL probes (the ciphertext that the
-    syscalls moved is never reported once the connection is known to be TLS)."""
+    syscalls moved is never reported once the connection is known to be TLS).
+
+    On a UDP socket one event is one whole datagram (all its iovecs gathered) and ``peer`` is the
+    address it was sent to or received from (None when the syscall named none: a connected
+    socket). TCP events leave ``peer`` None: the connection's tuple says it once."""
 
     timestamp_ns: int
     pid: int
@@ -62,6 +66,7 @@ class ConnData:
     length: int
     data: bytes
     tls: bool = False
+    peer: Endpoint | None = None
 
     @property
     def key(self) -> ConnKey:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .protocol import Endpoint, Role
 
@@ -78,6 +79,11 @@ def executable_matches(pid: int, globs: Iterable[str], proc: str = "/proc") -> b
     return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names if name)
 
 
+def matching_pids(globs: Iterable[str], proc: str = "/proc") -> set[int]:
+    """Processes (other than this one) whose executable matches one of ``globs`` (see above)."""
+    return {pid for pid in iter_pids(proc) if pid != os.getpid() and executable_matches(pid, globs, proc)}
+
+
 def _parse_endpoint(field: str, v6: bool) -> Endpoint:
     # /proc/net/tcp prints addresses as host-order 32-bit words in hex.
     addr_hex, port_hex = field.split(":")
@@ -99,23 +105,28 @@ class SocketTuple:
 _Tables = tuple[dict[str, tuple[Endpoint, Endpoint]], dict[str, int]]  # connected, listening by inode
 
 
+def _socket_rows(pid: int, proc: str, table: str) -> Iterator[tuple[list[str], bool]]:
+    """(columns, is IPv6) of each socket in ``pid``'s namespace's /proc/net/{table}{,6}."""
+    for name, v6 in ((table, False), (table + "6", True)):
+        text = _read(f"{proc}/{pid}/net/{name}")
+        if not text:
+            continue
+        for line in text.decode(errors="replace").splitlines()[1:]:
+            cols = line.split()
+            if len(cols) >= 10:
+                yield cols, v6
+
+
 def _tcp_tables(pid: int, proc: str) -> _Tables:
     """TCP sockets of ``pid``'s network namespace: connected (inode -> local, peer) and listening
     (inode -> port)."""
     connected: dict[str, tuple[Endpoint, Endpoint]] = {}
     listening: dict[str, int] = {}
-    for table, v6 in (("tcp", False), ("tcp6", True)):
-        text = _read(f"{proc}/{pid}/net/{table}")
-        if not text:
-            continue
-        for line in text.decode(errors="replace").splitlines()[1:]:
-            cols = line.split()
-            if len(cols) < 10:
-                continue
-            if cols[3] == _TCP_LISTEN:
-                listening[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
-            else:
-                connected[cols[9]] = (_parse_endpoint(cols[1], v6), _parse_endpoint(cols[2], v6))
+    for cols, v6 in _socket_rows(pid, proc, "tcp"):
+        if cols[3] == _TCP_LISTEN:
+            listening[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+        else:
+            connected[cols[9]] = (_parse_endpoint(cols[1], v6), _parse_endpoint(cols[2], v6))
     return connected, listening
 
 
@@ -162,7 +173,21 @@ def socket_tuples(fds_by_pid: Mapping[int, Iterable[int]], proc: str = "/proc") 
     it), so they are read once per namespace, for all the fds asked about.
     """
     found: dict[tuple[int, int], SocketTuple] = {}
-    tables: dict[str, _Tables] = {}
+    for pid, inodes, tables in _per_namespace(fds_by_pid, proc, _tcp_tables):
+        for fd, socket_tuple in _classify(pid, inodes, proc, tables).connected.items():
+            found[(pid, fd)] = socket_tuple
+    return found
+
+
+_T = TypeVar("_T")
+
+
+def _per_namespace(
+    fds_by_pid: Mapping[int, Iterable[int]], proc: str, read_tables: Callable[[int, str], _T]
+) -> Iterator[tuple[int, dict[int, str], _T]]:
+    """(pid, its socket fds -> inodes, its network namespace's tables) for each process with
+    sockets among ``fds_by_pid``; ``read_tables(pid, proc)`` runs once per namespace."""
+    tables: dict[str, _T] = {}
     for pid, fds in fds_by_pid.items():
         inodes = _socket_inodes(pid, fds, proc)
         if not inodes:
@@ -172,10 +197,8 @@ def socket_tuples(fds_by_pid: Mapping[int, Iterable[int]], proc: str = "/proc") 
         except OSError:
             continue
         if namespace not in tables:
-            tables[namespace] = _tcp_tables(pid, proc)
-        for fd, socket_tuple in _classify(pid, inodes, proc, tables[namespace]).connected.items():
-            found[(pid, fd)] = socket_tuple
-    return found
+            tables[namespace] = read_tables(pid, proc)
+        yield pid, inodes, tables[namespace]
 
 
 def tcp_sockets(pid: int, proc: str = "/proc") -> TCPSockets:
@@ -196,3 +219,25 @@ def local_endpoints(pid: int, proc: str = "/proc") -> set[Endpoint]:
         return set()
     inodes = {_socket_inode(pid, int(fd), proc) for fd in fds}
     return {local for inode, (local, _) in connected.items() if inode in inodes}
+
+
+def _udp_bound(pid: int, proc: str) -> dict[str, Endpoint]:
+    """UDP sockets of ``pid``'s network namespace: inode -> bound local end."""
+    return {cols[9]: _parse_endpoint(cols[1], v6) for cols, v6 in _socket_rows(pid, proc, "udp")}
+
+
+def udp_local_endpoints(
+    fds_by_pid: Mapping[int, Iterable[int]], proc: str = "/proc"
+) -> dict[tuple[int, int], Endpoint]:
+    """The bound local end of those of each process's fds that are UDP sockets, by (pid, fd).
+
+    UDP sockets are unconnected: the kernel's socket events give no tuple, every datagram names
+    its own peer, and only the local end is a property of the socket. Tables are read once per
+    network namespace, like :func:`socket_tuples`.
+    """
+    found: dict[tuple[int, int], Endpoint] = {}
+    for pid, inodes, bound in _per_namespace(fds_by_pid, proc, _udp_bound):
+        for fd, inode in inodes.items():
+            if inode in bound:
+                found[(pid, fd)] = bound[inode]
+    return found

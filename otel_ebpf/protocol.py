@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -177,21 +177,38 @@ class RequestStart:
     ``stream`` identifies the request among concurrent ones on a multiplexed connection (HTTP/2
     stream id; ``None`` where requests are answered in order). A plugin that never returns one
     still works: its exchanges get their context when they complete, without propagation.
+
+    ``message_id`` (messaging protocols: RTPS's (writer GUID, sequence number)) names what travels
+    on the wire, the same in the sending and the receiving process, and across the sockets of
+    one process. Set, it replaces the rules for connections: an EGRESS start (PRODUCER, or a
+    CLIENT request) takes its parent by thread causality and is remembered under the id; an
+    INGRESS start (CONSUMER, SERVER) with the same id on the node becomes its child, and stays the
+    context of its thread until the thread receives the next one (what a thread publishes while
+    processing a received sample continues the trace). Its exchange names it back through
+    :attr:`Exchange.message_start`, since it may complete on another socket.
     """
 
     direction: Direction
     start_ns: int
     carrier: Carrier = ()
     stream: int | None = None
+    message_id: Hashable | None = None
 
 
 SessionOutput = Union[Message, RequestStart]
 
 
 class Exchange(ABC):
-    """A request with its response (or what was seen of them): one span and its metric points."""
+    """A request with its response (or what was seen of them): one span and its metric points.
+
+    ``message_start``: (direction, message id) of the :class:`RequestStart` that began it, for an
+    exchange announced by message id rather than by connection and start time. ``emits_span``
+    False: the exchange stands for control traffic (RTPS HEARTBEAT/ACKNACK/GAP) and gives metric
+    points only."""
 
     __slots__ = ()
+    message_start: tuple[Direction, Hashable] | None = None
+    emits_span: bool = True
 
     @abstractmethod
     def span(self, conn: ConnectionInfo) -> SpanDescription:
@@ -275,6 +292,18 @@ class Protocol(ABC):
     @abstractmethod
     def new_stitcher(self, role: Role) -> Stitcher:
         """A request/response pairer for one connection."""
+
+    def new_process_session(self, role: Role, process: int) -> Session:
+        """The session for one socket of process ``process`` (an opaque id: its pid). The
+        pipeline calls this; the default is :meth:`new_session`. A plugin whose sessions share
+        state across the sockets of one process overrides it (RTPS sends a request from one
+        socket and gets the reply on another)."""
+        return self.new_session(role)
+
+    def drops(self) -> Mapping[str, int]:
+        """Cumulative counts of what state shared by the plugin's sessions dropped or could not
+        resolve, by reason (exported as ``otel_ebpf.protocol.drops``). Default: none."""
+        return {}
 
 
 ENTRY_POINT_GROUP = "otel_ebpf.protocols"

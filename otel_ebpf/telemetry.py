@@ -186,6 +186,15 @@ class Telemetry:
         for point in exchange.metric_points(conn):
             process.record(scope, point, description.end_ns)
 
+    def metric_points(
+        self, protocol: str, pid: int, exchange: Exchange, conn: ConnectionInfo, timestamp_ns: int
+    ) -> None:
+        """Record the metric points of an exchange that stands for no span (control traffic)."""
+        process = self._process(pid)
+        scope = self._scopes[protocol]
+        for point in exchange.metric_points(conn):
+            process.record(scope, point, timestamp_ns)
+
     def take_spans(self) -> list[ReadableSpan]:
         spans, self._pending_spans = self._pending_spans, []
         return spans

@@ -21,22 +21,24 @@ from pathlib import Path
 from .. import procfs
 from ..config import CaptureConfig, TargetsConfig
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
-from ..protocol import Direction, Endpoint, Role
-from .compiler_memory import release_compiler_memory
+from ..protocol import Direction, Endpoint, Role, Transport
+from .loading import compile_program, power_of_two_at_least, ring_buffer_pages, write_settings
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
 log = logging.getLogger(__name__)
 
-EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT = 1, 2, 3, 4, 5
+EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM = 1, 2, 3, 4, 5, 6
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
-STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_calls", "tls_unattributed")
+STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_not_copied", "tls_unattributed")
 MAX_IOV = 64  # iovec segments copied per vectored syscall (grpcio writes one per HPACK field)
 LOSS_CHECK_S = 1.0
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 DATA_TLS = 1
-_OPEN = struct.Struct("<IHHH6x16s16s16s")  # role, family, lport, rport, pad, laddr, raddr, comm
+_OPEN = struct.Struct("<IHHHH4x16s16s16s")  # role, family, lport, rport, protocol, pad, laddr, raddr, comm
+_DGRAM_PEER = struct.Struct("<HH4x16s")  # family, port, pad, addr: after _DATA in a datagram event
+IPPROTO_UDP = 17
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
 
 
@@ -57,10 +59,6 @@ def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> list[int]:
         first, _, last = part.partition("-")
         cpus.extend(range(int(first), int(last or first) + 1))
     return cpus
-
-
-def _power_of_two_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _endpoint(family: int, raw: bytes, port: int) -> Endpoint:
@@ -87,6 +85,7 @@ class _Opening:
     lport: int
     rport: int
     unwanted: bool = False
+    transport: Transport = Transport.TCP
 
 
 def _tls_symbols(path: str) -> set[str]:
@@ -105,7 +104,7 @@ class SocketProbe:
     def __init__(self, capture: CaptureConfig, targets: TargetsConfig) -> None:
         self.capture = capture
         self.targets = targets
-        self.payload_cap = _power_of_two_at_least(capture.payload_cap)
+        self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
@@ -129,11 +128,9 @@ class SocketProbe:
 
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
-        from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
-
         bpf_dir = resources.files("otel_ebpf.bpf")
         source = bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text()
-        pages = _power_of_two_at_least(max(1, self.capture.ring_buffer_kb // 4))
+        pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         cflags = [
             f"-DPAYLOAD_CAP={self.payload_cap}",
             f"-DMAX_IOV={MAX_IOV}",
@@ -145,34 +142,24 @@ class SocketProbe:
         ]
         if self.socket_mode == "fd-tracking":
             cflags.append("-DFD_TRACKING")
-        try:
-            self._bpf = BPF(text=source, cflags=cflags)
-        except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
-            raise RuntimeError(f"cannot load the socket probe: {exc} (run `otel-ebpf doctor`)") from exc
-        release_compiler_memory()
-        settings = self._bpf["settings"]
-        settings[ctypes.c_int(SET_AGENT_TGID)] = ctypes.c_uint32(os.getpid())
-        filtering = bool(self.targets.pids or self.targets.executables)
-        settings[ctypes.c_int(SET_FILTER_PIDS)] = ctypes.c_uint32(int(filtering))
-        settings[ctypes.c_int(SET_WATCH_EXEC)] = ctypes.c_uint32(int(bool(self.targets.executables)))
+        self._bpf = compile_program(source, cflags, "socket probe")
+        filtering = self.targets.selects_processes
+        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: filtering,
+                                   SET_WATCH_EXEC: bool(self.targets.executables)})
         if self.targets.ports:
             ports = self._bpf["ports"]
             for port in self.targets.ports:
                 ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
-            settings[ctypes.c_int(SET_FILTER_PORTS)] = ctypes.c_uint32(1)
-        for pid in self.targets.pids:
+            write_settings(self._bpf, {SET_FILTER_PORTS: 1})
+        for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
             self.add_target(pid)
-        if self.targets.executables:
-            for pid in procfs.iter_pids():
-                if pid != os.getpid() and procfs.executable_matches(pid, self.targets.executables):
-                    self.add_target(pid)
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
         self._bpf["events"].open_ring_buffer(self._on_event)
         self._tls = TLSAttacher(_tls_symbols, self._attach_tls)
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
-        settings[ctypes.c_int(SET_READY)] = ctypes.c_uint32(1)
+        write_settings(self._bpf, {SET_READY: 1})
 
     def _attach_tls(self, path: str, symbol: str, program: str, is_return: bool) -> None:
         attach = self._bpf.attach_uretprobe if is_return else self._bpf.attach_uprobe
@@ -257,7 +244,7 @@ class SocketProbe:
                 self._filtered_out.pop((tgid, fd, generation), None)
             return
         ts += self.clock_offset_ns
-        if tgid not in self._known_pids and kind in (EV_DATA, EV_OPEN, EV_CLOSE):
+        if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE):
             comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
@@ -266,6 +253,15 @@ class SocketProbe:
             self._events.append(
                 ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
                          raw[start : start + captured], bool(flags & DATA_TLS))
+            )
+        elif kind == EV_DGRAM:
+            direction, length, captured, flags = _DATA.unpack_from(raw, _HEADER.size)
+            family, port, addr = _DGRAM_PEER.unpack_from(raw, _HEADER.size + _DATA.size)
+            start = _HEADER.size + _DATA.size + _DGRAM_PEER.size
+            self._events.append(
+                ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
+                         raw[start : start + captured], False,
+                         _endpoint(family, addr, port) if family in (2, 10) else None)
             )
         elif kind == EV_OPEN:
             opened = self._conn_open(raw, ts, tgid, fd, generation)
@@ -280,10 +276,15 @@ class SocketProbe:
             self._events.append(ProcessExit(ts, tgid))
 
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
-        role_code, family, lport, rport, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
+        role_code, family, lport, rport, protocol, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
+        udp = protocol == IPPROTO_UDP
+        # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard
+        # address, and never a peer (each datagram has its own).
+        local_known = family and (any(laddr) or udp and lport)
         opening = _Opening(len(self._events), ts, (tgid, fd, generation), _ROLES.get(role_code), family,
-                           _endpoint(family, laddr, lport) if family and any(laddr) else None,
-                           _endpoint(family, raddr, rport) if family else None, lport, rport)
+                           _endpoint(family, laddr, lport) if local_known else None,
+                           _endpoint(family, raddr, rport) if family and not udp else None, lport, rport,
+                           transport=Transport.UDP if udp else Transport.TCP)
         if opening.local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,
             # only the peer address: /proc knows the rest while the socket is open. Its tables
@@ -298,18 +299,27 @@ class SocketProbe:
         openings, self._unresolved = self._unresolved, []
         rejected: set[ConnKey] = set()
         lookup: dict[int, list[int]] = {}
+        udp_lookup: dict[int, list[int]] = {}
         for opening in openings:
-            if opening.key[:2] not in self._preexisting:
+            if opening.transport is Transport.UDP:
+                udp_lookup.setdefault(opening.key[0], []).append(opening.key[1])
+            elif opening.key[:2] not in self._preexisting:
                 lookup.setdefault(opening.key[0], []).append(opening.key[1])
         found = procfs.socket_tuples(lookup)
+        # A UDP socket has no peer of its own (each datagram names one): only its bound end.
+        udp_found = procfs.udp_local_endpoints(udp_lookup) if udp_lookup else {}
         for opening in openings:
-            known = self._preexisting.pop(opening.key[:2], None) or found.get(opening.key[:2])
-            if known is not None:
-                opening.local, opening.peer = known.local, known.peer
-                opening.role = opening.role or known.role
-                opening.lport, opening.rport = known.local.port, known.peer.port
-            # Tracking fds, an accept/connect without an inet address is no TCP connection.
-            opening.unwanted = known is None and not opening.family and self.socket_mode == "fd-tracking"
+            if opening.transport is Transport.UDP:
+                opening.local = udp_found.get(opening.key[:2])
+                opening.lport = opening.local.port if opening.local else 0
+            else:
+                known = self._preexisting.pop(opening.key[:2], None) or found.get(opening.key[:2])
+                if known is not None:
+                    opening.local, opening.peer = known.local, known.peer
+                    opening.role = opening.role or known.role
+                    opening.lport, opening.rport = known.local.port, known.peer.port
+                # Tracking fds, an accept/connect without an inet address is no TCP connection.
+                opening.unwanted = known is None and not opening.family and self.socket_mode == "fd-tracking"
             admitted = self._admit(opening)
             events[opening.index] = admitted or opening
             if admitted is None:
@@ -330,7 +340,7 @@ class SocketProbe:
             if len(self._filtered_out) > self.capture.max_connections:
                 del self._filtered_out[next(iter(self._filtered_out))]
             return None
-        return ConnOpen(opening.ts, *opening.key, opening.role, opening.local, opening.peer)
+        return ConnOpen(opening.ts, *opening.key, opening.role, opening.local, opening.peer, opening.transport)
 
     def _talks_to_agent(self, local: Endpoint | None, peer: Endpoint | None) -> bool:
         """A collector on this node receiving the agent's own exports: tracing it would feed the

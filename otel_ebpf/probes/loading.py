@@ -1,0 +1,38 @@
+"""What every probe does to load its BPF program: size its ring buffer, compile it with BCC (saying
+what failed, then giving the compiler's memory back) and write its ``settings`` array."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from typing import Any
+
+from .compiler_memory import release_compiler_memory
+
+
+def power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def ring_buffer_pages(kb: int) -> int:
+    """4 KiB pages for a ring buffer of about ``kb`` KiB: BPF wants a power of two."""
+    return power_of_two_at_least(max(1, kb // 4))
+
+
+def compile_program(source: str, cflags: list[str], what: str) -> Any:
+    """``source`` compiled and loaded by BCC; ``RuntimeError`` naming ``what`` with BCC's verdict."""
+    from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
+
+    try:
+        bpf = BPF(text=source, cflags=cflags)
+    except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
+        raise RuntimeError(f"cannot load the {what}: {exc} (run `otel-ebpf doctor`)") from exc
+    release_compiler_memory()
+    return bpf
+
+
+def write_settings(bpf: Any, values: Mapping[int, int]) -> None:
+    """Fill the program's ``settings`` array (index → value, u32)."""
+    settings = bpf["settings"]
+    for index, value in values.items():
+        settings[ctypes.c_int(index)] = ctypes.c_uint32(value)
