@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a machine to build, test and run otel-ebpf. Idempotent: a second run only checks.
 #
-#   1. Debian packages: BCC (bpfcc-tools, python3-bpfcc), curl, wrk, kernel headers.
+#   1. Debian packages: BCC (bpfcc-tools, python3-bpfcc), curl, wrk, gcc, kernel headers.
 #      Headers: the exact linux-headers-$(uname -r) when apt has it; otherwise the newest generic
 #      Debian headers, symlinked as /lib/modules/$(uname -r)/{build,source}.
 #   2. tracefs / debugfs / securityfs mounted (BCC reads tracepoint formats from tracefs).
@@ -39,7 +39,9 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # ---------------------------------------------------------------------------------------------
 # Debian packages
 # ---------------------------------------------------------------------------------------------
-base_packages=(bpfcc-tools python3-bpfcc curl wrk)
+# python3: Debian's own interpreter, which the CPU profiler's live tests also profile
+# gcc, libc6-dev: the GPU tests build their stand-in CUDA/NCCL libraries from C
+base_packages=(bpfcc-tools python3-bpfcc curl wrk python3 gcc libc6-dev)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 

@@ -27,6 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2, profiles_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
@@ -62,7 +63,15 @@ _SIGNALS: dict[str, _Signal] = {
         logs_service_pb2_grpc.LogsServiceServicer,
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server,
     ),
+    "profiles": _Signal(
+        profiles_service_pb2.ExportProfilesServiceRequest,
+        profiles_service_pb2.ExportProfilesServiceResponse,
+        profiles_service_pb2_grpc.ProfilesServiceServicer,
+        profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server,
+    ),
 }
+# Signals still in development are served under their own version prefix.
+_HTTP_PATHS = {"profiles": "/v1development/profiles"}
 
 _DECOMPRESS = {"gzip": gzip.decompress, "deflate": zlib.decompress, "identity": bytes, "": bytes}
 
@@ -167,7 +176,7 @@ class OTLPReceiver:
 
     def _http_handler(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
-        routes = {f"/v1/{name}": (name, signal) for name, signal in _SIGNALS.items()}
+        routes = {_HTTP_PATHS.get(name, f"/v1/{name}"): (name, signal) for name, signal in _SIGNALS.items()}
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -263,9 +272,10 @@ def flatten_metrics(
     requests: Iterable[metrics_service_pb2.ExportMetricsServiceRequest],
 ) -> dict[str, list[dict[str, Any]]]:
     """Points per metric name. Every point has ``type`` (sum/gauge/histogram), ``attributes``,
-    ``resource``, ``unit``, ``start_ns``, ``time_ns``; sums and gauges add ``value`` (sums also
-    ``monotonic`` and ``temporality``), histograms ``count``, ``sum``, ``min``, ``max``,
-    ``bucket_counts``, ``explicit_bounds`` and ``temporality``."""
+    ``resource``, ``scope`` (its instrumentation scope's name), ``unit``, ``start_ns``,
+    ``time_ns``; sums and gauges add ``value`` (sums also ``monotonic`` and ``temporality``),
+    histograms ``count``, ``sum``, ``min``, ``max``, ``bucket_counts``, ``explicit_bounds`` and
+    ``temporality``."""
     metrics: dict[str, list[dict[str, Any]]] = {}
     for request in requests:
         for resource_metrics in request.resource_metrics:
@@ -281,6 +291,7 @@ def flatten_metrics(
                             "type": kind,
                             "attributes": _attributes(point.attributes),
                             "resource": resource,
+                            "scope": scope_metrics.scope.name,
                             "unit": metric.unit,
                             "start_ns": point.start_time_unix_nano,
                             "time_ns": point.time_unix_nano,

@@ -1,0 +1,127 @@
+"""The live CPU profiler as the agent runs it: probe -> profiler -> sink, once per interval.
+
+Kept out of ``agent.py`` so the agent's loop only calls :meth:`CpuProfiling.poll` and
+:meth:`CpuProfiling.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from typing import Any
+
+from otel_ebpf import procfs
+from otel_ebpf.config import AgentConfig
+from otel_ebpf.events import ProcessInfo
+from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
+from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
+from otel_ebpf.selfmetrics import SelfMetrics
+from otel_ebpf.telemetry import SDK_ATTRIBUTES, process_resource_attributes
+
+log = logging.getLogger(__name__)
+
+MAX_RESOURCES = 4096
+MAX_PENDING = 65536  # samples held for span links; past it they go unlinked rather than wait
+
+
+class CpuProfiling:
+    """Owns the CPU probe, the profiler and the profile sink of a live agent."""
+
+    def __init__(self, config: AgentConfig, selfmetrics: SelfMetrics, host_name: str,
+                 link_for: LinkFor | None = None, sink: ProfileSink | None = None) -> None:
+        from otel_ebpf.probes.cpu import CpuProbe  # noqa: PLC0415 -- the probe layer imports bcc
+
+        self.config = config
+        self.metrics = selfmetrics
+        self.host_name = host_name
+        p = config.profiling
+        self.probe = CpuProbe(p.frequency_hz, config.targets, python=p.python)
+        self.profiler = CpuProfiler(cpu_builder(p.frequency_hz, p.max_stacks), self.resource, link_for)
+        self.sink = sink if sink is not None else build_profile_sink(config, selfmetrics)
+        self._resources: OrderedDict[int, Mapping[str, Any]] = OrderedDict()
+        self._next_export = time.monotonic() + p.interval_s
+        self._interval_start_ns = time.time_ns()
+        self._dropped_reported = 0
+        self._kernel_reported: dict[str, int] = {}
+        self._pending: deque = deque()  # (sample, stack) waiting for the trace assembly to catch up
+
+    def start(self) -> None:
+        self.probe.start()
+        log.info("CPU profiler attached at %d Hz per CPU", self.config.profiling.frequency_hz)
+
+    def resource(self, pid: int) -> Mapping[str, Any]:
+        known = self._resources.get(pid)
+        if known is not None:
+            return known
+        ident = procfs.process_identity(pid)
+        info = ProcessInfo(0, pid, ident.executable if ident else "", ident.command_line if ident else "",
+                           ident.environment if ident else {})
+        # the same resource as the process's spans and metrics (telemetry.py)
+        attributes = {**self.config.resource.attributes, **process_resource_attributes(info, self.host_name),
+                      **SDK_ATTRIBUTES}
+        self._resources[pid] = attributes
+        if len(self._resources) > MAX_RESOURCES:
+            self._resources.popitem(last=False)
+        return attributes
+
+    def poll(self, timeout_ms: int = 0, horizon_ns: int | None = None) -> None:
+        """Take what the kernel sampled; export when the interval is over.
+
+        ``horizon_ns`` is how far (Unix time) the trace assembly has seen events: samples after it
+        wait, so that a sample is linked to the request its thread was serving *at that time* (the
+        assembler learns of a request's start, and of its end, only when the reorder window
+        releases them)."""
+        samples = self.probe.poll(timeout_ms)
+        if self.probe.exited:
+            for pid in self.probe.exited:
+                self.profiler.forget(pid)
+                self._resources.pop(pid, None)
+            self.probe.exited.clear()
+        if samples:
+            self.metrics.add("otel_ebpf.profiles.samples", len(samples))
+            self._pending.extend(self.profiler.resolve(samples, self.probe.python))
+        ready: list = []
+        pending = self._pending
+        while pending and (horizon_ns is None or pending[0][0].timestamp_ns <= horizon_ns
+                           or len(pending) > MAX_PENDING):
+            ready.append(pending.popleft())
+        if ready:
+            self.profiler.add_resolved(ready)
+        if time.monotonic() >= self._next_export:
+            self.export()
+
+    def export(self) -> None:
+        self._next_export = time.monotonic() + self.config.profiling.interval_s
+        now = time.time_ns()
+        profiles = self.profiler.take(now)
+        for profile in profiles:
+            profile.start_ns = self._interval_start_ns
+        self._interval_start_ns = now
+        self._count_drops()
+        self.sink.export(profiles)
+
+    def _count_drops(self) -> None:
+        dropped = self.profiler.builder.dropped
+        self.metrics.add("otel_ebpf.profiles.samples.dropped", dropped - self._dropped_reported,
+                         {"reason": "max_stacks"})
+        self._dropped_reported = dropped
+        stats = self.probe.kernel_stats()
+        for reason, metric in (("ringbuf_full", "otel_ebpf.profiles.samples.dropped"),
+                               ("python_truncated", "otel_ebpf.profiles.stacks.truncated"),
+                               ("python_table_full", "otel_ebpf.profiles.stacks.truncated")):
+            total = stats.get(reason, 0)
+            self.metrics.add(metric, total - self._kernel_reported.get(reason, 0), {"reason": reason})
+            self._kernel_reported[reason] = total
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Last samples, last export, then detach."""
+        try:
+            self.poll(0)
+            self.profiler.add_resolved(self._pending)
+            self._pending.clear()
+            self.export()
+        finally:
+            self.probe.close()
+            self.sink.shutdown(timeout_s)
