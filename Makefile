@@ -24,11 +24,17 @@ run: bootstrap
 
 demo: bootstrap
 	$(PY) examples/demo.py
+	$(PY) examples/profile_demo.py
+	$(PY) examples/gpu_demo.py
 
 bench: bootstrap
 	$(PY) bench/http_load.py
 	$(PY) bench/trace_assembly.py
 	$(PY) bench/protocol_load.py
+	$(PY) bench/profile_overhead.py
+	$(PY) bench/rtps_load.py
+	$(PY) bench/genai_stream.py
+	$(PY) bench/gpu_probe_cost.py
 
 # No bootstrap here: doctor is what you run when bootstrap or the agent fails. Without a venv it
 # still works from the source tree with the system interpreter (it needs only the stdlib and bcc).

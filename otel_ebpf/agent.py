@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
@@ -33,6 +33,9 @@ from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
 from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
+
+if TYPE_CHECKING:
+    from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
 
@@ -89,6 +92,8 @@ class Agent:
         self._self_meters = MeterProvider(resource=self._agent_resource(), metric_readers=[self._self_reader])
         self.selfmetrics.register(self._self_meters.get_meter("otel_ebpf", __version__))
         self._next_metrics = time.monotonic() + config.export.metric_interval_s
+        # Other sources of per-process metrics (the GPU views): called with the collection time.
+        self.metric_sources: list[Callable[[int], list]] = []
 
     def _agent_resource(self) -> Resource:
         return Resource(
@@ -112,6 +117,20 @@ class Agent:
         if time.monotonic() >= self._next_metrics:
             self._export_metrics()
 
+    def start_profiling(self) -> CpuProfiling:
+        """Attach the CPU profiler (docs/profiling.md); its samples link to this agent's spans."""
+        from .profiles.session import CpuProfiling
+
+        profiling = CpuProfiling(self.config, self.selfmetrics, self.host_name,
+                                 self.pipeline.assembler.active_server_span)
+        profiling.start()
+        return profiling
+
+    def profile_horizon_ns(self) -> int:
+        """Event time up to which trace assembly is complete: CPU samples up to it can be linked."""
+        return max(self.pipeline.last_timestamp_ns,
+                   time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
+
     def record_kernel_stats(self, stats: Mapping[str, int]) -> None:
         """The kernel side's own drop counters (totals since start), as self-metrics."""
         for reason, total in stats.items():
@@ -125,6 +144,8 @@ class Agent:
     def _export_metrics(self) -> None:
         self._next_metrics = time.monotonic() + self.config.export.metric_interval_s
         resource_metrics = self.telemetry.collect_metrics(self.clock())
+        for source in self.metric_sources:
+            resource_metrics += source(self.clock())
         self_data = self._self_reader.get_metrics_data()
         if self_data is not None:
             resource_metrics += self_data.resource_metrics
@@ -154,9 +175,15 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
     recorder = RecordingWriter(record_to, RecordingHeader(socket.gethostname())) if record_to else None
+    profiling = None
+    gpu = None
     try:
         probe.start()
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
+        if agent is not None and config.profiling.enabled:
+            profiling = agent.start_profiling()
+        if agent is not None and config.gpu.enabled != "false":
+            gpu = _start_gpu(agent, profiling)
         if config.run.ready_file:
             Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
         next_kernel_stats = 0.0
@@ -166,6 +193,10 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 recorder.write(events)
             if agent is not None:
                 agent.process(events, time.time_ns())
+                if profiling is not None:
+                    profiling.poll(0, agent.profile_horizon_ns())
+                if gpu is not None:
+                    gpu.poll(0, agent.profile_horizon_ns())
                 if time.monotonic() >= next_kernel_stats:  # per-CPU map reads: not every poll
                     next_kernel_stats = time.monotonic() + KERNEL_STATS_S
                     agent.record_kernel_stats(probe.kernel_stats())
@@ -179,10 +210,26 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             log.info("kernel drop counters: %s", probe.kernel_stats())
     finally:
         probe.close()
+        if gpu is not None:
+            gpu.close()  # before the CPU profiler: they may share its profile sink
+        if profiling is not None:
+            profiling.close()
         if agent is not None:
             agent.finish()
             log.info("stopped: %s", _summary(agent.selfmetrics))
     return 0
+
+
+def _start_gpu(agent: Agent, profiling: object | None) -> object:
+    """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
+    from .probes.gpu import GpuMonitor
+
+    gpu = GpuMonitor(agent.config, agent.selfmetrics, agent.host_name,
+                     DELTA_KINDS[agent.config.export.metric_temporality], profile_sink=getattr(profiling, "sink", None),
+                     link_for=agent.pipeline.assembler.active_server_span, export_spans=agent.sink.export_spans)
+    gpu.start()
+    agent.metric_sources.append(gpu.collect_metrics)
+    return gpu
 
 
 def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]) -> None:

@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_options(run)
     _add_run_options(run)
     run.add_argument("--record", metavar="FILE", help="also save the decoded event stream to FILE")
+    prof = run.add_argument_group("CPU profiling (docs/profiling.md)")
+    prof.add_argument("--profile", action="store_const", const=True, help="sample CPU stacks (Python + native)")
+    prof.add_argument("--profile-frequency", type=int, metavar="HZ", help="samples per second per CPU (default 49)")
+    prof.add_argument("--pyroscope-url", metavar="URL", help="also send profiles to this Pyroscope server")
+    run.add_argument("--gpu", choices=("auto", "true", "false"),
+                     help="CUDA/NCCL views (docs/gpu.md): auto (default) once a target maps a GPU library")
 
     sub.add_parser("doctor", help="check the kernel features, mounts and libraries the agent needs")
 
@@ -70,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("recording", metavar="FILE")
     _add_config_options(replay)
     _add_export_options(replay)
+
+    flame = sub.add_parser("flamegraph", help="render a profile file (profiles.jsonl, pprof, folded) as SVG")
+    flame.add_argument("profile_file", metavar="FILE")
+    flame.add_argument("--output", "-o", metavar="SVG", help="SVG to write (default: FILE with .svg)")
+    flame.add_argument("--folded", metavar="FILE", help="also write the folded stacks here")
+    flame.add_argument("--service", metavar="NAME", help="only this service's samples")
     return parser
 
 
@@ -142,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args, export=True)
         if args.command == "record":
             return _cmd_run(args, export=False)
+        if args.command == "flamegraph":
+            from .profiles.render import main as render_main
+
+            return render_main(args.profile_file, args.output, args.folded, args.service)
         return _cmd_replay(args)
     except (RuntimeError, ImportError) as exc:  # a probe that cannot load, a broken plugin
         print(f"otel-ebpf: {exc}", file=sys.stderr)

@@ -61,6 +61,11 @@ class TargetsConfig:
     ports: tuple[int, ...] = ()
     executables: tuple[str, ...] = ()  # globs on the executable's path or basename (or argv[0]'s)
 
+    @property
+    def selects_processes(self) -> bool:
+        """Whether only some processes are traced (else every process but the agent)."""
+        return bool(self.pids or self.executables)
+
 
 @dataclass(frozen=True)
 class FileConfig:
@@ -73,6 +78,8 @@ class OTLPConfig:
     protocol: str = "grpc"
     traces_endpoint: str | None = None  # used as-is (no path appended) when set
     metrics_endpoint: str | None = None
+    profiles_endpoint: str | None = None
+    logs_endpoint: str | None = None
     headers: Mapping[str, str] = field(default_factory=_frozen)
     timeout_s: float = 10.0
     insecure: bool = True  # resolved from the endpoint's scheme unless set
@@ -84,9 +91,12 @@ class OTLPConfig:
         A signal-specific endpoint is used as-is. Otherwise gRPC uses the base endpoint and
         http/protobuf appends ``/v1/<signal>`` to it, as the OTLP exporter specification says.
         """
-        explicit = {"traces": self.traces_endpoint, "metrics": self.metrics_endpoint}[signal]
+        explicit = {"traces": self.traces_endpoint, "metrics": self.metrics_endpoint,
+                    "profiles": self.profiles_endpoint, "logs": self.logs_endpoint}[signal]
         if explicit:
             return explicit
+        if signal == "profiles" and self.protocol != "grpc":  # profiles are still in development
+            return f"{self.endpoint.rstrip('/')}/v1development/profiles"
         if self.protocol == "grpc":
             return self.endpoint
         return f"{self.endpoint.rstrip('/')}/v1/{signal}"
@@ -153,6 +163,33 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class ProfilingConfig:
+    """CPU profiling (docs/profiling.md)."""
+
+    enabled: bool = False
+    frequency_hz: int = 49  # samples per second per CPU; prime, so as not to beat with periodic work
+    interval_s: float = 10.0  # one profile per process per interval
+    max_stacks: int = 16384  # distinct stacks per interval, all processes together
+    python: bool = True  # walk CPython frames
+    flamegraphs: bool = True  # folded stacks + SVG per service with the file exporter
+    pyroscope_url: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """CUDA / NCCL / PyTorch-allocator views (docs/gpu.md)."""
+
+    enabled: str = "auto"  # auto: once a target maps a GPU library by name; true: now; false: never
+    stacks: str = "python"  # python (Python + native frames) | native | none
+    leak_age_s: float = 60.0  # an allocation alive this long while in-use grows is a leak suspect
+    leak_min_allocations: int = 2  # suspects from one stack before it is reported
+    max_allocations: int = 1_000_000  # live allocations tracked (oldest evicted, counted)
+    max_stacks: int = 10_000  # distinct stacks per GPU profile view per interval
+    interval_s: float = 10.0  # GPU profiles exported every interval
+    ring_buffer_kb: int = 4096
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -162,6 +199,8 @@ class AgentConfig:
     agent: AgentIdentity = AgentIdentity()
     capture: CaptureConfig = CaptureConfig()
     trace: TraceConfig = TraceConfig()
+    profiling: ProfilingConfig = ProfilingConfig()
+    gpu: GpuConfig = GpuConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -244,6 +283,16 @@ def _choice(*options: str) -> Parser:
         return text
 
     return parse
+
+
+def _auto_or_boolean(value: Any) -> str:
+    """``auto``, or a boolean (YAML ``true``, or ``on``/``off``/``1``/``0`` text) as ``true``/``false``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return "true" if _boolean(value) else "false"
+    except ValueError:
+        raise ValueError(f"must be auto, true or false; got {value!r}") from None
 
 
 def _path(value: Any) -> Path:
@@ -385,6 +434,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("otlp.traces_endpoint", _url, std_env="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
     Setting("otlp.metrics_endpoint", _url, std_env="OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+    Setting("otlp.profiles_endpoint", _url, std_env="OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT"),
+    Setting("otlp.logs_endpoint", _url, std_env="OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"),
     Setting("otlp.protocol", _choice(*OTLP_PROTOCOLS), std_env="OTEL_EXPORTER_OTLP_PROTOCOL", flag="otlp_protocol"),
     Setting("otlp.headers", _mapping(_header_value, lower_keys=True), std_env="OTEL_EXPORTER_OTLP_HEADERS", merge=True),
     Setting("otlp.timeout_s", _positive_number, std_env="OTEL_EXPORTER_OTLP_TIMEOUT", std_parse=_milliseconds),
@@ -407,6 +458,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),
     Setting("trace.max_inflight", _integer(1), env="OTEL_EBPF_TRACE_MAX_INFLIGHT"),
     Setting("trace.reorder_window_ms", _integer(0, 10_000), env="OTEL_EBPF_TRACE_REORDER_WINDOW_MS"),
+    Setting("profiling.enabled", _boolean, env="OTEL_EBPF_PROFILING", flag="profile"),
+    Setting("profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ",
+            flag="profile_frequency"),
+    Setting("profiling.interval_s", _positive_number, env="OTEL_EBPF_PROFILING_INTERVAL"),
+    Setting("profiling.max_stacks", _integer(1), env="OTEL_EBPF_PROFILING_MAX_STACKS"),
+    Setting("profiling.python", _boolean, env="OTEL_EBPF_PROFILING_PYTHON"),
+    Setting("profiling.flamegraphs", _boolean, env="OTEL_EBPF_PROFILING_FLAMEGRAPHS"),
+    Setting("profiling.pyroscope_url", _url, env="OTEL_EBPF_PYROSCOPE_URL", flag="pyroscope_url"),
+    Setting("gpu.enabled", _auto_or_boolean, env="OTEL_EBPF_GPU", flag="gpu"),
+    Setting("gpu.stacks", _choice("python", "native", "none"), env="OTEL_EBPF_GPU_STACKS"),
+    Setting("gpu.leak_age_s", _positive_number, env="OTEL_EBPF_GPU_LEAK_AGE"),
+    Setting("gpu.leak_min_allocations", _integer(1), env="OTEL_EBPF_GPU_LEAK_MIN_ALLOCATIONS"),
+    Setting("gpu.max_allocations", _integer(1), env="OTEL_EBPF_GPU_MAX_ALLOCATIONS"),
+    Setting("gpu.max_stacks", _integer(1), env="OTEL_EBPF_GPU_MAX_STACKS"),
+    Setting("gpu.interval_s", _positive_number, env="OTEL_EBPF_GPU_INTERVAL"),
+    Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
@@ -580,7 +647,8 @@ def _resolve(
     protocol = values.get("otlp.protocol", OTLPConfig.protocol)
     values.setdefault("otlp.endpoint", _DEFAULT_OTLP_ENDPOINTS[protocol])
     if protocol == "grpc":
-        for key in ("otlp.endpoint", "otlp.traces_endpoint", "otlp.metrics_endpoint"):
+        for key in ("otlp.endpoint", "otlp.traces_endpoint", "otlp.metrics_endpoint", "otlp.profiles_endpoint",
+                    "otlp.logs_endpoint"):
             if key in values and urlsplit(values[key]).path not in ("", "/"):
                 raise layers.error(key, f"a gRPC endpoint takes no path, got {values[key]!r} (is otlp.protocol right?)")
     scheme = urlsplit(values["otlp.endpoint"]).scheme

@@ -36,7 +36,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
     "otel_ebpf.kernel.drops": (
         "{item}", "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
-        "full, iovec bytes past the cap, mmsg calls, TLS calls without a socket)", False),
+        "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket)",
+        False),
     "otel_ebpf.events.late": (
         "{event}", "Events that arrived after the reorder window and were handled out of order", False),
     "otel_ebpf.events.reorder_overflow": (
@@ -52,6 +53,28 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.trace.same_node_parents": (
         "{request}", "Incoming requests parented by an outgoing request of another process on the node", False),
     "otel_ebpf.trace.propagated": ("{request}", "Requests that carried a trace context (traceparent, b3)", False),
+    "otel_ebpf.profiles.samples": ("{sample}", "CPU profile samples received from the kernel", False),
+    "otel_ebpf.profiles.samples.dropped": (
+        "{sample}", "CPU profile samples lost, by reason (ring buffer full, per-interval stack cap)", False),
+    "otel_ebpf.profiles.stacks.truncated": (
+        "{item}", "Python stacks cut short, by reason: samples deeper than the BPF walker's frame limit "
+        "(python_truncated), Python processes the walker's table had no room for (python_table_full)", False),
+    "otel_ebpf.profiles.export.failed": ("{export}", "Profile exports that failed or were dropped, by exporter",
+                                         False),
+    "otel_ebpf.protocol.drops": (
+        "{item}", "What a plugin's shared state dropped or could not resolve, by protocol and reason (RTPS: "
+        "discovery entries evicted, samples of unknown writers, sample and call table evictions)", False),
+    "otel_ebpf.gpu.calls": ("{call}", "GPU library calls decoded from the kernel (CUDA, NCCL, PyTorch USDT)", False),
+    "otel_ebpf.gpu.libraries": ("{file}", "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",
+                                True),
+    "otel_ebpf.gpu.allocations.untracked": (
+        "{allocation}", "Allocations the agent could not pair: evicted from the full table, frees of unknown "
+        "pointers (allocated before attach), allocations over a live pointer", False),
+    "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
+    "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
+    "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
+    "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
+    "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
 }
 
 

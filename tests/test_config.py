@@ -183,6 +183,15 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "trace.reorder_window_ms": (
         50, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
     ),
+    "gpu.enabled": ("auto", [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"),
+                             ("cli", "gpu", "auto", "auto")]),
+    "gpu.stacks": ("python", [("yaml", "", "native", "native"), ("env", "OTEL_EBPF_GPU_STACKS", "none", "none")]),
+    "gpu.leak_age_s": (60.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_GPU_LEAK_AGE", "0.5", 0.5)]),
+    "gpu.leak_min_allocations": (2, [("yaml", "", 1, 1), ("env", "OTEL_EBPF_GPU_LEAK_MIN_ALLOCATIONS", "3", 3)]),
+    "gpu.max_allocations": (1_000_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_ALLOCATIONS", "20", 20)]),
+    "gpu.max_stacks": (10_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_STACKS", "20", 20)]),
+    "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
+    "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
     "protocols.enabled": (
         None,
         [("yaml", "", ["http1", "kafka"], ("http1", "kafka")), ("env", "OTEL_EBPF_PROTOCOLS", "http2", ("http2",))],
@@ -202,6 +211,41 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         ],
     ),
     "export.disabled": (False, [("yaml", "", True, True), ("std", "OTEL_SDK_DISABLED", "false", False)]),
+    "otlp.logs_endpoint": (
+        None,
+        [
+            ("yaml", "", "http://yaml:4317", "http://yaml:4317"),
+            ("std", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://std:4317", "http://std:4317"),
+        ],
+    ),
+    "otlp.profiles_endpoint": (
+        None,
+        [
+            ("yaml", "", "http://yaml:4317", "http://yaml:4317"),
+            ("std", "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", "http://std:4317", "http://std:4317"),
+        ],
+    ),
+    "profiling.enabled": (
+        False, [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
+    ),
+    "profiling.frequency_hz": (
+        49,
+        [("yaml", "", 19, 19), ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97), ("cli", "profile_frequency", 99, 99)],
+    ),
+    "profiling.interval_s": (10.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_PROFILING_INTERVAL", "2.5", 2.5)]),
+    "profiling.max_stacks": (16384, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_PROFILING_MAX_STACKS", "20", 20)]),
+    "profiling.python": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_PYTHON", "true", True)]),
+    "profiling.flamegraphs": (
+        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_FLAMEGRAPHS", "yes", True)],
+    ),
+    "profiling.pyroscope_url": (
+        None,
+        [
+            ("yaml", "", "http://yaml:4040", "http://yaml:4040"),
+            ("env", "OTEL_EBPF_PYROSCOPE_URL", "http://env:4040", "http://env:4040"),
+            ("cli", "pyroscope_url", "http://cli:4040", "http://cli:4040"),
+        ],
+    ),
     "run.duration_s": (None, [("yaml", "", 3, 3.0), ("cli", "duration", 1.5, 1.5)]),
     "run.ready_file": (None, [("yaml", "", "/run/a", Path("/run/a")), ("cli", "ready_file", "/run/b", Path("/run/b"))]),
     "run.log_level": (

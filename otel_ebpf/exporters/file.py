@@ -27,7 +27,10 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     MetricExporter,
@@ -165,4 +168,28 @@ class FileMetricExporter(MetricExporter):
         return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._out.close()
+
+
+LOGS_FILE = "logs.jsonl"
+
+
+class FileLogExporter(LogRecordExporter):
+    """Appends each batch to ``<output_dir>/logs.jsonl`` as one ``ExportLogsServiceRequest``."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self._out = _JsonLinesFile(Path(output_dir) / LOGS_FILE)
+
+    @property
+    def path(self) -> Path:
+        return self._out.path
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        ok = self._out.write(to_json_line(encode_logs(batch)))
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
         self._out.close()

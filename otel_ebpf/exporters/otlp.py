@@ -17,6 +17,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -54,3 +55,15 @@ def otlp_metric_exporter(
             endpoint=endpoint, preferred_temporality=preferred_temporality, **_grpc_options(config)
         )
     return HttpMetricExporter(endpoint=endpoint, preferred_temporality=preferred_temporality, **_http_options(config))
+
+
+def otlp_log_exporter(config: OTLPConfig) -> LogRecordExporter:
+    """Log records (GPU leak reports) to ``<endpoint>`` (gRPC) or ``<endpoint>/v1/logs`` (HTTP)."""
+    endpoint = config.signal_endpoint("logs")
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+
+        return GrpcLogExporter(endpoint=endpoint, **_grpc_options(config))
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
+
+    return HttpLogExporter(endpoint=endpoint, **_http_options(config))

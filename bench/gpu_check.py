@@ -1,0 +1,202 @@
+"""End-to-end check of the GPU views on a machine with an NVIDIA GPU: real PyTorch on CUDA, agent attached.
+
+A PyTorch program (started first, then traced by pid — no restart) allocates tensors, leaks large
+ones from a function named ``leaky_cache``, copies host<->device and launches kernels. The agent
+(``otel-ebpf run --pid <it> --gpu true``, file exporter) then has to show:
+
+1. the CUDA runtime (and driver) libraries hooked, and PyTorch's ``pytorch:malloc``/``free`` USDT
+   probes when this PyTorch build has them (reported either way: not every wheel is built with them);
+2. kernel launches: at least one per elementwise op the program ran;
+3. copies: host_to_device / device_to_host bytes at least what the program copied;
+4. device memory: ``cudaMalloc`` segments in use at least the leaked bytes (PyTorch's caching
+   allocator gets a segment per large tensor), and, with the USDT probes, tensor-level in-use;
+5. a leak report naming ``leaky_cache``;
+6. profiles with launches and allocations by stack, the Python frames included.
+
+Prints one line per check (``ok`` / ``FAIL`` / ``n/a`` with the figures) and exits 0 only when every
+applicable check passed. Without a GPU, PyTorch or root it says which and exits 2.
+
+Usage: ``sudo .venv/bin/python bench/gpu_check.py [--keep DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+LEAK_MB = 64
+LEAKS = 8
+OPS = 200
+COPY_MB = 16
+
+PROGRAM = r"""
+import json, os, sys, time
+import torch
+
+LEAK_MB, LEAKS, OPS, COPY_MB = (int(a) for a in sys.argv[1:5])
+dev = torch.device("cuda")
+torch.ones(1, device=dev)  # CUDA context and libraries up before the agent attaches
+_cache = []
+
+def leaky_cache():
+    # never trimmed: one new caching-allocator segment (cudaMalloc) per call, kept forever
+    _cache.append(torch.empty(LEAK_MB << 20, dtype=torch.uint8, device=dev))
+
+def step(x):
+    for _ in range(OPS // 2):
+        x = x * 1.0001
+        x = x + 1
+    return x
+
+print("ready", flush=True)
+sys.stdin.readline()
+host = torch.ones(COPY_MB << 18, dtype=torch.float32).pin_memory()  # COPY_MB MiB
+x = host.to(dev, non_blocking=False)  # host_to_device
+for i in range(LEAKS):
+    leaky_cache()
+    x = step(x)
+    time.sleep(0.5)
+back = x.cpu()  # device_to_host
+torch.cuda.synchronize()
+print(json.dumps({"pid": os.getpid(), "copy_bytes": COPY_MB << 20, "ops": OPS * LEAKS,
+                  "leaked": LEAKS * (LEAK_MB << 20), "torch": torch.__version__,
+                  "cuda": torch.version.cuda}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _preflight() -> tuple[str, str] | None:
+    """Why this machine cannot run the check, or None."""
+    if os.geteuid() != 0:
+        return "root", "the agent needs root (sudo)"
+    try:
+        import torch
+    except ImportError:
+        return "torch", "PyTorch is not installed here (pip install torch)"
+    if not torch.cuda.is_available():
+        return "gpu", "no CUDA GPU: torch.cuda.is_available() is False — this check needs an NVIDIA GPU"
+    return None
+
+
+def _wait(path: Path, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"FAIL: the agent exited ({proc.returncode}) before it was ready")
+        if time.monotonic() > deadline:
+            raise SystemExit("FAIL: the agent was not ready in time")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", metavar="DIR", help="write the agent's output here and keep it")
+    args = parser.parse_args()
+    problem = _preflight()
+    if problem is not None:
+        print(f"gpu_check: cannot run: {problem[1]}", file=sys.stderr)
+        return 2
+    from otel_ebpf.exporters.file import from_json_line
+    from otel_ebpf.profiles import otlp as profiles_otlp
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+        ExportProfilesServiceRequest,
+    )
+    from tests.otlp_receiver import load_file_metrics
+
+    out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    out.mkdir(parents=True, exist_ok=True)
+    program = subprocess.Popen([sys.executable, "-c", PROGRAM, str(LEAK_MB), str(LEAKS), str(OPS), str(COPY_MB)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    agent = None
+    try:
+        if program.stdout.readline() != "ready\n":
+            raise SystemExit("FAIL: the PyTorch program did not start (see above)")
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "otel_ebpf.cli", "run", "--pid", str(program.pid), "--gpu", "true",
+             "--exporter", "file", "--output", str(out), "--ready-file", str(out / "ready")],
+            cwd=REPO, stderr=open(out / "agent.log", "w"),
+            env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "1.5", "OTEL_EBPF_GPU_INTERVAL": "2"})
+        _wait(out / "ready", agent, 120)
+        program.stdin.write("go\n")
+        program.stdin.flush()
+        summary = json.loads(program.stdout.readline())
+        time.sleep(1.0)
+        agent.send_signal(signal.SIGINT)
+        agent.wait(timeout=120)
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        program.kill()
+        program.wait()
+
+    log = (out / "agent.log").read_text()
+    pid = summary["pid"]
+    metrics = load_file_metrics(out / "metrics.jsonl")
+
+    def final(name: str, **attrs: object) -> float:
+        points = [p for p in metrics.get(name, []) if p["resource"].get("process.pid") == pid
+                  and all(p["attributes"].get(k) == v for k, v in attrs.items())]
+        last: dict = {}
+        for p in sorted(points, key=lambda p: p["time_ns"]):
+            last[tuple(sorted(p["attributes"].items()))] = p.get("sum", p.get("value", 0))
+        return sum(last.values())
+
+    logs = []
+    if (out / "logs.jsonl").exists():
+        for line in (out / "logs.jsonl").read_text().splitlines():
+            request = from_json_line(line, ExportLogsServiceRequest())
+            for rl in request.resource_logs:
+                for sl in rl.scope_logs:
+                    for record in sl.log_records:
+                        logs.append({kv.key: kv.value for kv in record.attributes})
+    profiles = []
+    if (out / "profiles.jsonl").exists():
+        for line in (out / "profiles.jsonl").read_text().splitlines():
+            profiles += profiles_otlp.decode(from_json_line(line, ExportProfilesServiceRequest()))
+
+    results: list[tuple[str, bool | None, str]] = []
+    hooked = [line.split("GPU: hooked ", 1)[1] for line in log.splitlines() if "GPU: hooked " in line]
+    results.append(("libraries hooked", any("libcudart" in h for h in hooked), "; ".join(hooked) or "none"))
+    usdt = any("pytorch:malloc" in h for h in hooked)
+    launches = final("cuda.kernel.launches")
+    results.append(("kernel launches", launches >= summary["ops"], f"{launches:.0f} seen, >= {summary['ops']} expected"))
+    h2d = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "host_to_device"})
+    d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
+    results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))
+    results.append(("copies device_to_host", d2h >= summary["copy_bytes"], f"{d2h:.0f} B >= {summary['copy_bytes']}"))
+    segments = final("cuda.memory.in_use", **{"cuda.api": "runtime"})
+    results.append(("cudaMalloc in use", segments >= summary["leaked"], f"{segments:.0f} B >= {summary['leaked']}"))
+    tensors = final("cuda.memory.in_use", **{"cuda.api": "pytorch"})
+    results.append(("tensors in use (USDT)", (tensors >= summary["leaked"]) if usdt else None,
+                    f"{tensors:.0f} B" if usdt else "this PyTorch build has no pytorch:malloc USDT probes"))
+    named = [a["code.function.name"].string_value for a in logs if "code.function.name" in a]
+    results.append(("leak reported", "leaky_cache" in named, f"reports name {sorted(set(named)) or 'nothing'}"))
+    launch_stacks = [key.stack for p in profiles if p.sample_types[0].type == "launches" for key in p.samples]
+    python_frames = any(f.kind.value == "python" for stack in launch_stacks for f in stack)
+    results.append(("launch profile with Python frames", python_frames, f"{len(launch_stacks)} stacks"))
+
+    print(f"gpu_check: torch {summary['torch']}, CUDA {summary['cuda']}, agent output in {out}")
+    failed = 0
+    for name, ok, detail in results:
+        mark = "n/a " if ok is None else ("ok  " if ok else "FAIL")
+        failed += ok is False
+        print(f"  {mark} {name}: {detail}")
+    if not args.keep and not failed:
+        shutil.rmtree(out, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

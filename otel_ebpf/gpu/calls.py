@@ -1,0 +1,183 @@
+"""The GPU library calls the agent hooks, and the decoded form of one call.
+
+One table, :data:`OPS`, names every hooked function: its operation id (the ``op`` the BPF program
+``bpf/gpu_trace.c`` stamps on each event — keep the two in step), the library it belongs to, what
+kind of work it does, and where its interesting arguments are. Everything downstream (pairing,
+metrics, profiles) works from :class:`GpuCall` records and this table only, so it is a pure
+function of the event stream (DESIGN.md, principle 6) and testable without a GPU or root.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Library(str, enum.Enum):
+    RUNTIME = "runtime"  # libcudart (shared or linked statically into any ELF)
+    DRIVER = "driver"  # libcuda.so.1
+    NCCL = "nccl"  # libnccl.so.2
+    PYTORCH = "pytorch"  # USDT probes of PyTorch's CUDA caching allocator (libc10_cuda.so)
+
+
+class Kind(str, enum.Enum):
+    ALLOC = "alloc"
+    FREE = "free"
+    COPY = "copy"
+    SYNC = "sync"
+    LAUNCH = "launch"
+    SET_DEVICE = "set_device"
+    COLLECTIVE = "collective"  # an NCCL operation that moves data
+    GROUP = "group"  # ncclGroupStart / ncclGroupEnd
+    COMM_INIT = "comm_init"
+    COMM_DESTROY = "comm_destroy"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One hooked function. Argument positions index :attr:`GpuCall.args` (0 = first argument)."""
+
+    op: int
+    symbol: str
+    library: Library
+    kind: Kind
+    size_arg: int | None = None  # bytes (ALLOC, COPY) or element count (COLLECTIVE)
+    ptr_arg: int | None = None  # the device pointer a FREE releases
+    direction: str | None = None  # COPY: fixed direction, or None when a cudaMemcpyKind argument says
+    kind_arg: int | None = None  # COPY: the cudaMemcpyKind argument
+    asynchronous: bool = False
+    dtype_arg: int | None = None  # COLLECTIVE: ncclDataType_t
+    comm_arg: int | None = None  # COLLECTIVE: ncclComm_t
+    peer_arg: int | None = None  # COLLECTIVE: root or peer rank
+    device_arg: int | None = None  # the device, when the call names it (USDT malloc)
+    usdt: bool = False  # a USDT probe of ``library`` (provider:name in ``symbol``), no return
+
+
+_SPECS = (
+    OpSpec(1, "cudaMalloc", Library.RUNTIME, Kind.ALLOC, size_arg=1),
+    OpSpec(2, "cudaFree", Library.RUNTIME, Kind.FREE, ptr_arg=0),
+    OpSpec(3, "cudaMallocAsync", Library.RUNTIME, Kind.ALLOC, size_arg=1, asynchronous=True),
+    OpSpec(4, "cudaFreeAsync", Library.RUNTIME, Kind.FREE, ptr_arg=0, asynchronous=True),
+    OpSpec(5, "cuMemAlloc_v2", Library.DRIVER, Kind.ALLOC, size_arg=1),
+    OpSpec(6, "cuMemFree_v2", Library.DRIVER, Kind.FREE, ptr_arg=0),
+    OpSpec(7, "cuMemAllocAsync", Library.DRIVER, Kind.ALLOC, size_arg=1, asynchronous=True),
+    OpSpec(8, "cuMemFreeAsync", Library.DRIVER, Kind.FREE, ptr_arg=0, asynchronous=True),
+    # pytorch:malloc(devPtr, device, size, stream), pytorch:free(devPtr)
+    OpSpec(9, "pytorch:malloc", Library.PYTORCH, Kind.ALLOC, size_arg=2, ptr_arg=0, device_arg=1, usdt=True),
+    OpSpec(10, "pytorch:free", Library.PYTORCH, Kind.FREE, ptr_arg=0, usdt=True),
+    OpSpec(20, "cudaMemcpy", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3),
+    OpSpec(21, "cudaMemcpyAsync", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3, asynchronous=True),
+    OpSpec(22, "cuMemcpyHtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device"),
+    OpSpec(23, "cuMemcpyDtoH_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_host"),
+    OpSpec(24, "cuMemcpyDtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_device"),
+    OpSpec(25, "cuMemcpyHtoDAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device",
+           asynchronous=True),
+    OpSpec(26, "cuMemcpyDtoHAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_host",
+           asynchronous=True),
+    OpSpec(27, "cuMemcpy", Library.DRIVER, Kind.COPY, size_arg=2, direction="default"),
+    OpSpec(28, "cuMemcpyAsync", Library.DRIVER, Kind.COPY, size_arg=2, direction="default", asynchronous=True),
+    OpSpec(30, "cudaDeviceSynchronize", Library.RUNTIME, Kind.SYNC),
+    OpSpec(31, "cudaStreamSynchronize", Library.RUNTIME, Kind.SYNC),
+    OpSpec(32, "cuCtxSynchronize", Library.DRIVER, Kind.SYNC),
+    OpSpec(33, "cuStreamSynchronize", Library.DRIVER, Kind.SYNC),
+    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH),
+    OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH),
+    OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH),
+    OpSpec(50, "cudaSetDevice", Library.RUNTIME, Kind.SET_DEVICE, device_arg=0),
+    # ncclAllReduce(sbuf, rbuf, count, dtype, op, comm, stream)
+    OpSpec(60, "ncclAllReduce", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, comm_arg=5),
+    # ncclBroadcast(sbuf, rbuf, count, dtype, root, comm, stream)
+    OpSpec(61, "ncclBroadcast", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, peer_arg=4, comm_arg=5),
+    # ncclReduce(sbuf, rbuf, count, dtype, op, root, comm, stream): comm is the 7th argument
+    OpSpec(62, "ncclReduce", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, peer_arg=5, comm_arg=6),
+    # ncclAllGather(sbuf, rbuf, sendcount, dtype, comm, stream)
+    OpSpec(63, "ncclAllGather", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, comm_arg=4),
+    # ncclReduceScatter(sbuf, rbuf, recvcount, dtype, op, comm, stream)
+    OpSpec(64, "ncclReduceScatter", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, comm_arg=5),
+    # ncclSend(sbuf, count, dtype, peer, comm, stream), ncclRecv(rbuf, count, dtype, peer, comm, stream)
+    OpSpec(65, "ncclSend", Library.NCCL, Kind.COLLECTIVE, size_arg=1, dtype_arg=2, peer_arg=3, comm_arg=4),
+    OpSpec(66, "ncclRecv", Library.NCCL, Kind.COLLECTIVE, size_arg=1, dtype_arg=2, peer_arg=3, comm_arg=4),
+    OpSpec(67, "ncclGroupStart", Library.NCCL, Kind.GROUP),
+    OpSpec(68, "ncclGroupEnd", Library.NCCL, Kind.GROUP),
+    # ncclCommInitRank(comm *, nranks, ncclUniqueId id, rank): the 128-byte id is passed in memory,
+    # so rank is the third register argument; the communicator comes back through the out-pointer.
+    OpSpec(69, "ncclCommInitRank", Library.NCCL, Kind.COMM_INIT, size_arg=1, peer_arg=2),
+    OpSpec(70, "ncclCommInitRankConfig", Library.NCCL, Kind.COMM_INIT, size_arg=1, peer_arg=2),
+    OpSpec(71, "ncclCommDestroy", Library.NCCL, Kind.COMM_DESTROY, comm_arg=0),
+)
+OPS: dict[int, OpSpec] = {spec.op: spec for spec in _SPECS}
+BY_SYMBOL: dict[str, OpSpec] = {spec.symbol: spec for spec in _SPECS}
+FUNCTION_SYMBOLS: tuple[str, ...] = tuple(spec.symbol for spec in _SPECS if not spec.usdt)
+USDT_PROBES: dict[tuple[str, str], OpSpec] = {
+    tuple(spec.symbol.split(":")): spec for spec in _SPECS if spec.usdt  # type: ignore[misc]
+}
+
+MEMCPY_KINDS = {0: "host_to_host", 1: "host_to_device", 2: "device_to_host", 3: "device_to_device", 4: "default"}
+
+# ncclDataType_t -> (name, bytes per element)
+NCCL_DATATYPES: dict[int, tuple[str, int]] = {
+    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
+    6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
+    11: ("float8e5m2", 1),
+}
+
+# Error names for the codes a caller most often meets (cudaError_t, CUresult, ncclResult_t).
+CUDA_ERRORS = {
+    1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation", 3: "cudaErrorInitializationError",
+    4: "cudaErrorCudartUnloading", 35: "cudaErrorInsufficientDriver", 100: "cudaErrorNoDevice",
+    101: "cudaErrorInvalidDevice", 209: "cudaErrorNoKernelImageForDevice", 400: "cudaErrorInvalidResourceHandle",
+    700: "cudaErrorIllegalAddress", 999: "cudaErrorUnknown",
+}
+DRIVER_ERRORS = {
+    1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 3: "CUDA_ERROR_NOT_INITIALIZED",
+    4: "CUDA_ERROR_DEINITIALIZED", 100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
+    201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE", 999: "CUDA_ERROR_UNKNOWN",
+}
+NCCL_ERRORS = {
+    1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError", 4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+}
+_ERRORS = {Library.RUNTIME: CUDA_ERRORS, Library.DRIVER: DRIVER_ERRORS, Library.NCCL: NCCL_ERRORS}
+
+
+def error_name(library: Library, code: int) -> str:
+    """The enum name of ``code`` for ``library``, or the number as text when not in our table."""
+    return _ERRORS.get(library, {}).get(code, str(code))
+
+
+PythonFrameRef = tuple[int, int, int]  # (code object, instruction pointer, flags) as python_stack.h reads them
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCall:
+    """One completed call (or one USDT probe hit), as decoded from the ring buffer."""
+
+    ts_ns: int  # Unix time of the call's entry
+    duration_ns: int
+    pid: int
+    tid: int
+    op: int
+    ret: int  # 0 = success
+    args: tuple[int, ...]  # raw 64-bit arguments as passed
+    out: int = 0  # what the out-pointer held after a successful call (device pointer, communicator)
+    user_stack: tuple[int, ...] = ()  # native return addresses, leaf first
+    python_stack: tuple[PythonFrameRef, ...] = ()  # leaf first
+    python_status: int = 0  # PY_STATUS_* of python_stack.h
+
+    @property
+    def spec(self) -> OpSpec:
+        return OPS[self.op]
+
+    def arg(self, index: int | None, signed32: bool = False) -> int:
+        """Argument ``index`` (0 when None); ``signed32`` reads it as a C ``int``."""
+        if index is None:
+            return 0
+        value = self.args[index]
+        if signed32:
+            value &= 0xFFFFFFFF
+            return value - (1 << 32) if value & 0x80000000 else value
+        return value
+
+    @property
+    def ok(self) -> bool:
+        return self.ret == 0

@@ -1,0 +1,105 @@
+// Stand-in CUDA driver (libcuda.so.1) for tests on machines without a GPU: the real exported
+// symbol names and signatures, "device" memory backed by host allocations, copies that really
+// copy, launches that only count. Built by tests/gpu/standin/build.py; never shipped.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Real CUDA/NCCL entry points begin with `push %rbp` (built with frame pointers); leaf functions
+// here would not, and a first instruction uprobes cannot emulate costs an extra trap per hit.
+// Using the frame address forces the same prologue.
+#define REAL_PROLOGUE __asm__ __volatile__("" ::"r"(__builtin_frame_address(0)))
+
+typedef int CUresult;            // CUDA_SUCCESS = 0
+typedef uint64_t CUdeviceptr;    // 64-bit device address
+typedef void *CUstream;
+typedef void *CUfunction;
+typedef struct {                  // the leading fields of CUlaunchConfig (cuda.h 12.x)
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+
+// The stand-in device's capacity: larger requests fail like a full GPU (error 2).
+#define CAPACITY (1ULL << 32)
+
+static volatile unsigned long launches;  // observable side effect, so calls are not optimised out
+
+CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bytesize > CAPACITY)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *p = malloc(bytesize);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    free((void *)(uintptr_t)dptr);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
+    (void)stream;
+    return cuMemAlloc_v2(dptr, bytesize);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    (void)stream;
+    return cuMemFree_v2(dptr);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpyHtoD_v2(dst, src, n);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpyDtoH_v2(dst, src, n);
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
+                        void **extra) { REAL_PROLOGUE;
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)stream;
+    (void)params; (void)extra;
+    launches++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) { REAL_PROLOGUE;
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    (void)f; (void)params; (void)extra;
+    launches++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) { REAL_PROLOGUE; return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) { REAL_PROLOGUE; (void)s; return CUDA_SUCCESS; }

@@ -1,0 +1,97 @@
+// Stand-in CUDA runtime (libcudart.so.12): real symbol names and signatures, implemented over the
+// stand-in driver like the real runtime (cudaMalloc calls cuMemAlloc_v2, cudaLaunchKernel calls
+// cuLaunchKernel), so the agent sees the nested driver calls it must not count twice.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+typedef uint64_t CUdeviceptr;
+typedef struct { unsigned int x, y, z; } dim3;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                      cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+
+#define cudaSuccess 0
+#define cudaErrorInvalidValue 1
+#define cudaErrorInvalidDevice 101
+#define DEVICES 2
+
+extern int cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+extern int cuMemFree_v2(CUdeviceptr dptr);
+extern int cuLaunchKernel(void *f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                          unsigned int, unsigned int, void *, void **, void **);
+
+static __thread int current_device;
+
+cudaError_t cudaGetDeviceCount(int *count) { *count = DEVICES; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *device) { *device = current_device; return cudaSuccess; }
+
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= DEVICES)
+        return cudaErrorInvalidDevice;
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **devPtr, size_t size) {
+    if (!devPtr)
+        return cudaErrorInvalidValue;
+    return cuMemAlloc_v2((CUdeviceptr *)devPtr, size);  // driver errors 1/2 match the runtime's
+}
+
+cudaError_t cudaFree(void *devPtr) {
+    if (!devPtr)
+        return cudaSuccess;  // like the real runtime: freeing NULL is allowed
+    return cuMemFree_v2((CUdeviceptr)(uintptr_t)devPtr);
+}
+
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
+    (void)stream;
+    return cudaMalloc(devPtr, size);
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
+    (void)stream;
+    return cudaFree(devPtr);
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    if ((unsigned)kind > cudaMemcpyDefault || (count && (!dst || !src)))
+        return cudaErrorInvalidValue;
+    memcpy(dst, src, count);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    (void)stream;
+    return cudaMemcpy(dst, src, count, kind);
+}
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sharedMem,
+                             cudaStream_t stream) {
+    if (!func)
+        return cudaErrorInvalidValue;
+    return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                          (unsigned)sharedMem, stream, args, 0);
+}
+
+// Waits are real waits: STANDIN_SYNC_US microseconds each (default 0), so the wait-time views have
+// something exact-enough to measure.
+static void wait_a_while(void) {
+    static long us = -1;
+    if (us < 0) {
+        const char *s = getenv("STANDIN_SYNC_US");
+        us = s ? atol(s) : 0;
+    }
+    if (us > 0) {
+        struct timespec t = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&t, 0);
+    }
+}
+
+cudaError_t cudaDeviceSynchronize(void) { wait_a_while(); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) { (void)stream; wait_a_while(); return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t error) { return error ? "stand-in error" : "no error"; }
