@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,14 +38,17 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 
-class ProfileDestination:
+class ProfileDestination(ABC):
+    """One place profiles go; the sink counts an export that raises as failed."""
+
     name = "destination"
 
-    def export(self, profiles: Sequence[Profile]) -> None:  # raises on failure
-        raise NotImplementedError
+    @abstractmethod
+    def export(self, profiles: Sequence[Profile]) -> None:
+        """Send one interval's profiles; raise on failure."""
 
     def close(self) -> None:
-        return None
+        """Release what the destination holds (files, connections); nothing by default."""
 
 
 class FileProfiles(ProfileDestination):
