@@ -43,7 +43,9 @@
 #define SET_FILTER_PORTS 2  // 1: only connections with a local or peer port in ports[]
 #define SET_WATCH_EXEC 3    // 1: report execs so user space can match --exe globs
 #define SET_READY 4         // 1 once the slots above are written: until then trace nothing
-#define NSETTINGS 5
+#define SET_SHED_BACKLOG 5  // shed new HTTP/1 exchanges while user space has more ring bytes to read
+#define SET_KEEP_1024 6     // copy this many of 1024 new HTTP/1 exchanges (CPU budget); 1024: all
+#define NSETTINGS 7
 
 // stats[] slots (per-CPU counters read by user space).
 #define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
@@ -51,7 +53,10 @@
 #define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, reported as a gap, not copied
 #define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg messages past MAX_MMSG in one call, not copied
 #define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
-#define NSTATS 5
+#define STAT_RED_FULL 5      // HTTP/1 exchanges not counted: the http_red table was full
+#define STAT_HTTP_QUEUE_FULL 6  // pipelined requests past HTTP_QUEUE, not measured
+#define STAT_SHED_BASE 6     // + SHED_* (1..3): HTTP/1 requests shed, by reason (http1_summary.h)
+#define NSTATS 10
 
 // Messages of one sendmmsg/recvmmsg call copied (each its own datagram event); more are counted.
 // Their iovecs are gathered up to MAX_MMSG_IOV per message: the nested loops must stay within
@@ -92,6 +97,8 @@ struct ummsghdr {
     u32 pad2;
 };
 
+#define HDR_AFTER_LOSS 1  // event_header.flags: events of this connection were lost just before
+
 struct event_header {
     u64 ts;
     u32 type;
@@ -99,7 +106,7 @@ struct event_header {
     u32 tid;
     s32 fd;
     u32 generation;
-    u32 pad;
+    u32 flags;     // HDR_*
 };
 
 #define DATA_TLS 1  // data_event.flags: plaintext of a TLS connection, from the SSL probes
@@ -152,6 +159,8 @@ struct tuple {
     u8 raddr[16];
 };
 
+#include "http1_summary.h"
+
 struct conn_info {
     u64 sk;          // 0 until the first socket I/O names the kernel socket
     u64 synthetic;   // FD_TRACKING: stands in for sk
@@ -159,6 +168,7 @@ struct conn_info {
     u8 role;
     u8 ignored;      // port filter rejected it
     u8 tls;          // its bytes are TLS: the SSL probes report the plaintext, syscalls nothing
+    struct http_state http;
 };
 
 // An SSL_read/SSL_write/handshake call in flight on a thread (the probes are in tls_trace.c).
@@ -296,14 +306,38 @@ static __always_inline void fill_header(struct event_header *h, u32 type, u64 pi
     h->tid = (u32)pid_tgid;
     h->fd = fd;
     h->generation = generation;
-    h->pad = 0;
+    h->flags = 0;
 }
 
-static __always_inline void emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
+// Every record goes through here: the bytes it takes (header and padding included, as the ring
+// counts them) are added to ring_positions[0], from which the backlog is known.
+static __always_inline int submit(void *data, u32 size, u64 flags) {
+    if (events.ringbuf_output(data, size, flags)) {
+        count(STAT_RINGBUF_FULL, 1);
+        return -1;
+    }
+    u32 slot = 0;
+    u64 *produced = ring_positions.lookup(&slot);
+    if (produced)
+        __sync_fetch_and_add(produced, (size + 8 + 7) & ~7);
+    return 0;
+}
+
+static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
     struct event_header h = {};
     fill_header(&h, type, pid_tgid, fd, generation);
-    if (events.ringbuf_output(&h, sizeof(h), wakeup_flag()))
-        count(STAT_RINGBUF_FULL, 1);
+    return submit(&h, sizeof(h), wakeup_flag());
+}
+
+// A connection's close or replacement; user space is told when it lost events of it since its
+// last delivered one.
+static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
+    if (!ci->sk || ci->ignored)
+        return;
+    struct event_header h = {};
+    fill_header(&h, EV_CLOSE, id, fd, ci->generation);
+    h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
+    submit(&h, sizeof(h), wakeup_flag());
 }
 
 // ---- connection lifecycle ------------------------------------------------------------------
@@ -494,8 +528,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     struct conn_info *ci = conns.lookup(&key);
     if (!ci)
         return 0;
-    if (ci->sk && !ci->ignored)
-        emit_simple(args, EV_CLOSE, id, args->fd, ci->generation);
+    emit_close(args, id, args->fd, ci);
     conns.delete(&key);
     ignored.delete(&key);
     return 0;
@@ -605,8 +638,8 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     struct conn_info *ci = conns.lookup(&key);
     if (ci && ci->sk == sk)
         return ci;
-    if (ci && ci->sk && !ci->ignored)
-        emit_simple(ctx, EV_CLOSE, id, fd, ci->generation);
+    if (ci)
+        emit_close(ctx, id, fd, ci);
 
     // Generations only need to differ between successive connections on one fd: a per-CPU
     // sequence tagged with the CPU id is unique without atomics.
@@ -624,6 +657,10 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     if (t) {
         if (fresh.role == ROLE_UNKNOWN)
             fresh.role = t->role;
+        fresh.http.family = t->family;
+        fresh.http.local_port = t->lport;
+        fresh.http.peer_port = t->rport;
+        __builtin_memcpy(fresh.http.peer_addr, t->raddr, 16);
         ev.family = t->family;
         ev.lport = t->lport;
         ev.rport = t->rport;
@@ -655,21 +692,22 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         __builtin_memcpy(&lo, ev.laddr, 8);
         __builtin_memcpy(&hi, ev.laddr + 8, 8);
         u64 flags = lo | hi || (udp && ev.lport) ? wakeup_flag() : BPF_RB_FORCE_WAKEUP_;
-        if (events.ringbuf_output(&ev, sizeof(ev), flags))
-            count(STAT_RINGBUF_FULL, 1);
+        submit(&ev, sizeof(ev), flags);
     }
     return conns.lookup(&key);
 }
 
-static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u32 direction,
-                                      const char *buf, u32 length, u32 flags) {
+// One data event of connection ci; one that is lost sheds the rest of its HTTP/1 exchange.
+static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *ci, u32 direction,
+                                     const char *buf, u32 length, u32 flags) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
     if (!ev)
-        return;
+        return -1;
     u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
-    fill_header(&ev->h, EV_DATA, id, fd, generation);
+    fill_header(&ev->h, EV_DATA, id, fd, ci->generation);
     ev->h.ts = ts;
+    ev->h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
     ev->direction = direction;
     ev->length = length;
     ev->flags = flags;
@@ -680,8 +718,12 @@ static __always_inline void emit_data(u64 ts, u64 id, s32 fd, u32 generation, u3
     if (!buf || bpf_probe_read_user(ev->data, n, buf))
         n = 0;  // sendfile: bytes moved from a file, never through a user buffer
     ev->captured = n;
-    if (events.ringbuf_output(ev, offsetof(struct data_event, data) + n, wakeup_flag()))
-        count(STAT_RINGBUF_FULL, 1);
+    if (submit(ev, offsetof(struct data_event, data) + n, wakeup_flag())) {
+        http_lost(&ci->http);
+        return -1;
+    }
+    ci->http.lost = 0;
+    return 0;
 }
 
 // One datagram: its peer from the sockaddr at name (sendto/sendmsg's destination, or where
@@ -747,8 +789,7 @@ static __always_inline void emit_dgram(u64 ts, u64 id, s32 fd, u32 generation, u
     asm volatile("" : "+r"(size));
     size &= (PAYLOAD_CAP << 1) - 1;
     ev->captured = size;
-    if (events.ringbuf_output(ev, offsetof(struct dgram_event, data) + size, wakeup_flag()))
-        count(STAT_RINGBUF_FULL, 1);
+    submit(ev, offsetof(struct dgram_event, data) + size, wakeup_flag());
 }
 
 // The datagrams of a UDP syscall: one, or each message of a sendmmsg/recvmmsg (ret messages, each
@@ -823,13 +864,21 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
         count(STAT_MMSG_CALLS, 1);
         return;
     }
+    // HTTP/1 is counted here, and its bytes copied only when its exchange is not shed; what
+    // starts a message is in the buffer, or in the first iovec segment.
+    struct uiovec *iov = (struct uiovec *)io.buf;
+    struct uiovec first = {.base = (const char *)io.buf, .len = ret};
+    if (io.iovcnt && bpf_probe_read_user(&first, sizeof(first), iov))
+        first.base = 0;
+    if (!http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, first.base,
+                      first.len < ret ? first.len : ret, ts))
+        return;
     if (!io.iovcnt) {
-        emit_data(ts, id, io.fd, generation, io.direction, (const char *)io.buf, ret, 0);
+        emit_data(ts, id, io.fd, ci, io.direction, (const char *)io.buf, ret, 0);
         return;
     }
     // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
     u64 left = ret;
-    struct uiovec *iov = (struct uiovec *)io.buf;
 // a bounded loop (Linux 5.3+): unrolling 64 iterations would multiply the program and its compile memory
     for (int i = 0; i < MAX_IOV; i++) {
         if (i >= io.iovcnt || left == 0)
@@ -838,12 +887,12 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
         if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
             break;
         u64 len = seg.len < left ? seg.len : left;
-        if (len)
-            emit_data(ts, id, io.fd, generation, io.direction, seg.base, len, 0);
+        if (len && emit_data(ts, id, io.fd, ci, io.direction, seg.base, len, 0))
+            return;
         left -= len;
     }
     if (left) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
-        emit_data(ts, id, io.fd, generation, io.direction, 0, left, 0);
+        emit_data(ts, id, io.fd, ci, io.direction, 0, left, 0);
         count(STAT_IOV_BYTES, left);
     }
 }

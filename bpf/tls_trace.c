@@ -82,6 +82,7 @@ int ssl_return(struct pt_regs *ctx) {
     // Stamped like the syscalls: a write when it starts, a read when it returns.
     u32 direction = call.op == SSL_OP_WRITE ? DIR_EGRESS : DIR_INGRESS;
     u64 ts = direction == DIR_EGRESS ? call.enter_ns : bpf_ktime_get_ns();
-    emit_data(ts, id, fd, ci->generation, direction, (const char *)call.buf, length, DATA_TLS);
+    if (http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const char *)call.buf, length, ts))
+        emit_data(ts, id, fd, ci, direction, (const char *)call.buf, length, DATA_TLS);
     return 0;
 }

@@ -22,6 +22,7 @@ from opentelemetry.sdk.resources import Resource
 
 from . import __version__
 from .assembly import TraceAssembler
+from .budget import CpuBudget
 from .config import AgentConfig
 from .connections import ConnectionTracker
 from .events import Event
@@ -68,8 +69,12 @@ class StopSignal:
 class Agent:
     """Wires protocols, pipeline, telemetry and sink from a configuration."""
 
-    def __init__(self, config: AgentConfig, clock: Callable[[], int], host_name: str | None = None) -> None:
-        """``clock`` stamps metric collections: wall time when live, event time when replaying."""
+    def __init__(
+        self, config: AgentConfig, clock: Callable[[], int], host_name: str | None = None,
+        kernel_http_metrics: bool = False,
+    ) -> None:
+        """``clock`` stamps metric collections: wall time when live, event time when replaying.
+        ``kernel_http_metrics``: the event stream carries the kernel's HTTP/1 counts."""
         self.config = config
         self.clock = clock
         self.host_name = host_name or socket.gethostname()
@@ -78,7 +83,7 @@ class Agent:
         self.sink = build_sink(config, self.selfmetrics)
         self.telemetry = Telemetry(
             protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes,
-            DELTA_KINDS[config.export.metric_temporality],
+            DELTA_KINDS[config.export.metric_temporality], kernel_http_metrics,
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         trace = config.trace
@@ -131,10 +136,12 @@ class Agent:
         return max(self.pipeline.last_timestamp_ns,
                    time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
 
-    def record_kernel_stats(self, stats: Mapping[str, int]) -> None:
-        """The kernel side's own drop counters (totals since start), as self-metrics."""
+    def record_kernel_stats(self, stats: Mapping[str, int], shed: Mapping[str, int]) -> None:
+        """The kernel side's own drop counters and the requests it shed (totals since start)."""
         for reason, total in stats.items():
             self.selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
+        for reason, total in shed.items():
+            self.selfmetrics.set("otel_ebpf.spans.shed", total, {"reason": reason})
 
     def _export_spans(self) -> None:
         spans = self.telemetry.take_spans()
@@ -170,11 +177,28 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
-    agent = Agent(config, time.time_ns) if export else None
+    kernel_http_metrics = config.capture.kernel_http_metrics
+    agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
     probe = SocketProbe(config.capture, config.targets)
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
-    recorder = RecordingWriter(record_to, RecordingHeader(socket.gethostname())) if record_to else None
+    header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)
+    recorder = RecordingWriter(record_to, header) if record_to else None
+    budget = CpuBudget(config.capture.cpu_budget)
+
+    def take(events: list[Event], now_ns: int | None) -> None:
+        if recorder is not None:
+            recorder.write(events)
+        if agent is not None:
+            agent.process(events, now_ns)
+
+    def kernel_summaries(now_ns: int | None) -> None:
+        """What the kernel aggregated (HTTP/1 counts, drops, shed requests), once a second."""
+        if kernel_http_metrics:
+            take(probe.http_red.read(), now_ns)
+        if agent is not None:
+            agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
+
     profiling = None
     gpu = None
     try:
@@ -188,26 +212,25 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
         next_kernel_stats = 0.0
         while not stop.stopped:
-            events = probe.poll(POLL_MS)
-            if recorder is not None:
-                recorder.write(events)
+            # Each iteration is bounded (at most MAX_POLL_RECORDS records): what user space cannot
+            # take stays in the ring, where the kernel sheds new exchanges before it overflows.
+            take(probe.poll(POLL_MS), time.time_ns())
             if agent is not None:
-                agent.process(events, time.time_ns())
                 if profiling is not None:
                     profiling.poll(0, agent.profile_horizon_ns())
                 if gpu is not None:
                     gpu.poll(0, agent.profile_horizon_ns())
-                if time.monotonic() >= next_kernel_stats:  # per-CPU map reads: not every poll
-                    next_kernel_stats = time.monotonic() + KERNEL_STATS_S
-                    agent.record_kernel_stats(probe.kernel_stats())
-        # What the kernel handed over before the stop still counts.
-        events = probe.poll(0)
-        if recorder is not None:
-            recorder.write(events)
+            now = time.monotonic()
+            if now >= next_kernel_stats:  # map reads are syscalls: not every poll
+                next_kernel_stats = now + KERNEL_STATS_S
+                kernel_summaries(time.time_ns())
+                probe.keep_exchanges(budget.update(time.process_time(), now))
+        # What the kernel handed over before the stop still counts (one bounded batch: a stop
+        # under overload must not wait for the backlog).
+        take(probe.poll(0), None)
+        kernel_summaries(None)
         if agent is not None:
-            agent.process(events)
-            agent.record_kernel_stats(probe.kernel_stats())
-            log.info("kernel drop counters: %s", probe.kernel_stats())
+            log.info("kernel drop counters: %s, shed: %s", probe.kernel_stats(), probe.shed_requests())
     finally:
         probe.close()
         if gpu is not None:
@@ -239,7 +262,8 @@ def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]
     processed and exported first.
     """
     pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
-    agent = Agent(config, pipeline_time, host_name=header.host_name or None)
+    agent = Agent(config, pipeline_time, host_name=header.host_name or None,
+                  kernel_http_metrics=header.kernel_http_metrics)
     batch: list[Event] = []
     try:
         for event in events:

@@ -125,6 +125,10 @@ class CaptureConfig:
     # how BPF recognises sockets: "auto" (sock tracepoints when the kernel has them, Linux 6.3+),
     # "tracepoints", or "fd-tracking" (fds from accept/connect and /proc, for older kernels)
     socket_mode: str = "auto"
+    # HTTP/1 request counts and durations aggregated in the kernel: exact at any load (docs/performance.md)
+    kernel_http_metrics: bool = True
+    # share of one core the agent may use; past it, new HTTP/1 exchanges are shed (counted) instead
+    cpu_budget: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -454,6 +458,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.max_connections", _integer(1), env="OTEL_EBPF_MAX_CONNECTIONS"),
     Setting("capture.max_processes", _integer(1), env="OTEL_EBPF_MAX_PROCESSES"),
     Setting("capture.socket_mode", _choice("auto", "tracepoints", "fd-tracking"), env="OTEL_EBPF_SOCKET_MODE"),
+    Setting("capture.kernel_http_metrics", _boolean, env="OTEL_EBPF_KERNEL_HTTP_METRICS"),
+    Setting("capture.cpu_budget", _positive_number, env="OTEL_EBPF_CPU_BUDGET"),
     Setting("trace.instrumented_clients", _choice("skip", "child"), env="OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS"),
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),
     Setting("trace.max_inflight", _integer(1), env="OTEL_EBPF_TRACE_MAX_INFLIGHT"),

@@ -119,6 +119,8 @@ class ConnectionTracker:
             conn = self._insert(event.key)  # its open event was lost or predates a restart
         else:
             self._table.move_to_end(event.key)
+            if event.after_loss:
+                self._drop_partial(conn)
         not_captured = event.length - len(event.data)
         if not_captured > 0:
             self._metrics.add("otel_ebpf.payload.not_captured", not_captured)
@@ -138,7 +140,10 @@ class ConnectionTracker:
         return self._feed(conn, event)
 
     def close(self, event: ConnClose) -> list[Outcome]:
-        return self._finish(self._table.pop(event.key, None), event.timestamp_ns, closed=True)
+        conn = self._table.pop(event.key, None)
+        if conn is not None and event.after_loss:
+            self._drop_partial(conn)
+        return self._finish(conn, event.timestamp_ns, closed=True)
 
     def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
         done: list[Outcome] = []
@@ -250,6 +255,18 @@ class ConnectionTracker:
         done += [(conn, exchange, 0) for exchange in conn.stitcher.flush(timestamp_ns)]
         self._account(conn)
         return done
+
+    def _drop_partial(self, conn: Connection) -> None:
+        """The kernel lost events of this connection and counted the exchanges they belonged to as
+        shed: what the session and stitcher hold of them is incomplete and goes unreported (a
+        request whose response was lost is no failed request). The kernel resumes copying at the
+        start of a message, where a new session picks up."""
+        if conn.session is None:
+            return
+        self._account(conn)
+        conn.session = conn.protocol.new_process_session(conn.role, conn.key[0])
+        conn.stitcher = conn.protocol.new_stitcher(conn.role)
+        conn.reported_errors = conn.reported_unmatched = conn.reported_partial = 0
 
     def _account(self, conn: Connection) -> None:
         """Report growth of the session's and stitcher's own error counters."""

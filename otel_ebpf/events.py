@@ -55,7 +55,11 @@ class ConnData:
 
     On a UDP socket one event is one whole datagram (all its iovecs gathered) and ``peer`` is the
     address it was sent to or received from (None when the syscall named none: a connected
-    socket). TCP events leave ``peer`` None: the connection's tuple says it once."""
+    socket). TCP events leave ``peer`` None: the connection's tuple says it once.
+
+    ``after_loss``: the kernel lost events of this connection just before this one (ring buffer
+    full) and counted the exchanges they belonged to as shed; what the pipeline holds of them is
+    incomplete and is dropped."""
 
     timestamp_ns: int
     pid: int
@@ -67,6 +71,7 @@ class ConnData:
     data: bytes
     tls: bool = False
     peer: Endpoint | None = None
+    after_loss: bool = False
 
     @property
     def key(self) -> ConnKey:
@@ -79,6 +84,7 @@ class ConnClose:
     pid: int
     fd: int
     generation: int
+    after_loss: bool = False  # as in ConnData
 
     @property
     def key(self) -> ConnKey:
@@ -99,4 +105,26 @@ class KernelLoss:
     events: int
 
 
-Event = Union[ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss]
+@dataclass(frozen=True, slots=True)
+class HttpRequestCounts:
+    """HTTP/1 requests of one series that the kernel counted since its previous report, exactly,
+    whether or not their bytes were copied (bpf/http1_summary.h): count, summed duration and the
+    ``http.*.request.duration`` histogram buckets (semantic-convention boundaries, then +Inf)."""
+
+    timestamp_ns: int
+    pid: int
+    role: Role
+    method: str  # as sent, or "_OTHER"
+    status: int
+    version: str  # "1.0" or "1.1"
+    tls: bool
+    server_address: str  # the peer, for a client; "" for a server (opt-in there)
+    server_port: int
+    count: int
+    sum_ns: int
+    buckets: tuple[int, ...]
+    min_ns: int  # over every request of the series since the agent started
+    max_ns: int
+
+
+Event = Union[ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts]

@@ -11,7 +11,7 @@ the SDK uses (``otel.metric.overflow=true``).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from .protocol import InstrumentKind, InstrumentSpec, MetricPoint
+from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 
 # OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE presets: which kinds report DELTA.
 DELTA_KINDS = {
@@ -67,8 +67,37 @@ class ProcessMetrics:
 
     def record(self, scope: InstrumentationScope, point: MetricPoint, now_ns: int) -> None:
         spec = self._specs[point.instrument]
-        by_attributes = self._series.setdefault((scope, point.instrument), {})
-        key = tuple(sorted(point.attributes.items()))
+        series = self._series_of(scope, spec, point.attributes, now_ns)
+        value = point.value
+        series.value += value
+        series.count += 1
+        if series.buckets:
+            series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
+            if value < series.minimum:
+                series.minimum = value
+            if value > series.maximum:
+                series.maximum = value
+
+    def merge_histogram(
+        self, scope: InstrumentationScope, instrument: str, attributes: Mapping[str, AttributeValue],
+        count: int, total: float, buckets: Sequence[int], minimum: float, maximum: float, now_ns: int,
+    ) -> None:
+        """Add values aggregated elsewhere (the kernel's HTTP/1 counts) into a histogram series:
+        ``buckets`` are per-bucket counts for the instrument's boundaries."""
+        spec = self._specs[instrument]
+        series = self._series_of(scope, spec, attributes, now_ns)
+        series.value += total
+        series.count += count
+        for i, n in enumerate(buckets):
+            series.buckets[i] += n
+        series.minimum = min(series.minimum, minimum)
+        series.maximum = max(series.maximum, maximum)
+
+    def _series_of(
+        self, scope: InstrumentationScope, spec: InstrumentSpec, attributes: Mapping[str, AttributeValue], now_ns: int
+    ) -> _Series:
+        by_attributes = self._series.setdefault((scope, spec.name), {})
+        key = tuple(sorted(attributes.items()))
         series = by_attributes.get(key)
         if series is None:
             if self._count >= self._max_series:
@@ -81,15 +110,7 @@ class ProcessMetrics:
                     series.buckets = [0] * (len(spec.boundaries or DEFAULT_BOUNDARIES) + 1)
                 by_attributes[key] = series
                 self._count += 1
-        value = point.value
-        series.value += value
-        series.count += 1
-        if series.buckets:
-            series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
-            if value < series.minimum:
-                series.minimum = value
-            if value > series.maximum:
-                series.maximum = value
+        return series
 
     def collect(self, now_ns: int, delta: frozenset[InstrumentKind] = frozenset()) -> ResourceMetrics | None:
         """The current points. Instruments whose kind is in ``delta`` report DELTA temporality:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from .assembly import TraceAssembler
 from .connections import ConnectionTracker, Outcome
-from .events import ConnClose, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from .events import ConnClose, ConnData, ConnOpen, Event, HttpRequestCounts, KernelLoss, ProcessExit, ProcessInfo
 from .protocol import RequestStart
 from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
@@ -66,6 +66,8 @@ class Pipeline:
             elif isinstance(event, ProcessExit):
                 self._report(self.tracker.close_process(event.pid, event.timestamp_ns))
                 self.telemetry.process_exit(event.pid)
+            elif isinstance(event, HttpRequestCounts):
+                self.telemetry.http_counts(event)
             elif isinstance(event, KernelLoss):
                 self._metrics.add("otel_ebpf.events.lost", event.events)
         if events:

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from . import __version__
-from .events import ConnClose, ConnData, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from .events import ConnClose, ConnData, ConnOpen, Event, HttpRequestCounts, KernelLoss, ProcessExit, ProcessInfo
 from .protocol import Direction, Endpoint, Role, Transport
 
 FORMAT = "otel-ebpf-events"
 VERSION = 1
 _TYPES: dict[str, type] = {
-    cls.__name__: cls for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss)
+    cls.__name__: cls for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
 }
 
 
@@ -32,6 +32,8 @@ class RecordingError(ValueError):
 class RecordingHeader:
     host_name: str
     agent_version: str = __version__
+    # the kernel counted HTTP/1 requests (HttpRequestCounts events): exchanges add no durations
+    kernel_http_metrics: bool = False
 
 
 def _encode_value(value: Any) -> Any:
@@ -65,6 +67,8 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
             value = Transport(value)
         elif f.name in ("local", "peer"):
             value = None if value is None else Endpoint(value[0], int(value[1]))
+        elif f.name == "buckets":
+            value = tuple(int(n) for n in value)
         out[f.name] = value
     return out
 
@@ -109,4 +113,5 @@ def read_recording(stream: IO[str]) -> tuple[RecordingHeader, Iterator[Event]]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise RecordingError(f"line {number}: {exc}") from exc
 
-    return RecordingHeader(header.get("host_name", ""), header.get("agent_version", "")), events()
+    return RecordingHeader(header.get("host_name", ""), header.get("agent_version", ""),
+                           bool(header.get("kernel_http_metrics", False))), events()

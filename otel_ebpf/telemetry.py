@@ -19,7 +19,7 @@ from opentelemetry.trace import Status
 
 from . import __version__
 from .assembly import RequestContext
-from .events import ProcessInfo
+from .events import HttpRequestCounts, ProcessInfo
 from .metrics import ProcessMetrics
 from .protocol import (
     ConnectionInfo,
@@ -31,6 +31,7 @@ from .protocol import (
     SpanKind,
     StatusCode,
 )
+from .protocols.http_semconv import counted_duration
 from .redaction import redact_command_line
 from .selfmetrics import SelfMetrics
 
@@ -52,6 +53,8 @@ SDK_ATTRIBUTES = {
     "telemetry.sdk.version": __version__,
 }
 OVERFLOW_PID = -1
+# instruments whose points come from the kernel's counts, by protocol, when it counts
+_KERNEL_COUNTED = {"http1": frozenset({"http.server.request.duration", "http.client.request.duration"})}
 _PLAIN_STATUS = {code: Status(sdk_code) for code, sdk_code in _STATUS.items()}
 
 
@@ -102,7 +105,10 @@ class Telemetry:
         selfmetrics: SelfMetrics,
         max_processes: int = 1024,
         delta_kinds: frozenset[InstrumentKind] = frozenset(),
+        kernel_http_metrics: bool = False,
     ) -> None:
+        """``kernel_http_metrics``: HTTP/1 request durations come from the kernel's exact counts
+        (:meth:`http_counts`), not from the exchanges, which may have been shed."""
         self._specs: dict[str, InstrumentSpec] = {
             spec.name: spec for protocol in protocols for spec in protocol.instruments
         }
@@ -117,6 +123,7 @@ class Telemetry:
         # last points of images replaced by exec (or of a reused pid), for the next collection
         self._retired: list[ResourceMetrics] = []
         self._pending_spans: list[ReadableSpan] = []
+        self._kernel_counted = _KERNEL_COUNTED if kernel_http_metrics else {}
 
     # ---- processes -------------------------------------------------------------------------------
 
@@ -183,8 +190,21 @@ class Telemetry:
                     instrumentation_scope=scope,
                 )
             )
+        kernel_counted = self._kernel_counted.get(protocol, ())
         for point in exchange.metric_points(conn):
-            process.record(scope, point, description.end_ns)
+            if point.instrument not in kernel_counted:
+                process.record(scope, point, description.end_ns)
+
+    def http_counts(self, counts: HttpRequestCounts) -> None:
+        """HTTP/1 requests the kernel counted (bpf/http1_summary.h), into their process's histograms."""
+        scope = self._scopes.get("http1")
+        if scope is None:  # the plugin is disabled: nobody asked for HTTP/1 metrics
+            return
+        instrument, attributes = counted_duration(counts.role, counts.method, counts.status, counts.version,
+                                                  counts.tls, counts.server_address, counts.server_port)
+        self._process(counts.pid).merge_histogram(
+            scope, instrument, attributes, counts.count, counts.sum_ns / 1e9, counts.buckets,
+            counts.min_ns / 1e9, counts.max_ns / 1e9, counts.timestamp_ns)
 
     def metric_points(
         self, protocol: str, pid: int, exchange: Exchange, conn: ConnectionInfo, timestamp_ns: int

@@ -457,25 +457,46 @@ _INSTRUMENT_NAMES = {
 }
 
 
+def _metric_attributes(
+    is_server: bool, method: str, scheme: str, version: str, status: int | None,
+    server: tuple[str | None, int | None], error_type: str | None,
+) -> dict[str, AttributeValue]:
+    """The conventions' low-cardinality attributes of the HTTP metrics."""
+    attributes: dict[str, AttributeValue] = {
+        "http.request.method": normalize_method(method)[0],
+        "url.scheme": scheme,
+        "network.protocol.version": version,
+    }
+    if status:  # neither missing nor UNKNOWN_STATUS
+        attributes["http.response.status_code"] = status
+    if not is_server:
+        _put_server(attributes, *server)
+    if error_type is not None:
+        attributes["error.type"] = error_type
+    return attributes
+
+
+def counted_duration(
+    role: Role, method: str, status: int, version: str, tls: bool, server_address: str, server_port: int
+) -> tuple[str, dict[str, AttributeValue]]:
+    """Instrument and attributes for requests counted without a transaction at hand (the kernel's
+    HTTP/1 counts): those of :func:`metric_points`, the server being the socket's peer."""
+    is_server = role is Role.SERVER
+    error_type = str(status) if status >= (500 if is_server else 400) else None
+    server = (server_address or None, server_port or None)
+    attributes = _metric_attributes(is_server, method, "https" if tls else "http", version, status, server,
+                                    error_type)
+    return _INSTRUMENT_NAMES[is_server][0], attributes
+
+
 def metric_points(tx: HttpTransaction, conn: ConnectionInfo) -> list[MetricPoint]:
     """Duration and body-size points, with the conventions' low-cardinality attributes only."""
     is_server = conn.role is Role.SERVER
-    method, _ = normalize_method(tx.method)
     target = split_target(tx.target)
     scheme = target.scheme or conn.scheme
-    error_type = _error_type(tx, is_server)
-
-    attributes: dict[str, AttributeValue] = {
-        "http.request.method": method,
-        "url.scheme": scheme,
-        "network.protocol.version": tx.version,
-    }
-    if tx.status:  # neither missing nor UNKNOWN_STATUS
-        attributes["http.response.status_code"] = tx.status
-    if not is_server:
-        _put_server(attributes, *_server(target, tx.authority, scheme, conn))
-    if error_type is not None:
-        attributes["error.type"] = error_type
+    server = _server(target, tx.authority, scheme, conn) if not is_server else (None, None)
+    attributes = _metric_attributes(is_server, tx.method, scheme, tx.version, tx.status, server,
+                                    _error_type(tx, is_server))
     duration, request_size, response_size = _INSTRUMENT_NAMES[is_server]
     points = [MetricPoint(duration, (tx.end_ns - tx.start_ns) / 1e9, attributes)]
     if tx.request_body_size is not None:

@@ -172,6 +172,10 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         "auto",
         [("yaml", "", "tracepoints", "tracepoints"), ("env", "OTEL_EBPF_SOCKET_MODE", "fd-tracking", "fd-tracking")],
     ),
+    "capture.kernel_http_metrics": (
+        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
+    ),
+    "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
     "trace.instrumented_clients": (
         "skip",
         [("yaml", "", "child", "child"), ("env", "OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS", "SKIP", "skip")],

@@ -17,7 +17,7 @@ from importlib import resources
 
 from otel_ebpf import procfs
 from otel_ebpf.config import TargetsConfig
-from otel_ebpf.probes.loading import compile_program, ring_buffer_pages, write_settings
+from otel_ebpf.probes.loading import compile_program, inline_headers, ring_buffer_pages, write_settings
 from otel_ebpf.profiles import cpython
 from otel_ebpf.profiles.cpython import PythonProcess
 
@@ -110,7 +110,7 @@ class CpuProbe:
             f"-DRINGBUF_PAGES={pages}",
             "-Wno-macro-redefined",
         ]
-        source = cpython.inline_headers(bpf_dir.joinpath("cpu_profile.c").read_text())
+        source = inline_headers(bpf_dir.joinpath("cpu_profile.c").read_text())
         self._bpf = compile_program(source, cflags, "CPU profiler")
         write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes})
         self._scan_targets()

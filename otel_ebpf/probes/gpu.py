@@ -36,7 +36,7 @@ from ..config import AgentConfig, TargetsConfig
 from ..gpu.calls import BY_SYMBOL, FUNCTION_SYMBOLS, OPS, USDT_PROBES, GpuCall, Library
 from ..selfmetrics import SelfMetrics
 from .compiler_memory import release_compiler_memory
-from .loading import ring_buffer_pages, write_settings
+from .loading import inline_headers, ring_buffer_pages, write_settings
 from .tls import mapped_files
 
 log = logging.getLogger(__name__)
@@ -404,8 +404,6 @@ class GpuProbe:
         error: Exception | None = None
         for python in attempts:
             try:
-                if python:  # BCC rewrites map calls only in the main file: paste the header in
-                    from ..profiles.cpython import inline_headers  # noqa: PLC0415
                 text = inline_headers(source) if python else source
                 bpf = BPF(text=text, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
                 bpf.load_func(b"enter_cudaMalloc", BPF.KPROBE)  # the verifier's verdict, now

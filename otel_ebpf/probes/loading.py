@@ -4,10 +4,14 @@ what failed, then giving the compiler's memory back) and write its ``settings`` 
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from .compiler_memory import release_compiler_memory
+
+_LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_.]+\.h)"')
 
 
 def power_of_two_at_least(n: int) -> int:
@@ -36,3 +40,20 @@ def write_settings(bpf: Any, values: Mapping[int, int]) -> None:
     settings = bpf["settings"]
     for index, value in values.items():
         settings[ctypes.c_int(index)] = ctypes.c_uint32(value)
+
+
+def inline_headers(source: str) -> str:
+    """``source`` with each ``#include "<header>"`` of a header in bpf/ replaced by its text.
+
+    BCC rewrites map calls (``py_procs.lookup(...)``) only in the main file, not in included
+    headers: a program whose headers use maps must be handed to ``BPF(text=...)`` through this."""
+    bpf_dir = resources.files("otel_ebpf.bpf")
+    lines = []
+    for line in source.splitlines():
+        match = _LOCAL_INCLUDE.match(line)
+        header = bpf_dir.joinpath(match.group(1)) if match else None
+        if header is not None and header.is_file():
+            lines.append(inline_headers(header.read_text()))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"

@@ -22,18 +22,31 @@ from .. import procfs
 from ..config import CaptureConfig, TargetsConfig
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role, Transport
-from .loading import compile_program, power_of_two_at_least, ring_buffer_pages, write_settings
+from .addresses import endpoint
+from .http_red import HttpRedReader
+from .loading import compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
+from .ringbuf import RingBufferReader
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
 log = logging.getLogger(__name__)
 
 EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM = 1, 2, 3, 4, 5, 6
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
-STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_not_copied", "tls_unattributed")
+SET_SHED_BACKLOG, SET_KEEP_1024 = 5, 6
+STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_not_copied", "tls_unattributed",
+              "http_red_full", "http_pipeline_full")
+# stats[] slots 7.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
+SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 MAX_IOV = 64  # iovec segments copied per vectored syscall (grpcio writes one per HPACK field)
+MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
+# Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded.
+MAX_POLL_RECORDS = 8192
+# New HTTP/1 exchanges are shed while more than this share of the ring is waiting to be read.
+SHED_BACKLOG_SHARE = 0.5
 
-_HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, pad
+_HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flags
+HDR_AFTER_LOSS = 1
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 DATA_TLS = 1
 _OPEN = struct.Struct("<IHHHH4x16s16s16s")  # role, family, lport, rport, protocol, pad, laddr, raddr, comm
@@ -59,13 +72,6 @@ def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> list[int]:
         first, _, last = part.partition("-")
         cpus.extend(range(int(first), int(last or first) + 1))
     return cpus
-
-
-def _endpoint(family: int, raw: bytes, port: int) -> Endpoint:
-    addr = ipaddress.IPv4Address(raw[:4]) if family == 2 else ipaddress.IPv6Address(raw)
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return Endpoint(str(addr), port)
 
 
 @dataclass(slots=True)
@@ -107,6 +113,8 @@ class SocketProbe:
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
+        self._ring: RingBufferReader | None = None
+        self.http_red: HttpRedReader | None = None
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
@@ -129,11 +137,13 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text()
+        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text())
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
+        ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         cflags = [
             f"-DPAYLOAD_CAP={self.payload_cap}",
             f"-DMAX_IOV={MAX_IOV}",
+            f"-DMAX_RED_SERIES={MAX_RED_SERIES}",
             f"-DMAX_CONNS={self.capture.max_connections}",
             f"-DMAX_TARGETS={self.capture.max_processes}",
             f"-DRINGBUF_PAGES={pages}",
@@ -145,7 +155,8 @@ class SocketProbe:
         self._bpf = compile_program(source, cflags, "socket probe")
         filtering = self.targets.selects_processes
         write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: filtering,
-                                   SET_WATCH_EXEC: bool(self.targets.executables)})
+                                   SET_WATCH_EXEC: bool(self.targets.executables),
+                                   SET_SHED_BACKLOG: int(ring_bytes * SHED_BACKLOG_SHARE), SET_KEEP_1024: 1024})
         if self.targets.ports:
             ports = self._bpf["ports"]
             for port in self.targets.ports:
@@ -155,7 +166,8 @@ class SocketProbe:
             self.add_target(pid)
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
-        self._bpf["events"].open_ring_buffer(self._on_event)
+        self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
+        self.http_red = HttpRedReader(self._bpf["http_red"], self.clock_offset_ns)
         self._tls = TLSAttacher(_tls_symbols, self._attach_tls)
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
@@ -171,9 +183,17 @@ class SocketProbe:
         return self._tls.libraries
 
     def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+
+    def keep_exchanges(self, share: float) -> None:
+        """Copy only this share of new HTTP/1 exchanges (the rest are shed, counted, still in the
+        kernel's exact counts): how the agent stays within its CPU budget."""
+        write_settings(self._bpf, {SET_KEEP_1024: max(1, min(1024, round(share * 1024)))})
 
     def add_target(self, pid: int) -> None:
         self._target_pids.add(pid)
@@ -210,13 +230,17 @@ class SocketProbe:
 
     # ---- events ----------------------------------------------------------------------------------
 
-    def poll(self, timeout_ms: int) -> list[Event]:
-        """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing)."""
-        # The kernel wakes us only every few dozen events; the timeout bounds the wait for the
-        # rest, and consume() takes whatever is there whether or not a wakeup was sent.
+    def poll(self, timeout_ms: int, max_records: int = MAX_POLL_RECORDS) -> list[Event]:
+        """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing), at most
+        ``max_records`` of the ring's records: the rest wait in the ring for the next poll."""
+        # The kernel wakes us only every few dozen events; the timeout bounds the wait for the rest.
         self._own_endpoints_fresh = False
-        self._bpf.ring_buffer_poll(timeout_ms)
-        self._bpf.ring_buffer_consume()
+        ring = self._ring
+        ring.wait(timeout_ms)
+        data = ring.data
+        for offset, size in ring.records(max_records):
+            self._on_record(data, offset, size)
+        self._bpf["ring_positions"][ctypes.c_int(1)] = ctypes.c_uint64(ring.consumed)
         events, self._events = self._events, []
         if self._unresolved:
             self._resolve_openings(events)
@@ -231,14 +255,24 @@ class SocketProbe:
                 self._lost_reported = lost
         return events
 
+    @property
+    def backlog_share(self) -> float:
+        """How full the ring buffer is: the share of it waiting to be read."""
+        return self._ring.backlog() / self._ring.size
+
     def kernel_stats(self) -> dict[str, int]:
         """Totals of the kernel's per-CPU drop counters since start."""
         table = self._bpf["stats"]
         return {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
 
-    def _on_event(self, _ctx: int, data: int, size: int) -> None:
-        raw = ctypes.string_at(data, size)
-        ts, kind, tgid, tid, fd, generation, _ = _HEADER.unpack_from(raw)
+    def shed_requests(self) -> dict[str, int]:
+        """HTTP/1 requests the kernel shed since start, by reason."""
+        table = self._bpf["stats"]
+        return {reason: sum(table[ctypes.c_int(len(STAT_NAMES) + i)]) for i, reason in enumerate(SHED_REASONS)}
+
+    def _on_record(self, data: bytes, offset: int, size: int) -> None:
+        raw = data[offset : offset + size]
+        ts, kind, tgid, tid, fd, generation, flags = _HEADER.unpack_from(raw)
         if (tgid, fd, generation) in self._filtered_out:
             if kind == EV_CLOSE:
                 self._filtered_out.pop((tgid, fd, generation), None)
@@ -248,31 +282,33 @@ class SocketProbe:
             comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
-            direction, length, captured, flags = _DATA.unpack_from(raw, _HEADER.size)
+            direction, length, captured, data_flags = _DATA.unpack_from(raw, _HEADER.size)
             start = _HEADER.size + _DATA.size
             self._events.append(
                 ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
-                         raw[start : start + captured], bool(flags & DATA_TLS))
+                         raw[start : start + captured], bool(data_flags & DATA_TLS),
+                         after_loss=bool(flags & HDR_AFTER_LOSS))
             )
         elif kind == EV_DGRAM:
-            direction, length, captured, flags = _DATA.unpack_from(raw, _HEADER.size)
+            direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
             family, port, addr = _DGRAM_PEER.unpack_from(raw, _HEADER.size + _DATA.size)
             start = _HEADER.size + _DATA.size + _DGRAM_PEER.size
             self._events.append(
                 ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
                          raw[start : start + captured], False,
-                         _endpoint(family, addr, port) if family in (2, 10) else None)
+                         endpoint(family, addr, port) if family in (2, 10) else None)
             )
         elif kind == EV_OPEN:
             opened = self._conn_open(raw, ts, tgid, fd, generation)
             if opened is not None:
                 self._events.append(opened)
         elif kind == EV_CLOSE:
-            self._events.append(ConnClose(ts, tgid, fd, generation))
+            self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
         elif kind == EV_EXEC:
             self._on_exec(tgid)
         elif kind == EV_EXIT and tgid in self._known_pids:  # others never had a connection event
             self._known_pids.discard(tgid)
+            self.http_red.process_exited(tgid)
             self._events.append(ProcessExit(ts, tgid))
 
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
@@ -282,8 +318,8 @@ class SocketProbe:
         # address, and never a peer (each datagram has its own).
         local_known = family and (any(laddr) or udp and lport)
         opening = _Opening(len(self._events), ts, (tgid, fd, generation), _ROLES.get(role_code), family,
-                           _endpoint(family, laddr, lport) if local_known else None,
-                           _endpoint(family, raddr, rport) if family and not udp else None, lport, rport,
+                           endpoint(family, laddr, lport) if local_known else None,
+                           endpoint(family, raddr, rport) if family and not udp else None, lport, rport,
                            transport=Transport.UDP if udp else Transport.TCP)
         if opening.local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,

@@ -39,7 +39,6 @@ OWNED_BY_CSTACK = 3  # 3.12+: the shim frame each _PyEval_EvalFrameDefault call 
 STATUS_NOT_PYTHON, STATUS_OK, STATUS_NO_THREAD, STATUS_TRUNCATED = range(4)
 MAX_CODE_OBJECTS = 65536
 DEBUG_COOKIE = b"xdebugpy"
-_LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_.]+\.h)"')
 _INTERPRETER_FILE = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[^/]*$")
 
 
@@ -253,25 +252,6 @@ def detect(pid: int) -> PythonProcess | None:
             return None
     process = PythonProcess(pid, version, path, runtime, layout)
     return process
-
-
-def inline_headers(source: str) -> str:
-    """``source`` with each ``#include "<header>"`` of a header in bpf/ replaced by its text.
-
-    BCC rewrites map calls (``py_procs.lookup(...)``) only in the main file, not in included
-    headers, so a program using python_stack.h must be handed to ``BPF(text=...)`` through this."""
-    from importlib import resources  # noqa: PLC0415
-
-    bpf_dir = resources.files("otel_ebpf.bpf")
-    lines = []
-    for line in source.splitlines():
-        match = _LOCAL_INCLUDE.match(line)
-        header = bpf_dir.joinpath(match.group(1)) if match else None
-        if header is not None and header.is_file():
-            lines.append(inline_headers(header.read_text()))
-        else:
-            lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 def install(table: Any, process: PythonProcess) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_ebpf.probes.loading import inline_headers
 from otel_ebpf.profiles import cpython
 
 PYENV = Path("/root/.pyenv/versions")
@@ -78,7 +79,7 @@ def test_detect_and_read_code_objects(python: Path, tmp_path: Path) -> None:
 
 
 def test_inline_headers_pastes_python_stack_h() -> None:
-    source = cpython.inline_headers('#include <uapi/linux/ptrace.h>\n#include "python_stack.h"\nint x;\n')
+    source = inline_headers('#include <uapi/linux/ptrace.h>\n#include "python_stack.h"\nint x;\n')
     assert "#include <uapi/linux/ptrace.h>" in source
     assert "py_read_stack" in source and '#include "python_stack.h"' not in source
 

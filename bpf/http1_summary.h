@@ -1,0 +1,317 @@
+// HTTP/1 in the kernel: exact RED counts at any load, and whole exchanges shed before the ring
+// buffer overflows. Included by socket_trace.c; used on the syscall path and the TLS plaintext path.
+//
+// A syscall whose bytes *start* with a request line (requests' direction) or a status line
+// (responses' direction) starts a message; nothing else is parsed. Per connection the kernel keeps
+// the start of each request still waiting for its response (a FIFO, for pipelining) and the
+// response in flight. When a response starts, its request is counted under (pid, role, method,
+// status, server port, ...) in http_red, with count, sum and a histogram bucket; while it goes on
+// its duration follows its last byte (http_measure). A response is over when the connection next
+// moves bytes the other way (a server reads again, a client writes its next request) or closes.
+// User space reads http_red once per interval: no per-request work there.
+//
+// Shedding is decided when a connection is idle, for the exchange that starts then (and any
+// pipelined behind it), never in the middle of one: when user space is far behind (ring backlog)
+// or over its CPU budget (keep ratio). A shed exchange is counted, still measured in http_red,
+// and none of its bytes are copied. An event lost to a full ring sheds the rest of its exchange;
+// the next event of the connection carries HDR_AFTER_LOSS so user space drops what it holds.
+//
+// Limits: requests pipelined into one syscall are counted by their responses, with the first
+// one's method and start (responses written together count once); a connection is judged
+// not HTTP/1 after HTTP_MAX_MISSES syscalls that start no message; exchanges still open when a
+// process exits without closing, or whose connection leaves the LRU table, are not counted.
+// Map calls here work because the probe pastes this header in (loading.inline_headers).
+
+#define HTTP_UNKNOWN 0
+#define HTTP_YES 1
+#define HTTP_NO 2
+#define HTTP_MAX_MISSES 8
+#define HTTP_QUEUE 4  // power of two: requests awaiting their responses
+
+// Why an exchange was shed (http_state.shed); each has a stats[] slot, counted per request.
+#define SHED_NONE 0
+#define SHED_BACKLOG 1   // user space had more than SET_SHED_BACKLOG bytes of ring buffer to read
+#define SHED_BUDGET 2    // user space over its CPU budget: kept only SET_KEEP_1024 / 1024
+#define SHED_RING_FULL 3 // an event of the exchange was lost: the rest of it is not copied
+
+#define METHOD_OTHER 0
+#define HTTP_NBUCKETS 15  // http.*.request.duration buckets (semantic conventions) and +Inf
+
+struct http_state {
+    u64 req_ts[HTTP_QUEUE];
+    u8 req_method[HTTP_QUEUE];
+    u8 head;         // oldest waiting request
+    u8 queued;       // requests waiting
+    u8 state;        // HTTP_*
+    u8 misses;       // syscalls that started no message while HTTP_UNKNOWN
+    u8 shed;         // SHED_*: the exchanges in flight are not copied
+    u8 lost;         // an event was lost: the next one delivered says so
+    u8 resp_method;
+    u8 resp_minor;   // HTTP/1.x of the response
+    u8 last_method;  // of the latest syscall that started a request
+    u8 resp_bucket;  // where the response in flight is counted now
+    u64 last_req_ts;
+    u16 resp_status; // 0: no response in flight
+    u16 family;      // the ends, from the tuple when the kernel saw the handshake
+    u16 local_port;
+    u16 peer_port;
+    u64 resp_start;  // start of the request being answered (0: unknown, not measured)
+    u64 resp_end;    // the response's last byte so far
+    u8 peer_addr[16];
+};
+
+struct red_key {
+    u32 tgid;
+    u16 server_port;
+    u16 status;
+    u8 method;       // METHOD_* (see METHOD_CODES in otel_ebpf/probes/http_red.py)
+    u8 role;         // ROLE_*
+    u8 minor;
+    u8 tls;
+    u16 family;      // of server_addr; 0 for the server role
+    u16 pad;
+    u8 server_addr[16];  // zero for the server role
+};
+
+struct red_value {
+    u64 count;
+    u64 sum_ns;
+    u64 min_ns;  // since start; 0 until the first
+    u64 max_ns;
+    u64 buckets[HTTP_NBUCKETS];
+};
+
+BPF_TABLE("percpu_hash", struct red_key, struct red_value, http_red, MAX_RED_SERIES);
+
+static __always_inline void count(u32 slot, u64 n);
+static __always_inline u32 setting(u32 slot);
+
+// Bytes the programs put in the ring buffer ([0], added atomically) and bytes user space has
+// read ([1], written by it after each batch): their difference is the backlog.
+BPF_ARRAY(ring_positions, u64, 2);
+
+// The bucket a duration falls in: boundaries are upper-inclusive, as in OTLP.
+static __always_inline u32 duration_bucket(u64 d) {
+    return (d > 5000000ULL) + (d > 10000000ULL) + (d > 25000000ULL) + (d > 50000000ULL) +
+           (d > 75000000ULL) + (d > 100000000ULL) + (d > 250000000ULL) + (d > 500000000ULL) +
+           (d > 750000000ULL) + (d > 1000000000ULL) + (d > 2500000000ULL) + (d > 5000000000ULL) +
+           (d > 7500000000ULL) + (d > 10000000000ULL);
+}
+
+// The series of the response in flight (created on first use).
+static __always_inline struct red_value *http_series(u32 tgid, u8 role, u8 tls, struct http_state *h) {
+    struct red_key key = {.tgid = tgid, .status = h->resp_status, .method = h->resp_method, .role = role,
+                          .minor = h->resp_minor, .tls = tls};
+    key.server_port = role == ROLE_CLIENT ? h->peer_port : h->local_port;
+    if (role == ROLE_CLIENT) {
+        key.family = h->family;
+        __builtin_memcpy(key.server_addr, h->peer_addr, 16);
+    }
+    struct red_value zero = {};
+    return http_red.lookup_or_try_init(&key, &zero);
+}
+
+// The response in flight started (resp_end == 0) or moved more bytes at ts. A request is counted
+// when its response starts, with the duration so far; the duration then follows the response's
+// last byte, moving between buckets as it grows. Counts are exact at any moment, durations once
+// the response is over. Per-CPU values may wrap below zero when a bucket is left on another CPU
+// than the one it was entered on: user space sums them modulo 2^64.
+static __always_inline void http_measure(u32 tgid, u8 role, u8 tls, struct http_state *h, u64 ts) {
+    if (!h->resp_start || ts < h->resp_start)
+        return;  // the request was never seen (the capture began mid-exchange)
+    struct red_value *v = http_series(tgid, role, tls, h);
+    if (!v) {
+        if (!h->resp_end)
+            count(STAT_RED_FULL, 1);
+        return;
+    }
+    u64 d = ts - h->resp_start;
+    u32 b = duration_bucket(d);
+    u32 old = h->resp_bucket;
+    if (!h->resp_end) {
+        v->count += 1;
+        v->sum_ns += d;
+        if (!v->min_ns || d < v->min_ns)
+            v->min_ns = d;
+        if (b < HTTP_NBUCKETS)
+            v->buckets[b] += 1;
+    } else {
+        v->sum_ns += ts - h->resp_end;
+        if (b != old && b < HTTP_NBUCKETS && old < HTTP_NBUCKETS) {
+            v->buckets[old] -= 1;
+            v->buckets[b] += 1;
+        }
+    }
+    if (d > v->max_ns)
+        v->max_ns = d;
+    h->resp_end = ts;
+    h->resp_bucket = b;
+}
+
+// ---- recognising the start of a message -------------------------------------------------------
+
+#define MSG_NONE 0
+#define MSG_REQUEST 1
+#define MSG_RESPONSE 2
+
+struct msg_start {
+    u8 kind;
+    u8 method;
+    u8 minor;
+    u16 status;
+};
+
+static __always_inline int is_upper(u8 c) { return c >= 'A' && c <= 'Z'; }
+static __always_inline int is_digit(u8 c) { return c >= '0' && c <= '9'; }
+
+// Known methods by their first 8 bytes, masked to the method and its space.
+static __always_inline u8 known_method(u64 w) {
+    if ((w & 0xffffffff) == 0x20544547) return 1;                // "GET "
+    if ((w & 0xffffffffff) == 0x2054534f50) return 2;            // "POST "
+    if ((w & 0xffffffff) == 0x20545550) return 3;                // "PUT "
+    if ((w & 0xffffffffffffff) == 0x2045544554454c44) return 4;  // "DELETE "
+    if ((w & 0xffffffffff) == 0x2044414548) return 5;            // "HEAD "
+    if (w == 0x20534e4f4954504f) return 6;                       // "OPTIONS "
+    if ((w & 0xffffffffffff) == 0x204843544150) return 7;        // "PATCH "
+    if (w == 0x205443454e4e4f43) return 8;                       // "CONNECT "
+    if ((w & 0xffffffffffff) == 0x204543415254) return 9;        // "TRACE "
+    return METHOD_OTHER;
+}
+
+// What the first bytes of buf (len of them are data) start, if anything.
+static __always_inline struct msg_start classify(const char *buf, u32 len) {
+    struct msg_start m = {};
+    u8 b[16] = {};
+    if (len < 14 || bpf_probe_read_user(b, sizeof(b), buf))
+        return m;
+    // "HTTP/1.x NNN" then a space or the end of the line
+    u64 w;
+    __builtin_memcpy(&w, b, 8);
+    if ((w & 0xffffffffffffff) == 0x2e312f50545448ULL && (b[7] == '0' || b[7] == '1') && b[8] == ' ' &&
+        is_digit(b[9]) && is_digit(b[10]) && is_digit(b[11]) && (b[12] == ' ' || b[12] == '\r')) {
+        m.kind = MSG_RESPONSE;
+        m.minor = b[7] - '0';
+        m.status = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
+        return m;
+    }
+    // A method (3 to 10 capitals), one space, and a visible character starting the target.
+    u32 sp = 0;
+#pragma unroll
+    for (int i = 0; i <= 10; i++) {
+        if (b[i] == ' ') {
+            sp = i;
+            break;
+        }
+        if (!is_upper(b[i]))
+            return m;
+    }
+    if (sp < 3)
+        return m;
+    // The target's first byte, at sp + 1 (4..11): shifted out of the words, as the verifier
+    // takes no variable index into a stack array.
+    u64 w1;
+    __builtin_memcpy(&w1, b + 8, 8);
+    u32 at = sp + 1;
+    u8 t = at < 8 ? w >> (at * 8) : w1 >> ((at - 8) * 8);
+    if (t < 0x21 || t > 0x7e)
+        return m;
+    m.kind = MSG_REQUEST;
+    m.method = known_method(w);
+    return m;
+}
+
+// ---- per connection ----------------------------------------------------------------------------
+
+// Whether the exchange starting now on an idle connection is shed, and why.
+static __always_inline u8 shed_decision(void) {
+    u32 produced_slot = 0, consumed_slot = 1;
+    u64 *produced = ring_positions.lookup(&produced_slot);
+    u64 *consumed = ring_positions.lookup(&consumed_slot);
+    if (produced && consumed && *produced - *consumed > setting(SET_SHED_BACKLOG))
+        return SHED_BACKLOG;
+    u32 keep = setting(SET_KEEP_1024);
+    if (keep < 1024 && (bpf_get_prandom_u32() & 1023) >= keep)
+        return SHED_BUDGET;
+    return SHED_NONE;
+}
+
+static __always_inline void http_request(u32 tgid, u8 role, u8 tls, struct http_state *h, u8 method, u64 ts) {
+    h->resp_status = 0;  // the response in flight is over
+    if (!h->queued)  // idle: a new exchange, and a new decision
+        h->shed = shed_decision();
+    if (h->shed)
+        count(STAT_SHED_BASE + h->shed, 1);
+    if (h->queued >= HTTP_QUEUE) {
+        count(STAT_HTTP_QUEUE_FULL, 1);
+        return;
+    }
+    h->last_req_ts = ts;
+    h->last_method = method;
+    u32 tail = (h->head + h->queued) & (HTTP_QUEUE - 1);
+    h->req_ts[tail] = ts;
+    h->req_method[tail] = method;
+    h->queued += 1;
+}
+
+static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http_state *h, struct msg_start m,
+                                          u64 ts) {
+    if (m.status >= 100 && m.status < 200 && m.status != 101)
+        return;  // informational: the final response is still to come
+    // No request waiting: the syscall that started the last one carried more (pipelined): this
+    // response answers one of those, which started with it.
+    h->resp_start = h->last_req_ts;
+    h->resp_method = h->last_method;
+    if (h->queued) {
+        u32 at = h->head & (HTTP_QUEUE - 1);
+        h->resp_start = h->req_ts[at];
+        h->resp_method = h->req_method[at];
+        h->head = (h->head + 1) & (HTTP_QUEUE - 1);
+        h->queued -= 1;
+    }
+    h->resp_status = m.status;
+    h->resp_minor = m.minor;
+    h->resp_end = 0;
+    http_measure(tgid, role, tls, h, ts);
+    if (m.status == 101) {  // the connection now speaks another protocol
+        h->resp_status = 0;
+        h->state = HTTP_NO;
+    }
+}
+
+// Bytes of one syscall (or SSL call) on a connection: returns 1 when they are to be copied.
+// *role is the connection's role, learnt here when the kernel did not know it.
+static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_state *h, u32 direction,
+                                        const char *buf, u32 len, u64 ts) {
+    if (h->state == HTTP_NO)
+        return 1;
+    struct msg_start m = classify(buf, len);
+    if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)
+        *role = (m.kind == MSG_REQUEST) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;
+    u32 requests = *role == ROLE_SERVER ? DIR_INGRESS : DIR_EGRESS;
+    if (m.kind == MSG_REQUEST && direction == requests) {
+        h->state = HTTP_YES;
+        http_request(tgid, *role, tls, h, m.method, ts);
+    } else if (m.kind == MSG_RESPONSE && direction != requests) {
+        h->state = HTTP_YES;
+        http_response(tgid, *role, tls, h, m, ts);
+    } else if (h->state == HTTP_UNKNOWN) {
+        if (++h->misses >= HTTP_MAX_MISSES)
+            h->state = HTTP_NO;
+        return 1;
+    } else if (direction == requests) {
+        h->resp_status = 0;  // a request body, or the next read: the response is over
+    } else if (h->resp_status) {
+        http_measure(tgid, *role, tls, h, ts);
+    }
+    return !h->shed;
+}
+
+// An event of the connection could not be delivered: the exchanges in flight are incomplete for
+// user space, so the rest of them is not copied either, and they are counted as shed.
+static __always_inline void http_lost(struct http_state *h) {
+    if (h->state != HTTP_YES || h->shed)
+        return;
+    h->shed = SHED_RING_FULL;
+    h->lost = 1;
+    count(STAT_SHED_BASE + SHED_RING_FULL, h->queued + (h->resp_status != 0));
+}

@@ -1,0 +1,74 @@
+"""The kernel's exact HTTP/1 counts (``http_red`` in ``bpf/http1_summary.h``), read once per interval.
+
+The kernel keeps running totals per series and CPU; each read sums the CPUs and reports what grew
+since the previous read as :class:`~otel_ebpf.events.HttpRequestCounts` events, so that recordings
+carry them and replay reproduces the metrics. Series of processes that exited are read one last
+time and then deleted from the kernel table, which keeps it within its cap.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..events import HttpRequestCounts
+from ..protocol import Role
+from .addresses import endpoint
+
+# bpf/http1_summary.h, known_method(): code -> method
+METHODS = ("_OTHER", "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE")
+_ROLES = {1: Role.CLIENT, 2: Role.SERVER}
+
+_U64 = (1 << 64) - 1
+_Totals = tuple[int, int, tuple[int, ...]]  # count, sum_ns, buckets
+
+
+class HttpRedReader:
+    def __init__(self, table: Any, clock_offset_ns: int) -> None:
+        """``table``: BCC's view of ``http_red``; ``clock_offset_ns``: kernel time -> Unix time."""
+        self._table = table
+        self._clock_offset_ns = clock_offset_ns
+        self._totals: dict[bytes, _Totals] = {}
+        self._exited: set[int] = set()
+
+    def process_exited(self, pid: int) -> None:
+        """Its series are read once more at the next :meth:`read`, then dropped."""
+        self._exited.add(pid)
+
+    def read(self) -> list[HttpRequestCounts]:
+        now = time.monotonic_ns() + self._clock_offset_ns
+        reports: list[HttpRequestCounts] = []
+        finished = []
+        for key, per_cpu in self._table.items():
+            raw_key = bytes(key)
+            count = sum(v.count for v in per_cpu)
+            sum_ns = sum(v.sum_ns for v in per_cpu)
+            # a request whose duration moved it to another bucket on another CPU leaves one CPU's
+            # count below zero (wrapped): the sum modulo 2^64 is right
+            buckets = tuple(sum(v.buckets[i] for v in per_cpu) & _U64 for i in range(len(per_cpu[0].buckets)))
+            before_count, before_sum, before_buckets = self._totals.get(raw_key, (0, 0, (0,) * len(buckets)))
+            if count > before_count:
+                minimum = min((v.min_ns for v in per_cpu if v.min_ns), default=0)
+                maximum = max(v.max_ns for v in per_cpu)
+                reports.append(self._report(now, key, count - before_count, sum_ns - before_sum,
+                                            tuple(a - b for a, b in zip(buckets, before_buckets)),
+                                            minimum, maximum))
+            self._totals[raw_key] = (count, sum_ns, buckets)
+            if key.tgid in self._exited:
+                finished.append(key)
+        for key in finished:
+            del self._table[key]
+            self._totals.pop(bytes(key), None)
+        self._exited.clear()
+        return reports
+
+    @staticmethod
+    def _report(now: int, key: Any, count: int, sum_ns: int, buckets: tuple[int, ...], minimum: int,
+                maximum: int) -> HttpRequestCounts:
+        role = _ROLES.get(key.role, Role.SERVER)
+        address = ""
+        if role is Role.CLIENT and key.family:
+            address = endpoint(key.family, bytes(key.server_addr), key.server_port).address
+        method = METHODS[key.method] if key.method < len(METHODS) else "_OTHER"
+        return HttpRequestCounts(now, key.tgid, role, method, key.status, f"1.{key.minor}", bool(key.tls),
+                                 address, key.server_port, count, sum_ns, buckets, minimum, maximum)

@@ -1,0 +1,90 @@
+"""Reading a BPF ring buffer in bulk, from Python, without a callback per record.
+
+libbpf's consumer calls back into Python through ctypes for every record and, under sustained
+load, does not return while producers keep refilling the ring. Here the ring is mapped into the
+agent (as libbpf does it: the consumer page read-write, the producer page and the data pages,
+mapped twice in a row so that no record wraps, read-only) and read in batches of a bounded size;
+the consumer position is written back after each batch, which frees the space for the kernel.
+
+Layout (kernel ``bpf_ringbuf``): page 0 holds ``consumer_pos``, page 1 ``producer_pos``; each record
+is an 8-byte header (``u32 len`` with BUSY and DISCARD bits, ``u32 pg_off``), its data, padding to
+8 bytes. ``producer_pos`` advances when space is reserved, before the data is written; a record
+whose BUSY bit is still set ends the batch. x86-64 and arm64 order these loads as the kernel's
+release/acquire pairs need, for reads made in this order by one thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import select
+import struct
+from collections.abc import Iterator
+
+_BUSY = 1 << 31
+_DISCARD = 1 << 30
+_POS = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
+HEADER_SIZE = 8
+
+
+class RingBufferReader:
+    """The consumer side of one BPF ring buffer map (``BPF_MAP_TYPE_RINGBUF``)."""
+
+    def __init__(self, map_fd: int, data_size: int) -> None:
+        if data_size <= 0 or data_size & (data_size - 1):
+            raise ValueError(f"ring buffer size must be a power of two, not {data_size}")
+        self._page = mmap.PAGESIZE
+        self._mask = data_size - 1
+        self.size = data_size
+        self._consumer = mmap.mmap(map_fd, self._page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self._producer = mmap.mmap(map_fd, self._page + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ,
+                                   offset=self._page)
+        self._epoll = select.epoll()
+        self._epoll.register(map_fd, select.EPOLLIN)
+        self.consumed = _POS.unpack_from(self._consumer)[0]
+
+    @property
+    def data(self) -> mmap.mmap:
+        """The mapping records are read from: a record at ``offset`` is ``data[offset:offset+size]``."""
+        return self._producer
+
+    def backlog(self) -> int:
+        """Bytes written by the kernel and not yet consumed."""
+        return _POS.unpack_from(self._producer)[0] - self.consumed
+
+    def wait(self, timeout_ms: int) -> None:
+        """Block until the kernel signals new data, or ``timeout_ms`` passes (0: do not block)."""
+        if timeout_ms and not self.backlog():
+            try:
+                self._epoll.poll(timeout_ms / 1000)
+            except InterruptedError:
+                pass  # a signal (SIGTERM): the caller checks why
+
+    def records(self, max_records: int) -> Iterator[tuple[int, int]]:
+        """``(offset, size)`` in :attr:`data` of up to ``max_records`` records, oldest first.
+
+        Each record's space goes back to the kernel only when the batch has been read (when the
+        iterator ends), so the data stays valid while the caller decodes it."""
+        producer = _POS.unpack_from(self._producer)[0]
+        position, data, page, mask = self.consumed, self._producer, self._page, self._mask
+        read = 0
+        try:
+            while position < producer and read < max_records:
+                offset = page + (position & mask)
+                length = _LEN.unpack_from(data, offset)[0]
+                if length & _BUSY:
+                    break
+                size = length & ~_DISCARD
+                position += (size + HEADER_SIZE + 7) & ~7
+                if not length & _DISCARD:
+                    read += 1
+                    yield offset + HEADER_SIZE, size
+        finally:
+            self.consumed = position
+            _POS.pack_into(self._consumer, 0, position)
+
+    def close(self) -> None:
+        self._epoll.close()
+        self._producer.close()
+        self._consumer.close()
+
