@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import re
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any
 
@@ -33,6 +34,20 @@ def compile_program(source: str, cflags: list[str], what: str) -> Any:
         raise RuntimeError(f"cannot load the {what}: {exc} (run `otel-ebpf doctor`)") from exc
     release_compiler_memory()
     return bpf
+
+
+def close_program(bpf: Any) -> None:
+    """Detach everything ``bpf`` attached, then free it. Each detach waits for the kernel (an RCU
+    grace period, tens of milliseconds; a uprobe's more): one after another, a probe with dozens
+    of them takes seconds to stop, past a container's grace period. Done side by side, the waits
+    overlap (the calls release the GIL)."""
+    detaches = [(bpf.detach_uprobe_event, name) for name in list(bpf.uprobe_fds)]
+    detaches += [(bpf.detach_tracepoint, name) for name in list(bpf.tracepoint_fds)]
+    if detaches:
+        with ThreadPoolExecutor(max_workers=min(32, len(detaches))) as pool:
+            for future in [pool.submit(detach, name) for detach, name in detaches]:
+                future.exception()  # one that failed is left to cleanup(), which skips the rest
+    bpf.cleanup()
 
 
 def write_settings(bpf: Any, values: Mapping[int, int]) -> None:

@@ -24,7 +24,7 @@ from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, 
 from ..protocol import Direction, Endpoint, Role, Transport
 from .addresses import endpoint
 from .http_red import HttpRedReader
-from .loading import compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
+from .loading import close_program, compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
 from .ringbuf import RingBufferReader
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
@@ -187,7 +187,7 @@ class SocketProbe:
             self._ring.close()
             self._ring = None
         if self._bpf is not None:
-            self._bpf.cleanup()
+            close_program(self._bpf)
             self._bpf = None
 
     def keep_exchanges(self, share: float) -> None:
