@@ -2,6 +2,7 @@
 # scripts/bootstrap.sh, which is idempotent and takes well under a second when nothing is missing.
 #
 #   make test                 unit + BPF tests (CI=true turns a skipped BPF test into a failure)
+#   make wheel-check          the built wheel, installed in a fresh venv, imports, passes doctor and traces
 #   make run ARGS='--port 8000'
 #   make demo | bench | doctor | clean | distclean
 
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 AGENT  := $(VENV)/bin/otel-ebpf
 ARGS   ?=
 
-.PHONY: bootstrap test run demo bench doctor clean distclean
+.PHONY: bootstrap test wheel-check run demo bench doctor clean distclean
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -18,6 +19,11 @@ bootstrap:
 # The environment (CI=true included) reaches pytest unchanged; the tests enforce the CI rules.
 test: bootstrap
 	$(PY) -m pytest -q tests
+
+# Tests run on the editable install, which cannot notice what the wheel leaves out: this checks the
+# package as users install it (scripts/wheel_check.sh). Root: it loads BPF.
+wheel-check: bootstrap
+	bash scripts/wheel_check.sh
 
 run: bootstrap
 	$(AGENT) run $(ARGS)

@@ -210,7 +210,7 @@ mount_filesystems() {
 # Python virtual environment
 # ---------------------------------------------------------------------------------------------
 setup_venv() {
-    local vpy="$venv/bin/python" stamp="$venv/.bootstrap-pyproject.sha256" want purelib bcc_dir pth
+    local vpy="$venv/bin/python" stamp="$venv/.bootstrap-pyproject.sha256" want bcc_dir
     if [ -e "$venv" ] && [ ! -x "$vpy" ]; then
         die "$venv exists but $vpy cannot run here (made by another user or interpreter?): remove $venv"
     fi
@@ -236,19 +236,7 @@ setup_venv() {
         log "venv: ok (pyproject.toml unchanged)"
     fi
 
-    # Only `bcc` is exposed: the rest of Debian's dist-packages would shadow the venv's own pins.
-    bcc_dir="$(dpkg -L python3-bpfcc 2>/dev/null | grep -m1 '/bcc/__init__.py$' || true)"
-    bcc_dir="${bcc_dir%/__init__.py}"
-    if [ -z "$bcc_dir" ] || [ ! -d "$bcc_dir" ]; then
-        die "python3-bpfcc's bcc module not found (apt-get install python3-bpfcc)"
-    fi
-    mkdir -p "$venv/bcc-shim"
-    [ "$(readlink "$venv/bcc-shim/bcc" 2>/dev/null)" = "$bcc_dir" ] || ln -sfn "$bcc_dir" "$venv/bcc-shim/bcc"
-    purelib="$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    pth="$purelib/otel_ebpf_bcc_shim.pth"
-    [ "$(cat "$pth" 2>/dev/null)" = "$venv/bcc-shim" ] || echo "$venv/bcc-shim" >"$pth"
-
-    "$vpy" -c 'import bcc' || die "'import bcc' fails in $venv (shim: $venv/bcc-shim -> $bcc_dir)"
+    bcc_dir="$(bash "$repo/scripts/bcc_shim.sh" "$venv")" || exit 1
     log "venv: $vpy imports bcc from $bcc_dir"
 }
 
