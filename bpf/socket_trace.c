@@ -191,6 +191,9 @@ struct active_ssl {
 #define IO_BIND 3
 #define IO_MMSG 4  // sendmmsg/recvmmsg: buf is the mmsghdr vector, iovcnt its length
 #define IO_NAME 5  // getsockname: buf is where the kernel writes the local end
+// The syscall has returned. An entry stays with its thread (deleted when the thread exits):
+// marking it costs a store where deleting and re-inserting cost two hash updates per syscall.
+#define IO_DONE 0xff
 
 struct active_io {
     u64 buf;         // user buffer, the iovec array for vectored I/O, or a sockaddr
@@ -209,7 +212,7 @@ struct active_io {
 };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_HASH(active_io, u32, struct active_io, 16384);
+BPF_HASH(active_io, u32, struct active_io, 65536);  // one per thread of the traced processes
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
 // The socket each thread last read, and when: TLS over memory BIOs (Python asyncio) decrypts what
 // the thread read from that socket just before, with no syscall inside SSL_read (tls_trace.c).
@@ -219,6 +222,9 @@ struct last_read {
     u64 ts;
 };
 BPF_TABLE("lru_hash", u32, struct last_read, last_read, 16384);
+// Processes that made an SSL call: only their syscalls can be inside one, and only their reads
+// can feed one (last_read). The rest skip that bookkeeping.
+BPF_HASH(tls_procs, u32, u8, MAX_TARGETS);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
 BPF_HASH(ignored, u64, u32, MAX_CONNS);
@@ -502,7 +508,7 @@ static __always_inline void exit_conn_call(long ret, u32 kind) {
         }
     }
 #endif
-    active_io.delete(&tid);
+    io->kind = IO_DONE;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { enter_conn_call(args->fd, args->upeer_sockaddr, IO_ACCEPT); return 0; }
@@ -556,11 +562,13 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
 
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if ((u32)id != tgid || !is_target(tgid))  // threads exiting are not the process exiting
+    u32 tgid = id >> 32, tid = id;
+    active_io.delete(&tid);
+    if (tid != tgid || !is_target(tgid))  // threads exiting are not the process exiting
         return 0;
     emit_simple(args, EV_EXIT, id, -1, 0);
     targets.delete(&tgid);
+    tls_procs.delete(&tgid);
     return 0;
 }
 
@@ -571,8 +579,8 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return;
-    u32 tid = id;
-    struct active_ssl *ssl = active_ssl.lookup(&tid);
+    u32 tid = id, tgid = id >> 32;
+    struct active_ssl *ssl = tls_procs.lookup(&tgid) ? active_ssl.lookup(&tid) : 0;
     if (ssl && ssl->fd < 0)
         ssl->fd = fd;
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
@@ -823,7 +831,7 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
     if (!iop)
         return;
     struct active_io io = *iop;
-    active_io.delete(&tid);
+    iop->kind = IO_DONE;
     if (ret <= 0 || io.kind != (mmsg ? IO_MMSG : IO_DATA))
         return;
 #ifdef FD_TRACKING
@@ -842,11 +850,13 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts, io.udp);
     if (!ci || ci->ignored)
         return;
-    if (io.direction == DIR_INGRESS) {
+    u32 tgid = id >> 32;
+    int ssl_user = tls_procs.lookup(&tgid) != 0;
+    if (ssl_user && io.direction == DIR_INGRESS) {
         struct last_read read = {.fd = io.fd, .ts = ts};
         last_read.update(&tid, &read);
     }
-    if (ci->tls || active_ssl.lookup(&tid)) {  // ciphertext: the SSL probes report the plaintext
+    if (ci->tls || (ssl_user && active_ssl.lookup(&tid))) {  // ciphertext: the SSL probes report the plaintext
         ci->tls = 1;
         return;
     }

@@ -23,7 +23,11 @@ static __always_inline int ssl_enter(struct pt_regs *ctx, u32 op, u64 done) {
     u64 id = bpf_get_current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
-    u32 tid = id;
+    u32 tid = id, tgid = id >> 32;
+    if (!tls_procs.lookup(&tgid)) {
+        u8 one = 1;
+        tls_procs.update(&tgid, &one);
+    }
     struct active_ssl call = {.ssl = PT_REGS_PARM1(ctx), .buf = PT_REGS_PARM2(ctx), .done = done,
                               .enter_ns = bpf_ktime_get_ns(), .fd = -1, .op = op};
     active_ssl.update(&tid, &call);

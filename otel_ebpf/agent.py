@@ -225,14 +225,18 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 next_kernel_stats = now + KERNEL_STATS_S
                 kernel_summaries(time.time_ns())
                 probe.keep_exchanges(budget.update(time.process_time(), now))
-        # What the kernel handed over before the stop still counts (one bounded batch: a stop
-        # under overload must not wait for the backlog).
-        take(probe.poll(0), None)
+        # What the kernel handed over before the stop still counts: the ring as it stands now, at
+        # most its size (MiBs: well under a second), however much traffic goes on.
+        for events in probe.drain():
+            take(events, None)
         kernel_summaries(None)
         if agent is not None:
             log.info("kernel drop counters: %s, shed: %s", probe.kernel_stats(), probe.shed_requests())
     finally:
-        probe.close()
+        # Detaching takes the kernel seconds (a grace period per probe): it goes on while the
+        # pipeline flushes and the exporters send their last batches.
+        detaching = threading.Thread(target=probe.close, name="detach")
+        detaching.start()
         if gpu is not None:
             gpu.close()  # before the CPU profiler: they may share its profile sink
         if profiling is not None:
@@ -240,6 +244,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None:
             agent.finish()
             log.info("stopped: %s", _summary(agent.selfmetrics))
+        detaching.join()
     return 0
 
 

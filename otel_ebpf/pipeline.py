@@ -47,9 +47,13 @@ class Pipeline:
         self._process(self.reorderer.release_before(horizon_ns))
 
     def flush(self) -> None:
-        """Process everything held and report every pending exchange (the agent is stopping)."""
+        """Process everything held (the agent is stopping). Requests still waiting for a response
+        are in flight, not failed: they are counted, not reported as spans with an error."""
         self._process(self.reorderer.release_before())
-        self._report(self.tracker.flush_all(self.last_timestamp_ns))
+        unanswered = sum(1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns)
+                         if not isinstance(item, RequestStart))
+        if unanswered:
+            self._metrics.add("otel_ebpf.spans.shed", unanswered, {"reason": "in_flight_at_stop"})
 
     def _process(self, events: list[Event]) -> None:
         for event in events:

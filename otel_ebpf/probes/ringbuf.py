@@ -48,9 +48,14 @@ class RingBufferReader:
         """The mapping records are read from: a record at ``offset`` is ``data[offset:offset+size]``."""
         return self._producer
 
+    @property
+    def produced(self) -> int:
+        """Bytes the kernel has reserved so far (records being written included)."""
+        return _POS.unpack_from(self._producer)[0]
+
     def backlog(self) -> int:
         """Bytes written by the kernel and not yet consumed."""
-        return _POS.unpack_from(self._producer)[0] - self.consumed
+        return self.produced - self.consumed
 
     def wait(self, timeout_ms: int) -> None:
         """Block until the kernel signals new data, or ``timeout_ms`` passes (0: do not block)."""

@@ -13,7 +13,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -255,10 +255,15 @@ class SocketProbe:
                 self._lost_reported = lost
         return events
 
-    @property
-    def backlog_share(self) -> float:
-        """How full the ring buffer is: the share of it waiting to be read."""
-        return self._ring.backlog() / self._ring.size
+    def drain(self) -> Iterator[list[Event]]:
+        """The events the ring holds now, in bounded batches (the agent is stopping): at most one
+        ring's worth, whatever traffic goes on meanwhile."""
+        target = self._ring.produced
+        while self._ring.consumed < target:
+            before = self._ring.consumed
+            yield self.poll(0)
+            if self._ring.consumed == before:  # a record still being written: leave it
+                return
 
     def kernel_stats(self) -> dict[str, int]:
         """Totals of the kernel's per-CPU drop counters since start."""
