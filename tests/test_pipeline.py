@@ -24,6 +24,7 @@ from otel_ebpf.events import (
     ConnKey,
     ConnOpen,
     Event,
+    HttpRequestCounts,
     KernelLoss,
     ProcessExit,
     ProcessInfo,
@@ -88,12 +89,13 @@ class Run:
     """A fresh pipeline, as the agent wires it."""
 
     def __init__(self, max_connections: int = 16384, max_processes: int = 1024,
-                 extra: Mapping[str, str] | None = None, delta: str = "cumulative") -> None:
+                 extra: Mapping[str, str] | None = None, delta: str = "cumulative",
+                 kernel_http_metrics: bool = False) -> None:
         self.selfmetrics = SelfMetrics()
         self.unknown: list[ConnKey] = []
         self.tracker = ConnectionTracker(PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append)
         self.telemetry = Telemetry(PROTOCOLS, HOST, dict(extra or {}), self.selfmetrics, max_processes,
-                                   DELTA_KINDS[delta])
+                                   DELTA_KINDS[delta], kernel_http_metrics)
         # no reorder window: each feed's spans come out at once (tests/test_assembly.py covers it)
         self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics,
                                  reorderer=EventReorderer(self.selfmetrics, window_ns=0))
@@ -799,3 +801,67 @@ def test_random_event_streams_never_raise_and_stay_bounded(events: list[Event], 
                         run.selfmetrics.snapshot()))
         assert run.total("otel_ebpf.events.received") == len(events)
     assert outputs[0] == outputs[1]
+
+
+# ---- what the kernel summarised and shed (bpf/http1_summary.h) ---------------------------------
+
+
+def test_events_after_a_loss_drop_the_partial_exchange_it_left() -> None:
+    """The kernel lost /a's response (and counted the exchange as shed): the next event says so,
+    /a is dropped unreported instead of becoming a failed span, /b is whole."""
+    run = Run()
+    lost_then = ConnData(at(20), PID, PID, 7, 0, IN, len(get("/b")), get("/b"), after_loss=True)
+    spans = run.feed([
+        opened(0, PID, 7),
+        data(1, PID, 7, IN, get("/a")),
+        lost_then,
+        data(21, PID, 7, OUT, ok(b"b")),
+        closed(30, PID, 7),
+    ])
+    assert [(s.name, s.start_time, s.end_time, s.status.status_code) for s in spans] == [
+        ("GET /b", at(20), at(21), UNSET)]
+    assert run.total("otel_ebpf.messages.unmatched") == 0
+
+
+def test_a_close_after_a_loss_reports_no_failed_request() -> None:
+    run = Run()
+    spans = run.feed([
+        opened(0, PID, 7),
+        data(1, PID, 7, IN, get("/a")),
+        ConnClose(at(30), PID, 7, 0, after_loss=True),
+    ])
+    assert spans == []
+
+
+def counts(ms: float, pid: int, role: Role, status: int, count: int, sum_ms: float,
+           buckets: tuple[int, ...], server_address: str = "", server_port: int = 8080) -> HttpRequestCounts:
+    return HttpRequestCounts(at(ms), pid, role, "GET", status, "1.1", False, server_address, server_port, count,
+                             int(sum_ms * MS), buckets, 1 * MS, 30 * MS)
+
+
+def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> None:
+    run = Run(kernel_http_metrics=True)
+    buckets = (2, 1) + (0,) * 13
+    run.feed([
+        info(PID),
+        opened(0, PID, 7),
+        data(1, PID, 7, IN, get("/a")),
+        data(2, PID, 7, OUT, ok(b"a")),
+        counts(5, PID, Role.SERVER, 200, 3, 12.0, buckets),
+        counts(6, PID, Role.CLIENT, 503, 1, 30.0, (0,) * 3 + (1,) + (0,) * 11, "10.0.0.9", 9000),
+        counts(7, PID, Role.SERVER, 200, 1, 2.0, (1,) + (0,) * 14),
+    ])
+    table = points(run.telemetry.collect_metrics(at(100)))
+    server = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
+                   http__response__status_code=200)
+    point = table[("python3", "http.server.request.duration", server)]
+    assert (point.count, point.sum, list(point.bucket_counts)) == (4, 0.014, [3, 1] + [0] * 13)
+    assert (point.min, point.max) == (0.001, 0.03)
+    assert list(point.explicit_bounds) == list(DURATION_BUCKETS)
+    client = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
+                   http__response__status_code=503, server__address="10.0.0.9", server__port=9000,
+                   error__type="503")
+    assert table[("python3", "http.client.request.duration", client)].count == 1
+    # the exchange still gives its body sizes; its duration is the kernel's to count
+    assert ("python3", "http.server.response.body.size", server) in table
+    assert sum(1 for key in table if key[1] == "http.server.request.duration") == 1

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from otel_ebpf.events import ConnClose, ConnData, ConnOpen, KernelLoss, ProcessExit, ProcessInfo
+from otel_ebpf.events import ConnClose, ConnData, ConnOpen, HttpRequestCounts, KernelLoss, ProcessExit, ProcessInfo
 from otel_ebpf.protocol import Direction, Endpoint, Role
 from otel_ebpf.recording import RecordingError, RecordingHeader, RecordingWriter, read_recording
 
@@ -16,7 +16,11 @@ EVENTS = [
     ConnOpen(3, 42, 8, 100, None, None, None),
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 10_000, b"GET / HTTP/1.1\r\n\x00\xff"),
     ConnData(4, 42, 43, 7, 99, Direction.EGRESS, 2, b"OK", tls=True),
+    ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 3, b"GET", after_loss=True),
     ConnClose(5, 42, 7, 99),
+    ConnClose(5, 42, 8, 100, after_loss=True),
+    HttpRequestCounts(6, 42, Role.CLIENT, "GET", 200, "1.1", True, "10.0.0.1", 443, 3, 9_000_000,
+                      (2, 1) + (0,) * 13, 1_000_000, 5_000_000),
     KernelLoss(6, 3),
     ProcessExit(7, 42),
 ]
@@ -24,9 +28,10 @@ EVENTS = [
 
 def test_round_trip() -> None:
     buf = io.StringIO()
-    RecordingWriter(buf, RecordingHeader("node-1")).write(EVENTS)
+    RecordingWriter(buf, RecordingHeader("node-1", kernel_http_metrics=True)).write(EVENTS)
     header, events = read_recording(io.StringIO(buf.getvalue()))
     assert header.host_name == "node-1"
+    assert header.kernel_http_metrics
     assert list(events) == EVENTS
 
 

@@ -1,0 +1,38 @@
+"""The CPU budget controller: shed in proportion to a sustained excess, recover when there is room."""
+
+from __future__ import annotations
+
+from otel_ebpf.budget import MIN_KEEP, CpuBudget
+
+
+def feed(budget: CpuBudget, usages: list[float]) -> list[float]:
+    """Share kept after each one-second period at the given CPU usage (cores)."""
+    cpu, keeps = 0.0, []
+    budget.update(cpu, 0.0)
+    for second, used in enumerate(usages, start=1):
+        cpu += used
+        keeps.append(budget.update(cpu, float(second)))
+    return keeps
+
+
+def test_within_budget_everything_is_copied() -> None:
+    assert feed(CpuBudget(0.5), [0.1, 0.45, 0.5, 0.3]) == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_one_busy_period_is_no_overload() -> None:
+    assert feed(CpuBudget(0.5), [2.0, 0.1, 2.0, 0.1]) == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_sustained_excess_sheds_in_proportion_then_recovers() -> None:
+    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 1.0, 0.5, 0.2, 0.2, 0.2])
+    assert keeps == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 1.0]
+
+
+def test_the_share_never_reaches_zero() -> None:
+    assert feed(CpuBudget(0.01), [100.0] * 20)[-1] == MIN_KEEP
+
+
+def test_a_clock_that_did_not_move_changes_nothing() -> None:
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 5.0)
+    assert budget.update(10.0, 5.0) == 1.0
