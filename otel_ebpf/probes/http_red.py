@@ -47,13 +47,13 @@ class HttpRedReader:
             # count below zero (wrapped): the sum modulo 2^64 is right
             buckets = tuple(sum(v.buckets[i] for v in per_cpu) & _U64 for i in range(len(per_cpu[0].buckets)))
             before_count, before_sum, before_buckets = self._totals.get(raw_key, (0, 0, (0,) * len(buckets)))
-            if count > before_count:
+            if count != before_count or sum_ns != before_sum:
+                moved = reported_moves(buckets, before_buckets)
                 minimum = min((v.min_ns for v in per_cpu if v.min_ns), default=0)
                 maximum = max(v.max_ns for v in per_cpu)
-                reports.append(self._report(now, key, count - before_count, sum_ns - before_sum,
-                                            tuple(a - b for a, b in zip(buckets, before_buckets)),
+                reports.append(self._report(now, key, count - before_count, sum_ns - before_sum, moved,
                                             minimum, maximum))
-            self._totals[raw_key] = (count, sum_ns, buckets)
+                self._totals[raw_key] = (count, sum_ns, tuple(map(sum, zip(before_buckets, moved))))
             if key.tgid in self._exited:
                 finished.append(key)
         for key in finished:
@@ -72,3 +72,21 @@ class HttpRedReader:
         method = METHODS[key.method] if key.method < len(METHODS) else "_OTHER"
         return HttpRequestCounts(now, key.tgid, role, method, key.status, f"1.{key.minor}", bool(key.tls),
                                  address, key.server_port, count, sum_ns, buckets, minimum, maximum)
+
+
+def reported_moves(current: tuple[int, ...], reported: tuple[int, ...]) -> tuple[int, ...]:
+    """Bucket counts to report, given the kernel's totals and those reported so far: never below
+    zero, summing to the growth of the count.
+
+    A response that goes on moves its request to a later bucket: between two reads one bucket can
+    lose a request that another gains. A delta histogram cannot say so (its counts are unsigned),
+    so the move waits, its gain held back against the loss, until new requests fill the bucket it
+    left; counts are exact meanwhile, and the buckets once the move is reported."""
+    deltas = [now - before for now, before in zip(current, reported)]
+    owed = -sum(d for d in deltas if d < 0)
+    moves = [max(d, 0) for d in deltas]
+    for i in reversed(range(len(moves))):  # the gains of moves are in the later buckets
+        held = min(owed, moves[i])
+        moves[i] -= held
+        owed -= held
+    return tuple(moves)
