@@ -6,6 +6,9 @@ including what it learned from ``/proc`` (process identity, tuples of sockets th
 agent). Timestamps are Unix-epoch nanoseconds, converted from the kernel clock by the probe layer.
 
 A connection is ``(pid, fd, generation)``: the generation changes when an fd is closed and reused.
+
+Events are values: nothing changes one once made. They are plain (not frozen) dataclasses because
+one is made per syscall, and a frozen dataclass costs five times as much to construct.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .protocol import Direction, Endpoint, Role, Transport
 ConnKey = tuple[int, int, int]  # (pid, fd, generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessInfo:
     """Identity of an observed process, sent before its first connection event."""
 
@@ -30,7 +33,7 @@ class ProcessInfo:
     environment: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnOpen:
     timestamp_ns: int
     pid: int
@@ -46,7 +49,7 @@ class ConnOpen:
         return (self.pid, self.fd, self.generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnData:
     """Bytes one syscall moved on a connection: ``data`` is the captured prefix of ``length``.
 
@@ -78,7 +81,7 @@ class ConnData:
         return (self.pid, self.fd, self.generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnClose:
     timestamp_ns: int
     pid: int
@@ -91,13 +94,13 @@ class ConnClose:
         return (self.pid, self.fd, self.generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessExit:
     timestamp_ns: int
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KernelLoss:
     """Events the kernel could not deliver since the previous report (ring buffer full)."""
 
@@ -105,7 +108,7 @@ class KernelLoss:
     events: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HttpRequestCounts:
     """HTTP/1 requests of one series that the kernel counted since its previous report, exactly,
     whether or not their bytes were copied (bpf/http1_summary.h): count, summed duration and the

@@ -86,7 +86,9 @@ class Endpoint:
     port: int
 
 
-@dataclass(frozen=True)
+# ConnectionInfo, MetricPoint, SpanDescription and RequestStart are made for every exchange: plain
+# dataclasses with slots, which cost a fifth of a frozen one to construct. Treat them as values.
+@dataclass(slots=True)
 class ConnectionInfo:
     """What the pipeline knows about the connection an exchange travelled on.
 
@@ -127,14 +129,14 @@ class InstrumentSpec:
     boundaries: tuple[float, ...] | None = None  # explicit histogram buckets
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MetricPoint:
     instrument: str  # InstrumentSpec.name
     value: float
     attributes: Attributes = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SpanDescription:
     """Everything about a span that the protocol decides; ids and resource come from the pipeline."""
 
@@ -163,7 +165,7 @@ class Message(ABC):
 Carrier = Sequence[tuple[str, str]]  # (lower-case name, value) pairs, as HTTP header fields
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestStart:
     """A request has begun: what names and routes it (an HTTP head, gRPC call metadata) is known,
     its body may still be on the way.
