@@ -32,6 +32,7 @@ from .pipeline import Pipeline
 from .reorder import EventReorderer
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
+from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
 
@@ -84,6 +85,7 @@ class Agent:
         self.telemetry = Telemetry(
             protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes,
             DELTA_KINDS[config.export.metric_temporality], kernel_http_metrics,
+            SpanSampler(config.trace.sample_ratio, int(config.trace.keep_slower_than_ms * 1e6)),
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         trace = config.trace

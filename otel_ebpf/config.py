@@ -141,6 +141,8 @@ class TraceConfig:
     inflight_timeout_s: float = 300.0  # a request still in flight after this is forgotten
     max_inflight: int = 65536  # requests in flight remembered, node-wide
     reorder_window_ms: int = 50  # event time held back to put the CPUs' events in order
+    sample_ratio: float = 1.0  # share of plain spans kept (errors and slow requests always are)
+    keep_slower_than_ms: float = 1000.0  # a request at least this slow always keeps its span
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,13 @@ def _positive_number(value: Any) -> float:
         raise ValueError(f"expected a number, got {value!r}")
     if number <= 0:
         raise ValueError(f"must be greater than 0, got {value!r}")
+    return number
+
+
+def _ratio(value: Any) -> float:
+    number = _positive_number(value)
+    if number > 1:
+        raise ValueError(f"must be at most 1, got {value!r}")
     return number
 
 
@@ -464,6 +473,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),
     Setting("trace.max_inflight", _integer(1), env="OTEL_EBPF_TRACE_MAX_INFLIGHT"),
     Setting("trace.reorder_window_ms", _integer(0, 10_000), env="OTEL_EBPF_TRACE_REORDER_WINDOW_MS"),
+    Setting("trace.sample_ratio", _ratio, env="OTEL_EBPF_TRACE_SAMPLE_RATIO"),
+    Setting("trace.keep_slower_than_ms", _positive_number, env="OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS"),
     Setting("profiling.enabled", _boolean, env="OTEL_EBPF_PROFILING", flag="profile"),
     Setting("profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ",
             flag="profile_frequency"),

@@ -34,8 +34,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.spans.shed": (
         "{request}", "Requests that got no span, by reason: HTTP/1 exchanges the kernel did not copy because user "
         "space was behind (backlog) or over its CPU budget (cpu_budget) or an event of it was lost (ring_full), "
-        "all still in the HTTP metrics; requests still waiting for a response when the agent stopped "
-        "(in_flight_at_stop)", False),
+        "all still in the HTTP metrics; spans left out by trace.sample_ratio (sampled); requests still "
+        "waiting for a response when the agent stopped (in_flight_at_stop)", False),
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
     "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),

@@ -33,6 +33,7 @@ from .protocol import (
 )
 from .protocols.http_semconv import counted_duration
 from .redaction import redact_command_line
+from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
 
 _KINDS = {
@@ -106,6 +107,7 @@ class Telemetry:
         max_processes: int = 1024,
         delta_kinds: frozenset[InstrumentKind] = frozenset(),
         kernel_http_metrics: bool = False,
+        sampler: SpanSampler | None = None,
     ) -> None:
         """``kernel_http_metrics``: HTTP/1 request durations come from the kernel's exact counts
         (:meth:`http_counts`), not from the exchanges, which may have been shed."""
@@ -124,6 +126,7 @@ class Telemetry:
         self._retired: list[ResourceMetrics] = []
         self._pending_spans: list[ReadableSpan] = []
         self._kernel_counted = _KERNEL_COUNTED if kernel_http_metrics else {}
+        self._sampler = sampler or SpanSampler()
 
     # ---- processes -------------------------------------------------------------------------------
 
@@ -174,7 +177,10 @@ class Telemetry:
         program's own span stands for it) and its metric points."""
         process = self._process(pid)
         scope = self._scopes[protocol]
-        if context.emit:
+        if context.emit and not self._sampler.keep(context.trace_id, description.status is StatusCode.ERROR,
+                                                   description.end_ns - description.start_ns):
+            self._selfmetrics.add("otel_ebpf.spans.shed", 1, {"reason": "sampled"})
+        elif context.emit:
             self._pending_spans.append(
                 ReadableSpan(
                     name=description.name,

@@ -187,6 +187,10 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "trace.reorder_window_ms": (
         50, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
     ),
+    "trace.sample_ratio": (1.0, [("yaml", "", 0.5, 0.5), ("env", "OTEL_EBPF_TRACE_SAMPLE_RATIO", "0.1", 0.1)]),
+    "trace.keep_slower_than_ms": (
+        1000.0, [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
+    ),
     "gpu.enabled": ("auto", [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"),
                              ("cli", "gpu", "auto", "auto")]),
     "gpu.stacks": ("python", [("yaml", "", "native", "native"), ("env", "OTEL_EBPF_GPU_STACKS", "none", "none")]),

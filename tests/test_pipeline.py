@@ -34,6 +34,7 @@ from otel_ebpf.pipeline import Pipeline
 from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.protocol import Direction, Endpoint, Role, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
+from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
@@ -90,12 +91,12 @@ class Run:
 
     def __init__(self, max_connections: int = 16384, max_processes: int = 1024,
                  extra: Mapping[str, str] | None = None, delta: str = "cumulative",
-                 kernel_http_metrics: bool = False) -> None:
+                 kernel_http_metrics: bool = False, sampler: SpanSampler | None = None) -> None:
         self.selfmetrics = SelfMetrics()
         self.unknown: list[ConnKey] = []
         self.tracker = ConnectionTracker(PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append)
         self.telemetry = Telemetry(PROTOCOLS, HOST, dict(extra or {}), self.selfmetrics, max_processes,
-                                   DELTA_KINDS[delta], kernel_http_metrics)
+                                   DELTA_KINDS[delta], kernel_http_metrics, sampler)
         # no reorder window: each feed's spans come out at once (tests/test_assembly.py covers it)
         self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics,
                                  reorderer=EventReorderer(self.selfmetrics, window_ns=0))
@@ -865,3 +866,19 @@ def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> N
     # the exchange still gives its body sizes; its duration is the kernel's to count
     assert ("python3", "http.server.response.body.size", server) in table
     assert sum(1 for key in table if key[1] == "http.server.request.duration") == 1
+
+
+def test_sampling_keeps_errors_and_slow_requests_and_counts_the_rest_metrics_untouched() -> None:
+    run = Run(sampler=SpanSampler(1e-9, keep_slower_than_ns=50 * MS))  # plain spans: (almost) never
+    spans = run.feed([
+        info(PID),
+        opened(0, PID, 7),
+        data(1, PID, 7, IN, get("/fast")), data(2, PID, 7, OUT, ok(b"a")),
+        data(3, PID, 7, IN, get("/boom")), data(4, PID, 7, OUT, ok(status=b"500 Internal Server Error")),
+        data(5, PID, 7, IN, get("/slow")), data(60, PID, 7, OUT, ok(b"c")),
+    ])
+    assert [s.name for s in spans] == ["GET /boom", "GET /slow"]
+    assert run.selfmetrics.snapshot()["otel_ebpf.spans.shed"] == 1
+    table = points(run.telemetry.collect_metrics(at(100)))
+    durations = [p for key, p in table.items() if key[1] == "http.server.request.duration"]
+    assert sum(p.count for p in durations) == 3
