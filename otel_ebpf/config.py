@@ -127,7 +127,8 @@ class CaptureConfig:
     socket_mode: str = "auto"
     # HTTP/1 request counts and durations aggregated in the kernel: exact at any load (docs/performance.md)
     kernel_http_metrics: bool = True
-    # share of one core the agent may use; past it, new HTTP/1 exchanges are shed (counted) instead
+    # share of one core the agent may spend on captured traffic; past it, new HTTP/1 exchanges are
+    # shed (counted) instead
     cpu_budget: float = 0.5
 
 
