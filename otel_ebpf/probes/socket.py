@@ -11,7 +11,9 @@ import ctypes
 import ipaddress
 import logging
 import os
+import queue
 import struct
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -104,6 +106,43 @@ def _tls_symbols(path: str) -> set[str]:
         return set()
 
 
+class _UprobeCloser:
+    """Closes detached uprobes off the poll loop. Each close waits for the kernel's RCU grace
+    periods (~0.1 s measured here), so detaching an exited process's 14 SSL probes in line would
+    stall the ring buffer for over a second."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[bytes, int] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def close(self, bpf: object, names: Iterable[bytes]) -> None:
+        """Take ``names`` (BCC uprobe event names) off ``bpf`` at once, close them soon."""
+        for name in names:
+            fd = bpf.uprobe_fds.get(name)  # type: ignore[attr-defined]
+            if fd is None:
+                continue
+            bpf._del_uprobe_fd(name)  # type: ignore[attr-defined]  # noqa: SLF001 — BCC's count of open probes
+            self._queue.put((name, fd))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="uprobe-closer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        from bcc.libbcc import lib  # noqa: PLC0415
+
+        while (item := self._queue.get()) is not None:
+            name, fd = item
+            lib.bpf_close_perf_event_fd(fd)
+            lib.bpf_detach_uprobe(name)  # removes the tracefs event where BCC had to make one (old kernels)
+
+    def stop(self) -> None:
+        """Wait for the closes queued so far."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
@@ -127,6 +166,7 @@ class SocketProbe:
         self._unresolved: list[_Opening] = []  # this poll's sockets announced without a local end
         self._target_pids: set[int] = set()
         self._tls: TLSAttacher | None = None
+        self._uprobe_closer = _UprobeCloser()
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
@@ -162,20 +202,34 @@ class SocketProbe:
             for port in self.targets.ports:
                 ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
             write_settings(self._bpf, {SET_FILTER_PORTS: 1})
+        # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
+        self._tls = TLSAttacher(_tls_symbols, self._attach_tls, self._detach_tls,
+                                targets=self._is_target if filtering else None)
         for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
             self.add_target(pid)
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
         self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
         self.http_red = HttpRedReader(self._bpf["http_red"], self.clock_offset_ns)
-        self._tls = TLSAttacher(_tls_symbols, self._attach_tls)
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
 
-    def _attach_tls(self, path: str, symbol: str, program: str, is_return: bool) -> None:
+    def _attach_tls(self, path: str, symbol: str, program: str, is_return: bool, pid: int | None) -> list[bytes]:
+        """One SSL probe, for process ``pid`` only or (None) every process mapping ``path``; the
+        names BCC gave what it attached, which are what ``_detach_tls`` needs (BCC's own detach
+        looks the symbol up again, in a process that may be gone)."""
+        before = set(self._bpf.uprobe_fds)
         attach = self._bpf.attach_uretprobe if is_return else self._bpf.attach_uprobe
-        attach(name=path, sym=symbol, fn_name=program)
+        attach(name=path, sym=symbol, fn_name=program, pid=-1 if pid is None else pid)
+        return [name for name in self._bpf.uprobe_fds if name not in before]
+
+    def _detach_tls(self, names: list[bytes]) -> None:
+        self._uprobe_closer.close(self._bpf, names)
+
+    def _is_target(self, pid: int) -> bool:
+        """Whether the kernel traces ``pid`` (children join at fork, exiting processes leave)."""
+        return self._bpf["targets"].get(ctypes.c_uint32(pid)) is not None
 
     @property
     def tls_libraries(self) -> TLSLibraries:
@@ -187,6 +241,10 @@ class SocketProbe:
             self._ring.close()
             self._ring = None
         if self._bpf is not None:
+            if self._tls is not None and self._tls.libraries.refused:
+                log.warning("TLS: %d (library, process) pairs were not hooked: more than %d at once",
+                            self._tls.libraries.refused, self._tls.max_attachments)
+            self._uprobe_closer.stop()
             close_program(self._bpf)
             self._bpf = None
 
@@ -199,6 +257,7 @@ class SocketProbe:
         self._target_pids.add(pid)
         self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         self._note_existing_sockets([pid])
+        self._tls.watch(pid)
 
     def _note_existing_sockets(self, pids: Iterable[int]) -> None:
         """Connections made before the agent (or before a process became a target) showed the
@@ -311,10 +370,8 @@ class SocketProbe:
             self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
         elif kind == EV_EXEC:
             self._on_exec(tgid)
-        elif kind == EV_EXIT and tgid in self._known_pids:  # others never had a connection event
-            self._known_pids.discard(tgid)
-            self.http_red.process_exited(tgid)
-            self._events.append(ProcessExit(ts, tgid))
+        elif kind == EV_EXIT:
+            self._on_exit(ts, tgid)
 
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
         role_code, family, lport, rport, protocol, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
@@ -406,9 +463,17 @@ class SocketProbe:
             return  # try again at its next event
         self._known_pids.add(pid)
         self._events.append(info)
+        self._tls.watch(pid)  # tracing chosen processes, a child forked by a target is one too
 
     def _on_exec(self, pid: int) -> None:
         if procfs.executable_matches(pid, self.targets.executables):
-            self.add_target(pid)
+            self.add_target(pid)  # a target already has probes that follow it; its new files are looked at
             self._known_pids.discard(pid)  # a new image: announce its identity again
+
+    def _on_exit(self, ts: int, pid: int) -> None:
+        self._tls.forget(pid)  # its per-process SSL probes, if it had some
+        if pid in self._known_pids:  # others never had a connection event
+            self._known_pids.discard(pid)
+            self.http_red.process_exited(pid)
+            self._events.append(ProcessExit(ts, pid))
 
