@@ -4,14 +4,14 @@
 #   make test                 unit + BPF tests (CI=true turns a skipped BPF test into a failure)
 #   make wheel-check          the built wheel, installed in a fresh venv, imports, passes doctor and traces
 #   make run ARGS='--port 8000'
-#   make demo | bench | doctor | clean | distclean
+#   make demo | bench | bench-quick | doctor | clean | distclean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 AGENT  := $(VENV)/bin/otel-ebpf
 ARGS   ?=
 
-.PHONY: bootstrap test wheel-check run demo bench doctor clean distclean
+.PHONY: bootstrap test wheel-check run demo bench bench-quick doctor clean distclean
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -33,14 +33,25 @@ demo: bootstrap
 	$(PY) examples/profile_demo.py
 	$(PY) examples/gpu_demo.py
 
+# Every benchmark writes its figures, command line, date and machine to bench/results/<name>.json
+# (bench/results.py); the target ends by printing them all. A benchmark that fails does not stop the
+# others, but fails the target. BENCH='nginx_load idle_cost' runs a subset.
+#   make bench          the full runs (each ~1-3 min on 2 cores: the README's figures come from these)
+#   make bench-quick    --quick runs (seconds each, for checking that they work) into bench/results/quick/
+BENCH ?= nginx_load fastapi_load idle_cost http_load protocol_load profile_overhead trace_assembly \
+         pipeline_replay file_export rtps_load genai_stream gpu_probe_cost
+BENCH_FLAGS ?=
+
 bench: bootstrap
-	$(PY) bench/http_load.py
-	$(PY) bench/trace_assembly.py
-	$(PY) bench/protocol_load.py
-	$(PY) bench/profile_overhead.py
-	$(PY) bench/rtps_load.py
-	$(PY) bench/genai_stream.py
-	$(PY) bench/gpu_probe_cost.py
+	@failed=""; for name in $(BENCH); do \
+	    echo "== bench/$$name.py $(BENCH_FLAGS)"; \
+	    $(PY) bench/$$name.py $(BENCH_FLAGS) || failed="$$failed $$name"; \
+	done; \
+	echo; $(PY) bench/results.py $(BENCH); \
+	if [ -n "$$failed" ]; then echo "[bench] FAILED:$$failed"; exit 1; fi
+
+bench-quick:
+	@$(MAKE) --no-print-directory bench BENCH_FLAGS=--quick BENCH_RESULTS=$(CURDIR)/bench/results/quick
 
 # No bootstrap here: doctor is what you run when bootstrap or the agent fails. Without a venv it
 # still works from the source tree with the system interpreter (it needs only the stdlib and bcc).

@@ -9,7 +9,7 @@ shared machine hits all of them; the figures are medians over the rounds.
 - ``new``: ``SpanJsonEncoder.encode(spans)`` — dicts straight from the spans, one ``json`` call
 - ``new+write``: ``FileSpanExporter.export`` — the new encoding plus the flushed file append
 
-Usage: ``python bench/file_export.py [--batch N] [--batches B] [--rounds R]``
+Usage: ``python bench/file_export.py [--quick] [--batch N] [--batches B] [--rounds R]``
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from otel_ebpf.exporters.file import FileSpanExporter, to_json_line  # noqa: E402
 from otel_ebpf.exporters.otlp_json import SpanJsonEncoder  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from results import write_result  # noqa: E402
 
 SCOPE = InstrumentationScope("otel_ebpf.protocols.http1", "0.1.0")
 PATHS = ["/v1/chat/completions", "/v1/embeddings", "/health", "/v1/models", "/metrics"]
@@ -114,7 +117,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="batches per path per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--processes", type=int, default=4, help="distinct resources in the spans")
+    parser.add_argument("--quick", action="store_true", help="short run: 4 batches, 3 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.batches, args.rounds = 4, 3
 
     spans = batches(args.batches, args.batch, args.processes)
     encoder = SpanJsonEncoder()
@@ -138,6 +144,11 @@ def main() -> None:
     for name, values in figures.items():
         median = statistics.median(values)
         print(f"{name:>10}: {median:7.2f} us/span  (min {min(values):.2f}, max {max(values):.2f})  x{old / median:.1f}")
+    write_result("file_export", None, {
+        "batch": args.batch, "batches": args.batches, "rounds": args.rounds, "processes": args.processes,
+        "paths": [{"path": name, "us_per_span": round(statistics.median(v), 2), "min_us": round(min(v), 2),
+                   "max_us": round(max(v), 2), "speedup": round(old / statistics.median(v), 1)}
+                  for name, v in figures.items()]})
 
 
 if __name__ == "__main__":

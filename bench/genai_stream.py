@@ -42,8 +42,9 @@ from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from http_load import AGENT, REPO, _cpu_seconds  # noqa: E402
-from trace_assembly import laid_end_to_end, run_pipeline, wait_for_file  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, wait_for  # noqa: E402
+from results import write_result  # noqa: E402
+from trace_assembly import laid_end_to_end, run_pipeline  # noqa: E402
 
 RECORDING = REPO / "tests" / "data" / "genai_events.jsonl"
 SERVER = [sys.executable, str(REPO / "examples" / "llm_server.py")]
@@ -55,7 +56,7 @@ def progress(message: str) -> None:
     print(f"[genai_stream] {message}", file=sys.stderr, flush=True)
 
 
-def replayed(args: argparse.Namespace) -> None:
+def replayed(args: argparse.Namespace) -> dict:
     with RECORDING.open() as stream:
         _, events = read_recording(stream)
         events = laid_end_to_end(list(events), args.copies)
@@ -85,6 +86,10 @@ def replayed(args: argparse.Namespace) -> None:
               f"{seconds / median['genai off']:6.3f}")
     extra = (median["genai on"] - median["genai off"]) / tokens * 1e6
     print(f"the GenAI layer adds {extra:.2f} µs per token event (SSE/NDJSON decoding, JSON per event)")
+    return {"copies": args.copies, "reps": args.reps, "token_events": tokens, "spans": len(spans),
+            "pipelines": [{"pipeline": name, "seconds": round(seconds, 3), "token_events_per_s": round(tokens / seconds),
+                           "us_per_token_event": round(seconds / tokens * 1e6, 2)} for name, seconds in median.items()],
+            "genai_layer_us_per_token_event": round(extra, 2)}
 
 
 def stream(port: int, streams: int, tokens: int) -> float:
@@ -116,13 +121,13 @@ def traced(port: int, server_pid: int, args: argparse.Namespace, tmp: Path, gena
     with log.open("w") as stderr:
         agent = subprocess.Popen([*agent_cmd, f"--pid={clients.pid}"], cwd=REPO, stderr=stderr)
     try:
-        wait_for_file(ready, agent, log)
-        cpu_before = _cpu_seconds(agent.pid)
+        wait_for(ready, agent, "the agent", log)
+        cpu_before = cpu_seconds(agent.pid)
         start = time.perf_counter()
         out, _ = clients.communicate("go\n", timeout=600)
         seconds = time.perf_counter() - start
         time.sleep(0.5)  # let the agent drain the ring buffer
-        cpu = _cpu_seconds(agent.pid) - cpu_before
+        cpu = cpu_seconds(agent.pid) - cpu_before
         if clients.returncode != 0:
             raise SystemExit(f"clients failed: {out}")
     finally:
@@ -136,16 +141,16 @@ def traced(port: int, server_pid: int, args: argparse.Namespace, tmp: Path, gena
     return seconds, cpu, sum(s["attributes"].get("otel_ebpf.gen_ai.output_chunks", 0) for s in spans)
 
 
-def live(args: argparse.Namespace) -> None:
+def live(args: argparse.Namespace) -> dict | None:
     if os.geteuid() != 0:
         print("\nLive: skipped, attaching the agent's eBPF programs needs root")
-        return
+        return None
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         server = subprocess.Popen([*SERVER, str(tmp / "port"), "--first-token-ms", "0", "--token-ms", "1"],
                                   stdout=subprocess.DEVNULL)
         try:
-            port = int(wait_for_file(tmp / "port", server))
+            port = int(wait_for(tmp / "port", server, "the LLM server"))
             progress("warm-up, then the streams without the agent ...")
             stream(port, 2, args.tokens)
             bare = stream(port, args.streams, args.tokens)
@@ -166,6 +171,11 @@ def live(args: argparse.Namespace) -> None:
               f"{seen:13d}")
     if on[2] != 2 * tokens:
         raise SystemExit(f"the agent reported {on[2]} token events, not {2 * tokens}")
+    return {"streams": args.streams, "tokens_per_stream": args.tokens, "untraced_tokens_per_s": round(tokens / bare),
+            "runs": [{"run": name, "tokens_per_s": round(tokens / seconds), "ratio": round(bare / seconds, 3),
+                      "agent_cpu_s": round(cpu, 2), "agent_cpu_ms_per_1k_tokens": round(cpu / tokens * 1e6, 1),
+                      "token_events_seen": seen} for name, (seconds, cpu, seen) in
+                     (("agent, genai on", on), ("agent, genai off", off))]}
 
 
 def main() -> None:
@@ -179,9 +189,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.copies, args.reps, args.streams = 40, 3, 5
-    replayed(args)
+    figures = {"replayed": replayed(args)}
     if not args.no_live:
-        live(args)
+        figures["live"] = live(args)
+    write_result("genai_stream", None, figures)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ sys.path.insert(0, str(REPO))
 from tests.gpu.standin.build import build  # noqa: E402
 from tests.otlp_receiver import load_file_metrics  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
+from results import write_result  # noqa: E402
+
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
 
 DRIVER_C = r"""
@@ -233,6 +236,8 @@ def main() -> int:
                         enumerate(zip(row, widths))))
     print("target: <= 2 us added per probed call; events/calls: calls the agent decoded over calls made while "
           "attached; drops must be 0")
+    write_result("gpu_probe_cost", None, {"parameters": {"burst": burst, "bursts": bursts},
+                                          "calls": [dict(zip(rows[0], row)) for row in rows[1:]]})
     return 0
 
 

@@ -10,32 +10,27 @@ exporter). Untraced and traced alternate so drift on a shared machine hits both 
 - agent RSS: steady state under load (max of samples) and start-up peak (VmHWM, which includes
   BCC's in-process compile)                        (target <= 150 MB)
 
-Usage: ``python bench/http_load.py [--duration S] [--connections N] [--rounds R] [--rates 1000,5000,max]``
+Usage: ``python bench/http_load.py [--quick] [--duration S] [--connections N] [--rounds R] [--rates 1000,5000,max]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from harness import AGENT, REPO, SPAN_KIND, Watch, cpu_seconds, span_counts, status_mb, wrk  # noqa: E402
+from results import write_result  # noqa: E402
+
 SERVICE = [sys.executable, str(REPO / "examples" / "http_service.py")]
-AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-PACING_SCRIPT = Path(__file__).with_name("paced.lua")
 
 
 @dataclass
@@ -50,60 +45,20 @@ class Result:
 
 def _wrk(port: int, duration: float, connections: int, rate: int | None) -> tuple[int, float]:
     """Run wrk; ``rate`` paces each connection to about rate/connections requests per second."""
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{round(duration)}s", f"http://127.0.0.1:{port}/health"]
-    env = dict(os.environ)
-    if rate is not None:
-        command[1:1] = ["-s", str(PACING_SCRIPT)]
-        env["WRK_DELAY_MS"] = str(max(1, round(connections * 1000 / rate)))
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
-    requests = int(re.search(r"(\d+) requests in", out).group(1))
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    return requests, rps
+    delay_ms = None if rate is None else max(1, round(connections * 1000 / rate))
+    run = wrk(f"http://127.0.0.1:{port}/health", duration, connections, delay_ms=delay_ms)
+    return run.requests, run.rps
 
 
 def _start_service() -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([*SERVICE, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
-    port = int(re.search(r"(\d+)\s*$", line).group(1))
+    port = int(line.rsplit(":", 1)[1])
     return proc, port
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def _status_mb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class RssSampler(threading.Thread):
-    """Samples a process's VmRSS twice a second; ``peak`` is the largest sample."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = 0.0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            self.peak = max(self.peak, _status_mb(self.pid, "VmRSS"))
-
-
 def _count_server_spans(traces: Path) -> int:
-    count = 0
-    if not traces.exists():
-        return 0
-    with traces.open() as f:
-        for line in f:
-            for rs in json.loads(line).get("resourceSpans", []):
-                for ss in rs.get("scopeSpans", []):
-                    count += sum(1 for s in ss.get("spans", []) if s.get("kind") == 2)  # SPAN_KIND_SERVER
-    return count
+    return sum(n for (_, kind, _), n in span_counts(traces).items() if kind == SPAN_KIND["SERVER"])
 
 
 def run_untraced(duration: float, connections: int, rate: int | None) -> Result:
@@ -132,14 +87,14 @@ def run_traced(duration: float, connections: int, rate: int | None) -> Result:
                 if agent.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"agent did not start: {agent.stderr.read()}")
                 time.sleep(0.05)
-            cpu_before = _cpu_seconds(agent.pid)
-            sampler = RssSampler(agent.pid)
+            cpu_before = cpu_seconds(agent.pid)
+            sampler = Watch(agent.pid)
             sampler.start()
             requests, rps = _wrk(port, duration, connections, rate)
             time.sleep(0.5)  # let the agent drain the ring buffer
-            sampler.stop.set()
-            cpu = _cpu_seconds(agent.pid) - cpu_before
-            peak = _status_mb(agent.pid, "VmHWM")
+            sampler.finish()
+            cpu = cpu_seconds(agent.pid) - cpu_before
+            peak = status_mb(agent.pid, "VmHWM")
         finally:
             agent.send_signal(signal.SIGINT)
             stderr = agent.communicate(timeout=120)[1]
@@ -154,7 +109,7 @@ def _parse_rates(text: str) -> list[int | None]:
     return [None if r == "max" else int(r) for r in text.split(",")]
 
 
-def measure(rate: int | None, args: argparse.Namespace) -> None:
+def measure(rate: int | None, args: argparse.Namespace) -> dict:
     label = "max" if rate is None else f"{rate}/s"
     untraced: list[Result] = []
     traced: list[Result] = []
@@ -162,15 +117,21 @@ def measure(rate: int | None, args: argparse.Namespace) -> None:
         print(f"[bench] offered {label}, round {round_no}/{args.rounds}: untraced, then traced ...", flush=True)
         untraced.append(run_untraced(args.duration, args.connections, rate))
         traced.append(run_traced(args.duration, args.connections, rate))
-    ratio = statistics.median(t.rps / u.rps for u, t in zip(untraced, traced))
-    requests = sum(t.requests for t in traced)
-    captured = sum(t.spans for t in traced) / requests
-    cpu = sum(t.agent_cpu_s for t in traced) / requests * 1000
-    print(f"  offered {label:>7}: untraced {statistics.median(u.rps for u in untraced):8.0f} req/s, "
-          f"traced {statistics.median(t.rps for t in traced):8.0f} req/s, ratio {ratio:.3f} | "
-          f"spans/request {captured:.4f} | agent {cpu:.3f} CPU-s/1k req | "
-          f"RSS steady {max(t.agent_rss_mb for t in traced):.0f} MB, "
-          f"start-up peak {max(t.agent_peak_mb for t in traced):.0f} MB", flush=True)
+    row = {
+        "offered": label,
+        "untraced_rps": round(statistics.median(u.rps for u in untraced)),
+        "traced_rps": round(statistics.median(t.rps for t in traced)),
+        "ratio": round(statistics.median(t.rps / u.rps for u, t in zip(untraced, traced)), 3),
+        "server_spans_per_request": round(sum(t.spans for t in traced) / sum(t.requests for t in traced), 4),
+        "agent_cpu_us_per_request": round(sum(t.agent_cpu_s for t in traced) / sum(t.requests for t in traced) * 1e6),
+        "agent_rss_steady_mb": round(max(t.agent_rss_mb for t in traced)),
+        "agent_rss_startup_peak_mb": round(max(t.agent_peak_mb for t in traced)),
+    }
+    print(f"  offered {label:>7}: untraced {row['untraced_rps']:8} req/s, traced {row['traced_rps']:8} req/s, "
+          f"ratio {row['ratio']:.3f} | spans/request {row['server_spans_per_request']:.4f} | "
+          f"agent {row['agent_cpu_us_per_request']} µs CPU/req | RSS steady {row['agent_rss_steady_mb']} MB, "
+          f"start-up peak {row['agent_rss_startup_peak_mb']} MB", flush=True)
+    return row
 
 
 def main() -> None:
@@ -180,12 +141,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="untraced/traced pairs per load")
     parser.add_argument("--rates", type=_parse_rates, default=_parse_rates("1000,2500,5000,max"),
                         help="offered loads in requests/s, comma-separated; 'max' is unpaced")
+    parser.add_argument("--quick", action="store_true", help="short run: 3 s, 1 round, 2500/s and max")
     args = parser.parse_args()
+    if args.quick:
+        args.duration, args.rounds, args.rates = 3.0, 1, _parse_rates("2500,max")
     if os.geteuid() != 0:
         raise SystemExit("the benchmark attaches eBPF programs: run it as root")
     print("targets: ratio >= 0.90, spans/request 1.000, RSS <= 150 MB", flush=True)
-    for rate in args.rates:
-        measure(rate, args)
+    rows = [measure(rate, args) for rate in args.rates]
+    write_result("http_load", None, {"parameters": {"duration_s": args.duration, "connections": args.connections,
+                                                    "rounds": args.rounds, "server": "examples/http_service.py",
+                                                    "agent": "--pid SERVER --exporter file"},
+                                     "loads": rows})
 
 
 if __name__ == "__main__":

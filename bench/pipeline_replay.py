@@ -19,7 +19,7 @@ Prints the median over the repetitions in µs per exchange. A warm-up run comes 
 fills the plugin's caches as a long-running agent's are; the input stream itself is kept out of
 the garbage collector's way (``gc.freeze``), since the live agent never holds one.
 
-Usage: ``python bench/pipeline_replay.py [--exchanges N] [--connections C] [--reps R]
+Usage: ``python bench/pipeline_replay.py [--quick] [--exchanges N] [--connections C] [--reps R]
 [--protocols DIR]``. ``--protocols`` runs a copy of ``protocols/`` (e.g. the code before a change)
 in place of the installed one, so two versions can be compared side by side on the same machine.
 """
@@ -38,6 +38,9 @@ from pathlib import Path
 from otel_ebpf.agent import REPLAY_BATCH
 from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from results import write_result  # noqa: E402
 
 PID = 4242
 START_NS = 1_764_000_000_000_000_000
@@ -178,7 +181,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--protocols", type=Path, help="run this copy of protocols/ instead")
+    parser.add_argument("--quick", action="store_true", help="short run: 5,000 exchanges, 3 reps")
     args = parser.parse_args()
+    if args.quick:
+        args.exchanges, args.reps = 5000, 3
     if args.protocols is not None:
         use_protocols_from(args.protocols.resolve())
 
@@ -217,6 +223,10 @@ def main() -> None:
     print(f"  plugin share             {us(plugin):7.2f}")
     for stage, seconds in stages.items():
         print(f"    {stage:<22} {us(seconds):7.2f}")
+    write_result("pipeline_replay", None, {
+        "exchanges": args.exchanges, "connections": args.connections, "reps": args.reps,
+        "us_per_exchange": {"pipeline total": round(us(totals), 2), "plugin share": round(us(plugin), 2),
+                            **{stage: round(us(seconds), 2) for stage, seconds in stages.items()}}})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from http_load import AGENT, REPO, _cpu_seconds, _status_mb  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, status_mb  # noqa: E402
+from results import write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.otlp_receiver import load_file_metrics  # noqa: E402
@@ -114,10 +115,10 @@ def measure_traced(workload: Workload, hz: int, seconds: float, tmp: Path) -> di
                 raise RuntimeError(f"agent did not start: {agent.stderr.read() if agent.stderr else ''}")
             time.sleep(0.05)
         time.sleep(0.5)  # first samples symbolized (ELF parsing) before the window
-        cpu0, t0, bpf0 = _cpu_seconds(agent.pid), time.monotonic(), _sampling_program_stats(agent.pid)
+        cpu0, t0, bpf0 = cpu_seconds(agent.pid), time.monotonic(), _sampling_program_stats(agent.pid)
         rates = workload.run(seconds)
-        cpu1, t1, bpf1 = _cpu_seconds(agent.pid), time.monotonic(), _sampling_program_stats(agent.pid)
-        rss = _status_mb(agent.pid, "VmRSS")
+        cpu1, t1, bpf1 = cpu_seconds(agent.pid), time.monotonic(), _sampling_program_stats(agent.pid)
+        rss = status_mb(agent.pid, "VmRSS")
         agent.send_signal(signal.SIGINT)
         agent.wait(timeout=60)
     finally:
@@ -175,10 +176,21 @@ def main() -> int:
           f"{'BPF ns/run':>10} {'BPF CPU':>8} {'agent CPU':>10} {'agent RSS':>10}")
     print(f"{'untraced':>10} {statistics.median(r['rate'] for r in base):10.2f} {'':>8} "
           f"{statistics.median(r['cpu_rate'] for r in base):10.2f}")
+    rows = [{"config": "untraced", "batches_per_s": round(statistics.median(r["rate"] for r in base), 2),
+             "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in base), 2)}]
     for hz in (49, 99):
         runs = results[hz]
         loss = 1 - statistics.median(r["rate"] / b["rate"] for r, b in zip(runs, base))
         cpu_loss = 1 - statistics.median(r["cpu_rate"] / b["cpu_rate"] for r, b in zip(runs, base))
+        rows.append({"config": f"{hz} Hz", "batches_per_s": round(statistics.median(r["rate"] for r in runs), 2),
+                     "loss": round(loss, 4),
+                     "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in runs), 2),
+                     "loss_per_cpu_s": round(cpu_loss, 4),
+                     "samples_per_s": round(statistics.median(r["samples"] for r in runs) / args.duration, 1),
+                     "bpf_ns_per_run": round(statistics.median(r["bpf_ns"] for r in runs)),
+                     "bpf_cpu_share": round(statistics.median(r["bpf_cpu"] for r in runs), 5),
+                     "agent_cpu_share": round(statistics.median(r["agent_cpu"] for r in runs), 4),
+                     "agent_rss_mb": round(statistics.median(r["rss"] for r in runs))})
         print(f"{hz:>7} Hz {statistics.median(r['rate'] for r in runs):10.2f} {loss:8.2%} "
               f"{statistics.median(r['cpu_rate'] for r in runs):10.2f} {cpu_loss:8.2%} "
               f"{statistics.median(r['samples'] for r in runs) / args.duration:10.1f} "
@@ -190,6 +202,8 @@ def main() -> int:
           "without IRQ time accounting); BPF ns/run, BPF CPU: the sampling program's own run time "
           "(kernel.bpf_stats_enabled) per run and as a share of one CPU; agent CPU: user space, % of one CPU "
           "(samples/s counts the whole run, attach to stop)")
+    write_result("profile_overhead", None, {"parameters": {"rounds": args.rounds, "duration_s": args.duration,
+                                                           "cpu": args.cpu}, "configs": rows})
     return 0
 
 

@@ -32,21 +32,21 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from http_load import AGENT, PACING_SCRIPT, REPO, _cpu_seconds, _status_mb  # noqa: E402
+from harness import (AGENT, REPO, Watch, cpu_seconds, parse_live_args, self_counter, unshared,  # noqa: E402
+                     wait_for, wrk)
+from results import write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.otlp_receiver import load_file_metrics, load_file_spans  # noqa: E402
@@ -109,64 +109,10 @@ def _wrk_delay_ms(rate: float) -> int:
     return max(1, math.ceil(WRK_CONNECTIONS * 1000 / rate))
 
 
-def _wrk_ms(out: str, percentile: str) -> float:
-    value, unit = re.search(rf"^\s*{percentile}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.M).groups()
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
-
-
 def https_load(port: int, seconds: float, rate: float | None) -> Run:
-    command = ["wrk", "-t1", f"-c{WRK_CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--latency",
-               f"https://127.0.0.1:{port}/health"]
-    env = dict(os.environ)
-    if rate is not None:
-        command[1:1] = ["-s", str(PACING_SCRIPT)]
-        env["WRK_DELAY_MS"] = str(_wrk_delay_ms(rate))
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
-    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    errors += int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
-    requests = int(re.search(r"(\d+) requests in", out).group(1))
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    return Run(requests, rps, _wrk_ms(out, "50"), _wrk_ms(out, "99"), errors)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, what: str, log: Path | None = None) -> str:
-    deadline = time.monotonic() + 120
-    while not (path.exists() and (text := path.read_text().strip()) != ""):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not come up (exit {proc.poll()})\n{log.read_text() if log else ''}")
-        time.sleep(0.05)
-    return text
-
-
-def _self_counter(metrics: dict[str, list[dict]], name: str) -> int:
-    """A cumulative self-metric's last value, summed over its attribute sets."""
-    return int(sum({tuple(sorted(p["attributes"].items())): p["value"] for p in metrics.get(name, [])}.values()))
-
-
-def bpf_holders() -> set[int]:
-    """Processes holding BPF programs (fds to ``anon_inode:bpf-prog``)."""
-    pids = set()
-    for fds in Path("/proc").glob("[0-9]*/fd"):
-        try:
-            if any(os.readlink(fd) == "anon_inode:bpf-prog" for fd in fds.iterdir()):
-                pids.add(int(fds.parent.name))
-        except OSError:
-            continue
-    return pids
-
-
-class Watch(threading.Thread):
-    """Twice a second under load: the agent's VmRSS (``peak``), other processes holding BPF programs."""
-
-    def __init__(self, agent: int | None) -> None:
-        super().__init__(daemon=True)
-        self.agent, self.peak, self.others, self.stop = agent, 0.0, set[int](), threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            self.others |= bpf_holders() - {self.agent}
-            if self.agent:
-                self.peak = max(self.peak, _status_mb(self.agent, "VmRSS"))
+    delay_ms = None if rate is None else _wrk_delay_ms(rate)
+    w = wrk(f"https://127.0.0.1:{port}/health", seconds, WRK_CONNECTIONS, delay_ms=delay_ms)
+    return Run(w.requests, w.rps, w.p50_ms, w.p99_ms, w.socket_errors + w.non_2xx)
 
 
 def measure(workload: Workload, rate: float | None, seconds: float, traced: bool) -> Run:
@@ -176,15 +122,15 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
         server = subprocess.Popen(workload.serve(port_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         agent: subprocess.Popen | None = None
         try:
-            port = int(_wait_for(port_file, server, f"{workload.name} server"))
+            port = int(wait_for(port_file, server, f"{workload.name} server"))
             workload.load(port, 1, rate)  # warm-up, before any agent: not counted
             if traced:
                 with log.open("w") as stderr:
                     agent = subprocess.Popen([*AGENT, "run", "--pid", str(server.pid), "--exporter", "file",
                                               "--output", str(out), "--ready-file", str(ready)],
                                              cwd=REPO, stderr=stderr)
-                _wait_for(ready, agent, "the agent", log)
-            cpu_before, watch = _cpu_seconds(agent.pid) if agent else 0.0, Watch(agent and agent.pid)
+                wait_for(ready, agent, "the agent", log)
+            cpu_before, watch = cpu_seconds(agent.pid) if agent else 0.0, Watch(agent and agent.pid)
             watch.start()
             run = workload.load(port, seconds, rate)
             if agent:
@@ -193,15 +139,15 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
             run.shared = tuple(sorted(watch.others))
             if agent is None:
                 return run
-            run.agent_cpu_s, run.agent_rss_mb = _cpu_seconds(agent.pid) - cpu_before, watch.peak
+            run.agent_cpu_s, run.agent_rss_mb = cpu_seconds(agent.pid) - cpu_before, watch.peak
             agent.send_signal(signal.SIGINT)
             if agent.wait(timeout=120) != 0:
                 raise SystemExit(f"agent failed ({agent.returncode}):\n{log.read_text()}")
             spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
             run.spans, run.error_spans = len(spans), sum(1 for s in spans if s["status_code"] == "ERROR")
             metrics = load_file_metrics(out)
-            run.lost = (_self_counter(metrics, "otel_ebpf.events.lost"),
-                        _self_counter(metrics, "otel_ebpf.spans.dropped"))
+            run.lost = (self_counter(metrics, "otel_ebpf.events.lost"),
+                        self_counter(metrics, "otel_ebpf.spans.dropped"))
             return run
         finally:
             for proc in (agent, server):
@@ -212,17 +158,8 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
 
 def quiet_measure(workload: Workload, rate: float | None, traced: bool, args: argparse.Namespace) -> Run:
     """``measure``, first waiting for other BPF users to end, and again while one shared the run."""
-    for _ in range(3):
-        deadline = time.monotonic() + args.wait_quiet
-        if others := bpf_holders():
-            progress(f"  waiting up to {args.wait_quiet:.0f} s for other BPF users to end: pids {sorted(others)}")
-        while bpf_holders() and time.monotonic() < deadline:
-            time.sleep(5)
-        run = measure(workload, rate, args.duration, traced)
-        if not run.shared:
-            break
-        progress(f"  other processes held BPF programs during the load: pids {list(run.shared)}")
-    return run
+    return unshared(lambda: measure(workload, rate, args.duration, traced), lambda r: r.shared, args.wait_quiet,
+                    progress)
 
 
 def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tuple[list[str], list[Run]]:
@@ -260,21 +197,10 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds of load per measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="untraced/traced pairs per load")
     parser.add_argument("--paced", default="0.5", help="paced loads, fractions of the untraced max ('' for none)")
     parser.add_argument("--grpc-concurrency", type=int, default=16, help="load-grpc threads on the one channel")
     parser.add_argument("--only", choices=["grpc", "https"], help="one workload only")
-    parser.add_argument("--wait-quiet", type=float, default=300,
-                        help="seconds to wait before a run for other processes holding BPF programs to end")
-    parser.add_argument("--quick", action="store_true", help="short run: 3 s, 1 round")
-    args = parser.parse_args()
-    if args.quick:
-        args.duration, args.rounds = 3.0, 1
-    if os.geteuid() != 0:
-        raise SystemExit("the benchmark attaches eBPF programs: run it as root")
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk not found: run scripts/bootstrap.sh (or apt-get install wrk)")
+    args = parse_live_args(parser, duration=8.0, rounds=3, quick=(3.0, 1), wait_quiet=300)
     import trustme
 
     certs = Path(tempfile.mkdtemp(prefix="protocol_load-"))
@@ -304,6 +230,11 @@ def main() -> None:
     print("target: spans/call 1.000 and traced/untraced ratio >= 0.90")
     for line in table:
         print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+    write_result("protocol_load", None, {
+        "parameters": {"duration_s": args.duration, "rounds": args.rounds, "grpc_concurrency": args.grpc_concurrency,
+                       "https_connections": WRK_CONNECTIONS, "paced": args.paced},
+        "loads": [dict(zip(HEADER, line)) for line in table[1:]],
+    })
 
 
 if __name__ == "__main__":

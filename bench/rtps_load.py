@@ -14,7 +14,7 @@
     over the publishing window and over an idle window of the same length before it, and prints
     the agent CPU per 1,000 samples with and without the idle baseline.
 
-Usage: ``python bench/rtps_load.py [replay|live|both] [--samples N] [--rate HZ] [--seconds S]``
+Usage: ``python bench/rtps_load.py [replay|live|both] [--quick] [--samples N] [--rate HZ] [--seconds S]``
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from harness import REPO, cpu_seconds  # noqa: E402
+from results import write_result  # noqa: E402
+
 RECORDING = REPO / "tests" / "protocols" / "data" / "rtps" / "cyclone_scenarios.jsonl"
 TALKER, LISTENER = 1001, 1002
 START_NS = 1_764_000_000_000_000_000
@@ -102,7 +104,7 @@ def build_events(samples: int) -> list:
     return events
 
 
-def replay(samples: int, reps: int) -> None:
+def replay(samples: int, reps: int) -> dict:
     from pipeline_replay import run_pipeline
 
     events = build_events(samples)
@@ -118,14 +120,11 @@ def replay(samples: int, reps: int) -> None:
     print(f"replay: {samples} samples (publisher and subscriber on the node, {len(events)} events), "
           f"{spans} spans, median of {reps}: {seconds:.3f} s -> {samples / seconds:,.0f} samples/s, "
           f"{seconds / samples * 1e6:.1f} µs per sample (both ends)")
+    return {"samples": samples, "events": len(events), "spans": spans, "reps": reps, "seconds": round(seconds, 3),
+            "samples_per_s": round(samples / seconds), "us_per_sample": round(seconds / samples * 1e6, 1)}
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def live(rate: float, seconds: float) -> None:
+def live(rate: float, seconds: float) -> dict:
     peers = [sys.executable, str(REPO / "examples" / "ros2_peers.py")]
     count = int(rate * seconds)
     sub = subprocess.Popen([*peers, "sub", "--count", str(count), "--timeout", str(seconds * 4 + 30)],
@@ -144,17 +143,17 @@ def live(rate: float, seconds: float) -> None:
                 raise SystemExit(agent.stderr.read())
             time.sleep(0.1)
         time.sleep(1.0)  # start-up work done
-        idle_start = _cpu_seconds(agent.pid)
+        idle_start = cpu_seconds(agent.pid)
         time.sleep(seconds)
-        idle = _cpu_seconds(agent.pid) - idle_start
-        busy_start, wall = _cpu_seconds(agent.pid), time.monotonic()
+        idle = cpu_seconds(agent.pid) - idle_start
+        busy_start, wall = cpu_seconds(agent.pid), time.monotonic()
         for p in (sub, pub):
             p.stdin.write("go\n")
             p.stdin.flush()
         pub_out = pub.communicate(timeout=seconds * 4 + 60)[0]
         sub_out = sub.communicate(timeout=60)[0]
         time.sleep(0.5)  # the agent's poll and reorder window catch up
-        busy, wall = _cpu_seconds(agent.pid) - busy_start, time.monotonic() - wall
+        busy, wall = cpu_seconds(agent.pid) - busy_start, time.monotonic() - wall
         agent.send_signal(signal.SIGINT)
         agent.communicate(timeout=60)
         spans = sum(1 for line in (Path(tmp) / "traces.jsonl").read_text().splitlines()
@@ -168,6 +167,11 @@ def live(rate: float, seconds: float) -> None:
           f"{busy / published * 1000 * 1000:.0f} ms per 1,000 samples, "
           f"{(busy - baseline) / published * 1000 * 1000:.0f} ms above the idle baseline "
           f"({idle / seconds * 100:.1f} % of a core idle)")
+    return {"rate_hz": rate, "published": published, "received": received, "window_s": round(wall, 1),
+            "spans": spans, "agent_cpu_s": round(busy, 2), "agent_core_share": round(busy / wall, 3),
+            "agent_cpu_ms_per_1k_samples": round(busy / published * 1e6),
+            "agent_cpu_ms_per_1k_samples_above_idle": round((busy - baseline) / published * 1e6),
+            "agent_core_share_idle": round(idle / seconds, 3)}
 
 
 def main() -> None:
@@ -177,14 +181,19 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--quick", action="store_true", help="short run: 5,000 samples, 3 reps, 2 s live")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.reps, args.seconds = 5000, 3, 2.0
+    figures = {}
     if args.mode in ("replay", "both"):
-        replay(args.samples, args.reps)
+        figures["replay"] = replay(args.samples, args.reps)
     if args.mode in ("live", "both"):
         if os.geteuid() != 0:
             print("live: skipped (needs root for BPF)")
-            return
-        live(args.rate, args.seconds)
+        else:
+            figures["live"] = live(args.rate, args.seconds)
+    write_result("rtps_load", None, figures)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from http_load import AGENT, REPO, _cpu_seconds  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, wait_for  # noqa: E402
+from results import write_result  # noqa: E402
 
 RECORDING = REPO / "tests" / "data" / "trace_chain_events.jsonl"
 CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
@@ -146,7 +147,7 @@ def run_assembly(calls: list[Call]) -> tuple[float, list[int]]:
     return seconds, [context.trace_id for context in results if context is not None]
 
 
-def replayed(args: argparse.Namespace) -> None:
+def replayed(args: argparse.Namespace) -> dict:
     with RECORDING.open() as f:
         stream = laid_end_to_end(list(read_recording(f)[1]), args.copies)
     noting = NotingAssembler(SelfMetrics())
@@ -187,16 +188,12 @@ def replayed(args: argparse.Namespace) -> None:
               f"{medians[name] / pipeline:12.1%} {check:>14}")
     print(f"{'assembly + reordering':<30} {both / exchanges * 1e6:8.2f} {'':>15} {exchanges / both:9,.0f} "
           f"{both / pipeline:12.1%}")
-
-
-def wait_for_file(path: Path, proc: subprocess.Popen, log: Path | None = None, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = log.read_text() if log else ""
-            raise SystemExit(f"{' '.join(proc.args[1:5])}: did not come up (exit {proc.poll()})\n{why}")
-        time.sleep(0.05)
-    return path.read_text().strip()
+    return {"requests": requests, "exchanges": exchanges, "reps": args.reps, "measures": [
+        {"measure": name, "us_per_exchange": round(medians[name] / exchanges * 1e6, 2),
+         "best_us": round(min(seconds) / exchanges * 1e6, 2), "exchanges_per_s": round(exchanges / medians[name]),
+         "of_pipeline": round(medians[name] / pipeline, 3),
+         "complete_traces": None if name == "reordering alone" else f"{traces[name]}/{requests}"}
+        for name, seconds in times.items()]}
 
 
 def load(port: int, requests: int, concurrency: int) -> float:
@@ -214,10 +211,10 @@ def load(port: int, requests: int, concurrency: int) -> float:
     return requests / seconds
 
 
-def live(args: argparse.Namespace) -> None:
+def live(args: argparse.Namespace) -> dict | None:
     if os.geteuid() != 0:
         print("\nLive: skipped, attaching the agent's eBPF programs needs root")
-        return
+        return None
     sys.path.insert(0, str(REPO))
     from tests.otlp_receiver import load_file_spans
 
@@ -229,7 +226,7 @@ def live(args: argparse.Namespace) -> None:
             for name in ("backend", "service", "gateway"):
                 downstream = [] if port is None else ["--next", f"http://127.0.0.1:{port}"]
                 procs.append(subprocess.Popen([*CHAIN, "serve", name, f"{tmp}/{name}.port", *downstream]))
-                port = int(wait_for_file(Path(tmp) / f"{name}.port", procs[-1]))
+                port = int(wait_for(Path(tmp) / f"{name}.port", procs[-1], f"the {name} server"))
             assert port is not None
             progress("warm-up, then the load without the agent ...")
             load(port, min(200, args.requests), args.concurrency)
@@ -239,12 +236,12 @@ def live(args: argparse.Namespace) -> None:
                 agent = subprocess.Popen([*AGENT, "run", *(f"--pid={p.pid}" for p in procs), "--exporter", "file",
                                           "--output", str(output), "--ready-file", str(ready)], cwd=REPO, stderr=stderr)
             procs.append(agent)
-            wait_for_file(ready, agent, log)
+            wait_for(ready, agent, "the agent", log)
             progress("the load with the agent ...")
-            cpu_before = _cpu_seconds(agent.pid)
+            cpu_before = cpu_seconds(agent.pid)
             traced_rps = load(port, args.requests, args.concurrency)
             time.sleep(0.5)  # let the agent drain the ring buffer
-            cpu = _cpu_seconds(agent.pid) - cpu_before
+            cpu = cpu_seconds(agent.pid) - cpu_before
             agent.send_signal(signal.SIGINT)
             if agent.wait(timeout=120) != 0:
                 raise SystemExit(f"agent failed ({agent.returncode}):\n{log.read_text()}")
@@ -262,6 +259,10 @@ def live(args: argparse.Namespace) -> None:
     print(f"{'with agent':<14} {traced_rps:7.0f} {traced_rps / untraced_rps:6.3f} {per_request * 1e6:22.0f} "
           f"{per_request / SPANS_PER_REQUEST * 1e6:8.1f} {f'{traces}/{args.requests}':>14}")
     print(f"(agent CPU {cpu:.2f} s in {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks; {len(spans)} spans written)")
+    return {"requests": args.requests, "concurrency": args.concurrency, "untraced_rps": round(untraced_rps),
+            "traced_rps": round(traced_rps), "ratio": round(traced_rps / untraced_rps, 3),
+            "agent_cpu_ms_per_1k_requests": round(per_request * 1e6), "complete_traces": f"{traces}/{args.requests}",
+            "spans": len(spans)}
 
 
 def main() -> None:
@@ -275,9 +276,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.copies, args.reps, args.requests = 40, 3, 500
-    replayed(args)
+    figures = {"replayed": replayed(args)}
     if not args.no_live:
-        live(args)
+        figures["live"] = live(args)
+    write_result("trace_assembly", None, figures)
 
 
 if __name__ == "__main__":

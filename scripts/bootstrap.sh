@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Prepare a machine to build, test and run otel-ebpf. Idempotent: a second run only checks.
 #
-#   1. Debian packages: BCC (bpfcc-tools, python3-bpfcc), curl, wrk, gcc, kernel headers.
+#   1. Debian packages: BCC (bpfcc-tools, python3-bpfcc), curl, wrk, nginx, gcc, kernel headers.
 #      Headers: the exact linux-headers-$(uname -r) when apt has it; otherwise the newest generic
 #      Debian headers, symlinked as /lib/modules/$(uname -r)/{build,source}.
 #   2. tracefs / debugfs / securityfs mounted (BCC reads tracepoint formats from tracefs).
-#   3. .venv/ with `pip install -e '.[test]'` and Debian's `bcc` module made importable through a
+#   3. .venv/ with `pip install -e '.[test,bench]'` and Debian's `bcc` module made importable through a
 #      shim folder that holds only a `bcc` symlink (not all of Debian's dist-packages).
 #
 # Root is needed only when something system-wide is missing, so a non-root developer can still run
@@ -41,7 +41,8 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # ---------------------------------------------------------------------------------------------
 # python3: Debian's own interpreter, which the CPU profiler's live tests also profile
 # gcc, libc6-dev: the GPU tests build their stand-in CUDA/NCCL libraries from C
-base_packages=(bpfcc-tools python3-bpfcc curl wrk python3 gcc libc6-dev)
+# nginx: bench/nginx_load.py runs its own nginx (own config, prefix and port), never the system one
+base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 
@@ -211,6 +212,7 @@ mount_filesystems() {
 # ---------------------------------------------------------------------------------------------
 setup_venv() {
     local vpy="$venv/bin/python" stamp="$venv/.bootstrap-pyproject.sha256" want bcc_dir
+    local extras="test,bench"  # bench: FastAPI, uvicorn and OpenTelemetry's instrumentation (make bench)
     if [ -e "$venv" ] && [ ! -x "$vpy" ]; then
         die "$venv exists but $vpy cannot run here (made by another user or interpreter?): remove $venv"
     fi
@@ -226,10 +228,11 @@ setup_venv() {
         "$python" -m venv "$venv"
     fi
 
-    want="$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)"
+    # The stamp covers the extras too: adding one here reinstalls even if pyproject.toml is unchanged.
+    want="$( (cat "$repo/pyproject.toml"; echo "extras=$extras") | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        log "pip install -e '.[test]'"
-        "$vpy" -m pip install -q --disable-pip-version-check -e "${repo}[test]" ||
+        log "pip install -e '.[$extras]'"
+        "$vpy" -m pip install -q --disable-pip-version-check -e "${repo}[$extras]" ||
             die "pip install failed (see above)"
         echo "$want" >"$stamp"
     else

@@ -1,0 +1,276 @@
+"""nginx (1 worker, ``return 200``) under ``wrk -t1 -c16`` keep-alive, without and with the agent,
+side by side in one run: what the agent costs a fast native server, and whether it accounts for
+every request.
+
+Per offered load ("max": wrk as fast as it can; then fixed schedules of ``--rates`` requests/s,
+``bench/paced.lua``) and round, an untraced and a traced run in alternating order, so drift on a
+shared machine hits both. Each run gets a fresh nginx (config, pid and logs in a temp dir,
+``access_log off``) and 1 s of warm-up load; a traced run then starts the agent
+(``otel-ebpf run --port PORT --exporter file``: every process's connections on that port, so
+nginx's SERVER side and wrk's CLIENT side), waits for its ready file, runs the load, and stops it
+with SIGINT as soon as wrk ends (no grace period: whatever the agent still holds must come out in
+its final flush). The agent is this script's child: ``os.wait4`` gives its CPU and peak RSS over
+the whole run, start-up and final flush included.
+
+Per traced run: requests wrk completed (and non-2xx answers); SERVER spans from nginx's processes
+(resource ``process.pid``), CLIENT spans from wrk's; the ``http.server.request.duration`` count
+for nginx's resources (temporality-aware); the self-metrics ``otel_ebpf.spans.shed`` (0 if the
+agent has none), ``otel_ebpf.events.lost``, ``otel_ebpf.kernel.drops``, ``otel_ebpf.spans.dropped``;
+ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at start-up, and under
+load), RSS (sampled under load, and peak), and its exit time after SIGINT.
+
+The invariant: every request is either a span or counted as shed, so ``(spans + shed) / requests``
+is 1 (up to the <= 16 requests in flight when wrk stops, which nginx answers but wrk does not count).
+
+Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from harness import (SPAN_KIND, STATUS_ERROR, Agent, Watch, WrkRun, cpu_seconds, free_port, load_metrics,  # noqa: E402
+                     metric_total, parse_live_args, self_counter, span_counts, unshared, wait_listening, wrk)
+from results import write_result  # noqa: E402
+
+CONNECTIONS = 16
+NGINX_CONF = """\
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/client_body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "ok\\n"; }}
+    }}
+}}
+"""
+
+
+def progress(message: str) -> None:
+    print(f"[nginx_load] {message}", file=sys.stderr, flush=True)
+
+
+class Nginx:
+    """nginx with one worker on a free loopback port, everything it writes in a temp dir."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port = tmp, free_port()
+        conf = tmp / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port))
+        self.proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log"),
+                                      "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_listening(self.port, self.proc, "nginx")
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def pids(self) -> set[int]:
+        """The master and its workers."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return {self.proc.pid, *map(int, children)}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful: the worker ends too
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Run(WrkRun):
+    traced: bool = False
+    server_spans: int = 0
+    client_spans: int = 0
+    error_server_spans: int = 0  # nginx's SERVER spans with status ERROR
+    error_client_spans: int = 0  # wrk's CLIENT spans with status ERROR
+    duration_count: int = 0  # http.server.request.duration count, nginx's resources
+    shed: int = 0
+    events_lost: int = 0
+    kernel_drops: int = 0
+    spans_dropped: int = 0
+    agent_cpu_s: float = 0.0  # whole run (os.wait4)
+    agent_cpu_startup_s: float = 0.0
+    agent_cpu_load_s: float = 0.0  # from the start of the load to SIGINT
+    agent_startup_s: float = 0.0
+    agent_rss_load_mb: float = 0.0  # max sampled under load
+    agent_peak_rss_mb: float = 0.0  # ru_maxrss
+    agent_exit_s: float = 0.0
+    shared: list[int] = field(default_factory=list)  # other BPF users during the load
+
+
+def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None = None) -> Run:
+    """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there."""
+    with tempfile.TemporaryDirectory(prefix="nginx-load-") as tmp_name:
+        tmp = Path(tmp_name)
+        nginx = Nginx(tmp)
+        try:
+            wrk(nginx.url, 1, CONNECTIONS, rate=rate)  # warm-up, before any agent: not counted
+            if not traced:
+                watch = Watch(None)
+                watch.start()
+                w = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
+                return Run(**asdict(w), shared=sorted(watch.finish().others))
+            nginx_pids = nginx.pids
+            with Agent(["--port", str(nginx.port)], tmp / "out") as agent:
+                watch = Watch(agent.pid)
+                watch.start()
+                cpu_before = cpu_seconds(agent.pid)
+                w = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
+                cpu_load = cpu_seconds(agent.pid) - cpu_before
+                watch.finish()
+                usage = agent.stop()
+        finally:
+            nginx.close()
+        if keep is not None:
+            shutil.copytree(tmp / "out", keep, dirs_exist_ok=True)
+            shutil.copy(tmp / "out.log", keep / "agent.log")
+        counts = span_counts(tmp / "out" / "traces.jsonl")
+        metrics = load_metrics(tmp / "out")
+        return Run(
+            **asdict(w), traced=True,
+            server_spans=sum(n for (pid, kind, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
+            client_spans=sum(n for (pid, kind, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
+            error_server_spans=sum(n for (pid, kind, status), n in counts.items()
+                                   if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
+            error_client_spans=sum(n for (pid, kind, status), n in counts.items()
+                                   if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
+            duration_count=int(metric_total(metrics.get("http.server.request.duration", []),
+                                             lambda p: p["resource"].get("process.pid") in nginx_pids)),
+            shed=self_counter(metrics, "otel_ebpf.spans.shed"),
+            events_lost=self_counter(metrics, "otel_ebpf.events.lost"),
+            kernel_drops=self_counter(metrics, "otel_ebpf.kernel.drops"),
+            spans_dropped=self_counter(metrics, "otel_ebpf.spans.dropped"),
+            agent_cpu_s=usage.cpu_total_s, agent_cpu_startup_s=usage.cpu_startup_s, agent_cpu_load_s=cpu_load,
+            agent_startup_s=usage.startup_s, agent_rss_load_mb=watch.peak, agent_peak_rss_mb=usage.maxrss_mb,
+            agent_exit_s=usage.exit_s, shared=sorted(watch.others))
+
+
+def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
+    """One offered load: medians of rates, sums of counts over the traced runs."""
+    med = statistics.median
+    requests = sum(r.requests for r in traced)
+    spans, shed = sum(r.server_spans for r in traced), sum(r.shed for r in traced)
+    non_2xx = sum(r.non_2xx for r in untraced + traced)
+    return {
+        "offered": label,
+        "untraced_rps": round(med(r.rps for r in untraced)),
+        "traced_rps": round(med(r.rps for r in traced)),
+        "ratio": round(med(t.rps / u.rps for u, t in zip(untraced, traced)), 3),
+        "requests": requests,
+        "non_2xx": non_2xx,
+        "socket_errors": sum(r.socket_errors for r in untraced + traced),
+        "server_spans_per_request": round(spans / requests, 4),
+        "client_spans_per_request": round(sum(r.client_spans for r in traced) / requests, 4),
+        "duration_count_per_request": round(sum(r.duration_count for r in traced) / requests, 4),
+        "shed_per_request": round(shed / requests, 4),
+        "spans_plus_shed_per_request": round((spans + shed) / requests, 4),
+        "events_lost": sum(r.events_lost for r in traced),
+        "kernel_drops": sum(r.kernel_drops for r in traced),
+        "spans_dropped": sum(r.spans_dropped for r in traced),
+        # an ERROR span is false when wrk saw nothing but 2xx answers
+        "false_error_spans": sum(r.error_server_spans + r.error_client_spans for r in traced if r.non_2xx == 0),
+        "false_error_server_spans": sum(r.error_server_spans for r in traced if r.non_2xx == 0),
+        "false_error_client_spans": sum(r.error_client_spans for r in traced if r.non_2xx == 0),
+        "agent_cpu_us_per_request_load": round(sum(r.agent_cpu_load_s for r in traced) / requests * 1e6, 1),
+        "agent_cpu_us_per_request_after_startup": round(
+            sum(r.agent_cpu_s - r.agent_cpu_startup_s for r in traced) / requests * 1e6, 1),
+        "agent_cpu_s_whole_run": round(med(r.agent_cpu_s for r in traced), 2),
+        "agent_cpu_s_startup": round(med(r.agent_cpu_startup_s for r in traced), 2),
+        "agent_rss_load_mb": round(max(r.agent_rss_load_mb for r in traced)),
+        "agent_peak_rss_mb": round(max(r.agent_peak_rss_mb for r in traced)),
+        "agent_exit_s": round(med(r.agent_exit_s for r in traced), 2),
+        "agent_exit_s_max": round(max(r.agent_exit_s for r in traced), 2),
+        "p50_ms_untraced": round(med(r.p50_ms for r in untraced), 3),
+        "p50_ms_traced": round(med(r.p50_ms for r in traced), 3),
+        "p99_ms_untraced": round(med(r.p99_ms for r in untraced), 3),
+        "p99_ms_traced": round(med(r.p99_ms for r in traced), 3),
+        "runs_shared": sum(1 for r in untraced + traced if r.shared),
+    }
+
+
+COLUMNS = [  # (header, key, format)
+    ("offered", "offered", "{}"), ("untraced", "untraced_rps", "{:,}/s"), ("traced", "traced_rps", "{:,}/s"),
+    ("ratio", "ratio", "{:.3f}"), ("requests", "requests", "{:,}"), ("non-2xx", "non_2xx", "{}"),
+    ("srv spans/req", "server_spans_per_request", "{:.4f}"), ("cli spans/req", "client_spans_per_request", "{:.4f}"),
+    ("hist/req", "duration_count_per_request", "{:.4f}"), ("shed/req", "shed_per_request", "{:.4f}"),
+    ("(spans+shed)/req", "spans_plus_shed_per_request", "{:.4f}"), ("ev lost", "events_lost", "{:,}"),
+    ("false ERR", "false_error_spans", "{}"), ("CPU µs/req", "agent_cpu_us_per_request_after_startup", "{:.1f}"),
+    ("CPU s run", "agent_cpu_s_whole_run", "{:.2f}"), ("RSS load", "agent_rss_load_mb", "{} MB"),
+    ("RSS peak", "agent_peak_rss_mb", "{} MB"), ("exit s", "agent_exit_s", "{:.2f}"),
+    ("p99 ms u/t", None, ""),
+]
+
+
+def print_table(rows: list[dict]) -> None:
+    table = [[h for h, _, _ in COLUMNS]]
+    for row in rows:
+        table.append([fmt.format(row[key]) if key else f"{row['p99_ms_untraced']:.2f}/{row['p99_ms_traced']:.2f}"
+                      for _, key, fmt in COLUMNS])
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    for line in table:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="5000,20000", help="fixed-schedule loads in requests/s ('' for none)")
+    parser.add_argument("--no-max", action="store_true", help="leave out the as-fast-as-possible load")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each traced run's agent output in DIR/<load>-<round> (can be GBs at max)")
+    args = parse_live_args(parser, duration=5.0, rounds=3, quick=(2.0, 1), tools=("nginx", "wrk"))
+    loads: list[float | None] = ([] if args.no_max else [None]) + [float(r) for r in args.rates.split(",") if r]
+    rows, runs = [], []
+    for rate in loads:
+        label = "max" if rate is None else f"{rate:,.0f}/s"
+        untraced: list[Run] = []
+        traced: list[Run] = []
+        for n in range(args.rounds):
+            for is_traced in (False, True) if n % 2 == 0 else (True, False):
+                keep = args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
+                run = unshared(lambda: measure(rate, args.duration, is_traced, keep), lambda r: r.shared,
+                               args.wait_quiet, progress)
+                (traced if is_traced else untraced).append(run)
+                runs.append({"offered": label, "round": n + 1, **asdict(run)})
+                progress(f"{label} round {n + 1}/{args.rounds} {'traced' if is_traced else 'untraced'}: "
+                         f"{run.rps:,.0f}/s, {run.requests:,} requests"
+                         + (f", {run.server_spans:,} server + {run.client_spans:,} client spans, shed {run.shed:,}, "
+                            f"lost {run.events_lost:,}, agent {run.agent_cpu_s:.2f} CPU-s, exit {run.agent_exit_s:.2f} s"
+                            if is_traced else ""))
+        rows.append(summarize(label, untraced, traced))
+    print(f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
+          f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
+          f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print_table(rows)
+    print("invariant: (spans + shed) / requests = 1, up to 16 requests in flight per run when wrk stops; "
+          "CPU µs/req: whole run less start-up (load and final flush) per request")
+    write_result("nginx_load", None, {
+        "parameters": {"duration_s": args.duration, "rounds": args.rounds, "connections": CONNECTIONS,
+                       "loads": [("max" if r is None else r) for r in loads], "agent": "--port PORT --exporter file"},
+        "loads": rows,
+        "runs": runs,
+    })
+
+
+if __name__ == "__main__":
+    main()

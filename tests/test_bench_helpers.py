@@ -1,0 +1,100 @@
+"""The benchmarks' own arithmetic (bench/harness.py, bench/results.py): what ``make bench`` reports
+must be right before anyone trusts it. No root, no BPF: metric totals over cumulative and delta
+points, span counting in OTLP JSON lines, and the results file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is no package
+import harness  # noqa: E402
+import results  # noqa: E402
+
+
+def _point(value: float, time_ns: int, temporality: str, *, pid: int = 1, attributes: dict | None = None,
+           start_ns: int = 0, histogram: bool = False) -> dict:
+    point = {"type": "histogram" if histogram else "sum", "resource": {"process.pid": pid},
+             "attributes": attributes or {}, "start_ns": start_ns, "time_ns": time_ns, "temporality": temporality}
+    point["count" if histogram else "value"] = value
+    return point
+
+
+def test_cumulative_points_count_their_latest_value_per_series() -> None:
+    points = [_point(5, 1, "CUMULATIVE"), _point(9, 3, "CUMULATIVE"), _point(7, 2, "CUMULATIVE"),
+              _point(4, 3, "CUMULATIVE", attributes={"reason": "x"}),
+              _point(2, 3, "CUMULATIVE", pid=2),
+              _point(3, 9, "CUMULATIVE", start_ns=5)]  # the series restarted: a new start time
+    assert harness.metric_total(points) == 9 + 4 + 2 + 3
+    assert harness.metric_total(points, lambda p: p["resource"]["process.pid"] == 2) == 2
+
+
+def test_delta_points_add_up_and_histograms_count() -> None:
+    points = [_point(5, 1, "DELTA", histogram=True), _point(7, 2, "DELTA", histogram=True),
+              _point(11, 2, "CUMULATIVE", histogram=True, pid=3)]
+    assert harness.metric_total(points) == 5 + 7 + 11
+
+
+def test_a_missing_self_metric_counts_zero() -> None:
+    assert harness.self_counter({}, "otel_ebpf.spans.shed") == 0
+
+
+def test_span_counts_by_process_kind_and_status(tmp_path: Path) -> None:
+    def resource_spans(pid: int, spans: list[dict]) -> dict:
+        return {"resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
+                "scopeSpans": [{"spans": spans}]}
+
+    lines = [{"resourceSpans": [resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
+                                resource_spans(20, [{"kind": 3, "status": {}}])]},
+             {"resourceSpans": [resource_spans(10, [{"kind": 2}])]}]
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert harness.span_counts(traces) == {(10, 2, 0): 2, (10, 2, 2): 1, (20, 3, 0): 1}
+    assert harness.span_counts(tmp_path / "absent.jsonl") == {}
+
+
+def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = """Running 2s test @ http://127.0.0.1:1/
+  1 threads and 16 connections
+  Latency Distribution
+     50%  152.00us
+     99%    7.99ms
+  93659 requests in 2.01s, 13.40MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 5
+Requests/sec:  46583.05
+"""
+
+    class FakeWrk:
+        pid, returncode = 4321, 0
+
+        def __init__(self, command: list[str], **kwargs: object) -> None:
+            FakeWrk.command, FakeWrk.env = command, kwargs["env"]
+
+        def communicate(self) -> tuple[str, str]:
+            return out, ""
+
+    monkeypatch.setattr(harness.subprocess, "Popen", FakeWrk)
+    run = harness.wrk("http://127.0.0.1:1/", 2, 16, rate=5000)
+    assert (run.requests, run.rps, run.non_2xx, run.socket_errors, run.wrk_pid) == (93659, 46583.05, 5, 3, 4321)
+    assert (run.p50_ms, run.p99_ms) == (pytest.approx(0.152), pytest.approx(7.99))
+    assert FakeWrk.command[1:3] == ["-s", str(harness.PACING_SCRIPT)] and FakeWrk.env["WRK_RATE"] == "5000"
+
+
+def test_results_file_has_command_date_machine_and_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))
+    path = results.write_result("demo", ["python", "bench/demo.py", "--quick"],
+                                {"loads": [{"offered": "max", "ratio": 0.9}], "note": "x"})
+    doc = json.loads(path.read_text())
+    assert path == tmp_path / "demo.json"
+    assert doc["command"] == "python bench/demo.py --quick"
+    assert doc["date"] and doc["machine"]["nproc"] >= 1 and doc["machine"]["kernel"]
+    assert doc["figures"] == {"loads": [{"offered": "max", "ratio": 0.9}], "note": "x"}
+    assert results.main(["demo"]) == 0
+    printed = capsys.readouterr().out
+    assert "python bench/demo.py --quick" in printed and "0.9" in printed
+    assert results.main(["absent"]) == 1
