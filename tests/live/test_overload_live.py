@@ -86,9 +86,10 @@ def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
         stopped = time.monotonic()
         agent.send_signal(signal.SIGINT)
         stderr = agent.communicate(timeout=60)[1]
+        exit_s = time.monotonic() - stopped
         assert agent.returncode == 0, stderr
         return {"statuses": statuses, "spans": load_file_spans(tmp / "out"), "metrics": load_file_metrics(tmp / "out"),
-                "exit_s": time.monotonic() - stopped, "server_pid": server.pid}
+                "exit_s": exit_s, "server_pid": server.pid}
     finally:
         server.kill()
         server.wait()
