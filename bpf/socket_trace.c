@@ -545,10 +545,11 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 TRACEPOINT_PROBE(sched, sched_process_fork) {
     if (!setting(SET_FILTER_PIDS))
         return 0;
-    u32 parent = args->parent_pid, child = args->child_pid;
+    // The forking task's process (any of its threads may fork) passes its membership on. The
+    // tracepoint fires for new threads too, which it cannot tell from processes: their ids enter
+    // targets as well, unused, and leave when the thread exits (sched_process_exit).
+    u32 parent = bpf_get_current_pid_tgid() >> 32, child = args->child_pid;
     u8 one = 1;
-    // The tracepoint fires for new threads too; only a new process (child != parent tgid) is
-    // new here, and inheriting the parent's membership is right for both.
     if (targets.lookup(&parent))
         targets.update(&child, &one);
     return 0;
@@ -564,7 +565,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = id;
     active_io.delete(&tid);
-    if (tid != tgid || !is_target(tgid))  // threads exiting are not the process exiting
+    if (tid != tgid) {  // a thread, not the process: sched_process_fork entered its id too
+        targets.delete(&tid);
+        return 0;
+    }
+    if (!is_target(tgid))
         return 0;
     emit_simple(args, EV_EXIT, id, -1, 0);
     targets.delete(&tgid);
