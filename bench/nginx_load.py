@@ -19,8 +19,8 @@ agent has none), ``otel_ebpf.events.lost``, ``otel_ebpf.kernel.drops``, ``otel_e
 ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at start-up, and under
 load), RSS (sampled under load, and peak), and its exit time after SIGINT.
 
-The invariant: every request is either a span or counted as shed, so ``(spans + shed) / requests``
-is 1 (up to the <= 16 requests in flight when wrk stops, which nginx answers but wrk does not count).
+The invariant: every exchange is either a span or counted as shed; both sides are traced, so
+``(server spans + client spans + shed) / (2 x requests)`` is 1 (up to the <= 16 requests in flight when wrk stops, which nginx answers but wrk does not count).
 
 Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]``
 """
@@ -170,7 +170,7 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
     """One offered load: medians of rates, sums of counts over the traced runs."""
     med = statistics.median
     requests = sum(r.requests for r in traced)
-    spans, shed = sum(r.server_spans for r in traced), sum(r.shed for r in traced)
+    spans, shed = sum(r.server_spans + r.client_spans for r in traced), sum(r.shed for r in traced)
     non_2xx = sum(r.non_2xx for r in untraced + traced)
     return {
         "offered": label,
@@ -180,11 +180,12 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "requests": requests,
         "non_2xx": non_2xx,
         "socket_errors": sum(r.socket_errors for r in untraced + traced),
-        "server_spans_per_request": round(spans / requests, 4),
+        "server_spans_per_request": round(sum(r.server_spans for r in traced) / requests, 4),
         "client_spans_per_request": round(sum(r.client_spans for r in traced) / requests, 4),
         "duration_count_per_request": round(sum(r.duration_count for r in traced) / requests, 4),
         "shed_per_request": round(shed / requests, 4),
-        "spans_plus_shed_per_request": round((spans + shed) / requests, 4),
+        # both sides are traced: each request is two exchanges, each a span or shed
+        "spans_plus_shed_per_request": round((spans + shed) / (2 * requests), 4),
         "events_lost": sum(r.events_lost for r in traced),
         "kernel_drops": sum(r.kernel_drops for r in traced),
         "spans_dropped": sum(r.spans_dropped for r in traced),
@@ -262,7 +263,8 @@ def main() -> None:
           f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
           f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}")
     print_table(rows)
-    print("invariant: (spans + shed) / requests = 1, up to 16 requests in flight per run when wrk stops; "
+    print("invariant: (server + client spans + shed) / (2 x requests) = 1 (both sides traced), up to 16 requests "
+          "in flight per run when wrk stops; "
           "CPU µs/req: whole run less start-up (load and final flush) per request")
     write_result("nginx_load", None, {
         "parameters": {"duration_s": args.duration, "rounds": args.rounds, "connections": CONNECTIONS,
