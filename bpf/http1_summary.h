@@ -18,8 +18,8 @@
 //
 // Limits: requests pipelined into one syscall are counted by their responses, with the first
 // one's method and start (responses written together count once); a connection is judged
-// not HTTP/1 after HTTP_MAX_MISSES syscalls that start no message; exchanges still open when a
-// process exits without closing, or whose connection leaves the LRU table, are not counted.
+// not HTTP/1 after HTTP_MAX_MISSES syscalls that start no message; a request whose response
+// never starts (the process exits, the connection leaves the LRU table) is not counted.
 // Map calls here work because the probe pastes this header in (loading.inline_headers).
 
 #define HTTP_UNKNOWN 0

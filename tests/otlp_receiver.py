@@ -315,6 +315,18 @@ def flatten_metrics(
     return metrics
 
 
+def latest_total(metrics: dict[str, list[dict[str, Any]]], name: str, **attributes: Any) -> float:
+    """A cumulative metric's total: each series' latest point (its value, or its count for a
+    histogram), summed over the series, of every resource, whose attributes match ``attributes``."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for point in metrics.get(name, []):
+        if all(point["attributes"].get(k) == v for k, v in attributes.items()):
+            series = (point["resource"].get("service.instance.id"), tuple(sorted(point["attributes"].items())))
+            if series not in latest or point["time_ns"] >= latest[series]["time_ns"]:
+                latest[series] = point
+    return sum(p["count"] if p["type"] == "histogram" else p["value"] for p in latest.values())
+
+
 def _jsonl(path: Path, message_type: type[Message]) -> list[Message]:
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [from_json_line(line, message_type()) for line in lines if line.strip()]

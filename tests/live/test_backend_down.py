@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import AGENT, REPO
 from tests.live.test_http_live import WORKLOAD, _wait_for_file
-from tests.otlp_receiver import load_file_metrics, load_file_spans
+from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
 REQUESTS = 20
@@ -24,17 +24,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]  # nothing listens once the socket closes
-
-
-def _total(metrics: dict, name: str, **attributes: str) -> int:
-    """Latest value of a self-metric summed over the series matching ``attributes``."""
-    latest: dict[tuple, dict] = {}
-    for point in metrics.get(name, []):
-        if all(point["attributes"].get(k) == v for k, v in attributes.items()):
-            series = tuple(sorted(point["attributes"].items()))
-            if series not in latest or point["time_ns"] >= latest[series]["time_ns"]:
-                latest[series] = point
-    return sum(p["value"] for p in latest.values())
 
 
 def test_backend_down_capture_continues_and_drops_are_counted(tmp_path: Path) -> None:
@@ -71,7 +60,7 @@ def test_backend_down_capture_continues_and_drops_are_counted(tmp_path: Path) ->
     assert large["attributes"]["http.response.body.size"] == 200_000
 
     metrics = load_file_metrics(tmp_path / "out")
-    assert _total(metrics, "otel_ebpf.spans.exported", exporter="file") == len(spans)
-    assert _total(metrics, "otel_ebpf.spans.exported", exporter="otlp") == 0
-    assert _total(metrics, "otel_ebpf.spans.dropped", exporter="otlp") == len(spans)
-    assert _total(metrics, "otel_ebpf.events.lost") == 0
+    assert latest_total(metrics, "otel_ebpf.spans.exported", exporter="file") == len(spans)
+    assert latest_total(metrics, "otel_ebpf.spans.exported", exporter="otlp") == 0
+    assert latest_total(metrics, "otel_ebpf.spans.dropped", exporter="otlp") == len(spans)
+    assert latest_total(metrics, "otel_ebpf.events.lost") == 0
