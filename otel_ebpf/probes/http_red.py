@@ -8,7 +8,6 @@ time and then deleted from the kernel table, which keeps it within its cap.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..events import HttpRequestCounts
@@ -24,10 +23,9 @@ _Totals = tuple[int, int, tuple[int, ...]]  # count, sum_ns, buckets
 
 
 class HttpRedReader:
-    def __init__(self, table: Any, clock_offset_ns: int) -> None:
-        """``table``: BCC's view of ``http_red``; ``clock_offset_ns``: kernel time -> Unix time."""
+    def __init__(self, table: Any) -> None:
+        """``table``: BCC's view of ``http_red``."""
         self._table = table
-        self._clock_offset_ns = clock_offset_ns
         self._totals: dict[bytes, _Totals] = {}
         self._exited: set[int] = set()
 
@@ -35,8 +33,11 @@ class HttpRedReader:
         """Its series are read once more at the next :meth:`read`, then dropped."""
         self._exited.add(pid)
 
-    def read(self) -> list[HttpRequestCounts]:
-        now = time.monotonic_ns() + self._clock_offset_ns
+    def read(self, stamp_ns: int) -> list[HttpRequestCounts]:
+        """What grew since the last read, stamped ``stamp_ns``: the time of the newest event the
+        probe has delivered, not the clock's, so that in the pipeline's reorder window the counts
+        release no event ahead of its time (trace assembly and profile links go in step)."""
+        now = stamp_ns
         reports: list[HttpRequestCounts] = []
         finished = []
         for key, per_cpu in self._table.items():

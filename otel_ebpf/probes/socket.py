@@ -153,6 +153,7 @@ class SocketProbe:
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
         self._ring: RingBufferReader | None = None
+        self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self.http_red: HttpRedReader | None = None
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
@@ -210,7 +211,7 @@ class SocketProbe:
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
         self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
-        self.http_red = HttpRedReader(self._bpf["http_red"], self.clock_offset_ns)
+        self.http_red = HttpRedReader(self._bpf["http_red"])
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
@@ -342,6 +343,8 @@ class SocketProbe:
                 self._filtered_out.pop((tgid, fd, generation), None)
             return
         ts += self.clock_offset_ns
+        if ts > self.latest_event_ns:
+            self.latest_event_ns = ts
         if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE):
             comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
