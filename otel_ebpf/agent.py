@@ -197,7 +197,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     def kernel_summaries(now_ns: int | None) -> None:
         """What the kernel aggregated (HTTP/1 counts, drops, shed requests), once a second."""
         if kernel_http_metrics:
-            take(probe.http_red.read(probe.latest_event_ns), now_ns)
+            take(probe.http_counts(), now_ns)
         if agent is not None:
             agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
 

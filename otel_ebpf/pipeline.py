@@ -69,7 +69,7 @@ class Pipeline:
                 self.telemetry.process_info(event)
             elif isinstance(event, ProcessExit):
                 self._report(self.tracker.close_process(event.pid, event.timestamp_ns))
-                self.telemetry.process_exit(event.pid)
+                self.telemetry.process_exit(event.pid, event.timestamp_ns)
             elif isinstance(event, HttpRequestCounts):
                 self.telemetry.http_counts(event)
             elif isinstance(event, KernelLoss):

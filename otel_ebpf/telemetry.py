@@ -54,6 +54,7 @@ SDK_ATTRIBUTES = {
     "telemetry.sdk.version": __version__,
 }
 OVERFLOW_PID = -1
+EXITED_GRACE_NS = 5_000_000_000
 # instruments whose points come from the kernel's counts, by protocol, when it counts
 _KERNEL_COUNTED = {"http1": frozenset({"http.server.request.duration", "http.client.request.duration"})}
 _PLAIN_STATUS = {code: Status(sdk_code) for code, sdk_code in _STATUS.items()}
@@ -121,7 +122,7 @@ class Telemetry:
         self._max_processes = max_processes
         self._delta_kinds = delta_kinds
         self._processes: dict[int, ProcessMetrics] = {}
-        self._exited: set[int] = set()
+        self._exited: dict[int, int] = {}  # pid -> when it exited (event time)
         # last points of images replaced by exec (or of a reused pid), for the next collection
         self._retired: list[ResourceMetrics] = []
         self._pending_spans: list[ReadableSpan] = []
@@ -144,12 +145,14 @@ class Telemetry:
                 self._retired.append(retired)
             self._selfmetrics.add("otel_ebpf.metrics.overflow", previous.overflowed)
         self._processes[info.pid] = ProcessMetrics(Resource(attributes), self._specs)
-        self._exited.discard(info.pid)
+        self._exited.pop(info.pid, None)
 
-    def process_exit(self, pid: int) -> None:
-        """Keep the process until its last metrics were collected, then forget it."""
+    def process_exit(self, pid: int, timestamp_ns: int) -> None:
+        """Keep the process until its last metrics were collected, then forget it: at the first
+        collection ``EXITED_GRACE_NS`` after its exit, as the kernel's last counts of its requests
+        come with its next once-a-second read."""
         if pid in self._processes:
-            self._exited.add(pid)
+            self._exited[pid] = timestamp_ns
 
     def _process(self, pid: int) -> ProcessMetrics:
         process = self._processes.get(pid)
@@ -234,7 +237,7 @@ class Telemetry:
                 resource_metrics.append(collected)
             self._selfmetrics.add("otel_ebpf.metrics.overflow", process.overflowed)
             process.overflowed = 0
-            if pid in self._exited:
+            if pid in self._exited and now_ns - self._exited[pid] >= EXITED_GRACE_NS:
                 del self._processes[pid]
-                self._exited.discard(pid)
+                del self._exited[pid]
         return resource_metrics

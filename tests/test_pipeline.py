@@ -36,7 +36,7 @@ from otel_ebpf.protocol import Direction, Endpoint, Role, Transport, load_protoc
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
 from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
+from otel_ebpf.telemetry import EXITED_GRACE_NS, Telemetry
 
 PROTOCOLS = load_protocols()
 HOST = "node-1"
@@ -683,13 +683,15 @@ def test_the_overflow_resource_takes_no_process_slot() -> None:
     assert run.total("otel_ebpf.resources.overflow") == 0
 
 
-def test_exited_processes_are_forgotten_after_the_next_collection() -> None:
+def test_exited_processes_are_forgotten_at_the_first_collection_past_the_grace() -> None:
     run = Run(max_processes=1)
     run.feed([info(1, "/bin/a"), data(1, 1, 7, IN, get("/")), data(2, 1, 7, OUT, ok()), ProcessExit(at(3), 1)])
-    # its last points are still collected once, under its own resource
-    first = run.telemetry.collect_metrics(at(10))
-    assert [(rm.resource.attributes["service.name"], len(points([rm]))) for rm in first] == [("a", 3)]
-    assert run.telemetry.collect_metrics(at(20)) == []
+    # its last points are still collected, under its own resource, until a collection
+    # EXITED_GRACE_NS after its exit (the kernel's last counts of its requests may still come)
+    for collected_at in (at(10), at(3) + EXITED_GRACE_NS):
+        collected = run.telemetry.collect_metrics(collected_at)
+        assert [(rm.resource.attributes["service.name"], len(points([rm]))) for rm in collected] == [("a", 3)]
+    assert run.telemetry.collect_metrics(at(3) + EXITED_GRACE_NS + MS) == []
     # its slot is free again: a new process gets its own resource, no overflow
     spans = run.feed([info(2, "/bin/b"), data(21, 2, 7, IN, get("/")), data(22, 2, 7, OUT, ok()),
                       data(23, 1, 8, IN, get("/")), data(24, 1, 8, OUT, ok())])

@@ -154,7 +154,7 @@ class SocketProbe:
         self._bpf = None
         self._ring: RingBufferReader | None = None
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
-        self.http_red: HttpRedReader | None = None
+        self._http_red: HttpRedReader | None = None
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
@@ -211,7 +211,7 @@ class SocketProbe:
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
         self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
-        self.http_red = HttpRedReader(self._bpf["http_red"])
+        self._http_red = HttpRedReader(self._bpf["http_red"])
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
@@ -314,6 +314,17 @@ class SocketProbe:
                 events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
                 self._lost_reported = lost
         return events
+
+    def http_counts(self) -> list[Event]:
+        """The kernel's HTTP/1 counts since the last call. The kernel counts a request when its
+        response starts, which can be before the process's first event reaches user space: such a
+        process is announced here, ahead of its counts."""
+        counts = self._http_red.read(self.latest_event_ns)
+        for counted in counts:
+            if counted.pid not in self._known_pids:
+                self._announce_process(counted.pid, counted.timestamp_ns, "")
+        announced, self._events = self._events, []
+        return [*announced, *counts]
 
     def drain(self) -> Iterator[list[Event]]:
         """The events the ring holds now, in bounded batches (the agent is stopping): at most one
@@ -477,6 +488,6 @@ class SocketProbe:
         self._tls.forget(pid)  # its per-process SSL probes, if it had some
         if pid in self._known_pids:  # others never had a connection event
             self._known_pids.discard(pid)
-            self.http_red.process_exited(pid)
+            self._http_red.process_exited(pid)
             self._events.append(ProcessExit(ts, pid))
 

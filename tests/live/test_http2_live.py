@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.live.test_backend_down import _total
 from tests.live.test_http_live import _latest_points, _wait_for_file
 from tests.live.test_traces_live import Scenario
-from tests.otlp_receiver import OTLPReceiver
+from tests.otlp_receiver import OTLPReceiver, latest_total
 
 pytestmark = pytest.mark.bpf
 PEERS_DIR = REPO / "tests" / "protocols"
@@ -115,7 +114,7 @@ def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
     # NOT_FOUND is the caller's error only
     assert errors == {("SERVER", 5, "UNSET", ""), ("CLIENT", 5, "ERROR", h2_peers.NOT_FOUND_MESSAGE)}
     assert sum(point["count"] for point in _latest_points(metrics["rpc.server.duration"])) == 105
-    assert _total(metrics, "otel_ebpf.messages.partial") == 0
+    assert latest_total(metrics, "otel_ebpf.messages.partial") == 0
 
 
 @SOCKET_MODES
@@ -167,4 +166,4 @@ def test_agent_attached_to_an_open_grpc_channel(tmp_path: Path, socket_mode: str
             assert (a["otel_ebpf.rpc.request.message_count"], a["otel_ebpf.rpc.response.message_count"]) == (1, 1)
     assert len(spans) == 6
     # every request and response of both processes: fields compressed against the lost table
-    assert _total(metrics, "otel_ebpf.messages.partial", protocol="http2") == 12
+    assert latest_total(metrics, "otel_ebpf.messages.partial", protocol="http2") == 12

@@ -20,9 +20,8 @@ import pytest
 import trustme
 
 from tests.conftest import AGENT, REPO
-from tests.live.test_backend_down import _total
 from tests.live.test_http_live import _wait_for_file
-from tests.otlp_receiver import OTLPReceiver
+from tests.otlp_receiver import OTLPReceiver, latest_total
 
 pytestmark = pytest.mark.bpf
 WORKLOAD = [sys.executable, str(REPO / "examples" / "tls_peers.py")]
@@ -134,10 +133,10 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
     assert servers == expected - Counter([("/missing/0", 404)])
     assert all(s["attributes"]["url.full"].startswith("https://") for s in spans if s["kind"] == "CLIENT")
     assert all(s["attributes"]["url.scheme"] == "https" for s in spans if s["kind"] == "SERVER")
-    assert _total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
-    assert _total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert "ringbuf_full" in {p["attributes"]["reason"] for p in metrics["otel_ebpf.kernel.drops"]}
-    assert _total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
+    assert latest_total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
     # same-node hops: every server span's parent is the client span of the same request
     by_id = {s["span_id"]: s for s in spans}
     for server_span in (s for s in spans if s["kind"] == "SERVER"):
@@ -154,8 +153,8 @@ def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
     for kind in ("SERVER", "CLIENT"):
         got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
         assert got == expected, kind
-    assert _total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
-    assert _total(metrics, "otel_ebpf.parse.errors") == 0
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
@@ -164,5 +163,5 @@ def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     assert len(lines) == CALLS
     assert "cygrpc" in stderr and "no SSL_read/SSL_write symbols" in stderr
     assert spans == []
-    assert _total(metrics, "otel_ebpf.parse.errors") == 0
-    assert _total(metrics, "otel_ebpf.connections.unknown_protocol") >= 1  # judged unknown, then ignored
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
+    assert latest_total(metrics, "otel_ebpf.connections.unknown_protocol") >= 1  # judged unknown, then ignored

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import AGENT, REPO
-from tests.live.test_backend_down import _total
 from tests.live.test_http_live import _wait_for_file
-from tests.otlp_receiver import OTLPReceiver
+from tests.otlp_receiver import OTLPReceiver, latest_total
 
 pytestmark = pytest.mark.bpf
 CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
@@ -264,10 +263,10 @@ def test_event_loop_never_guesses_a_parent(tmp_path: Path, socket_mode: str, for
             assert (downstream["parent_span_id"], downstream["trace_id"]) == (client["span_id"], client["trace_id"]), (
                 f"request {i}: wrong parent {_describe([downstream, client])}"
             )
-    ambiguous = _total(metrics, AMBIGUOUS)
+    ambiguous = latest_total(metrics, AMBIGUOUS)
     if forward:
         assert (parentless_clients, ambiguous) == (0, 0)
-        assert _total(metrics, "otel_ebpf.trace.correlated_parents") == requests
+        assert latest_total(metrics, "otel_ebpf.trace.correlated_parents") == requests
         return
     assert ambiguous > 0, f"{AMBIGUOUS} = {ambiguous}; parentless CLIENT spans: {parentless_clients}"
     assert ambiguous == parentless_clients  # each case counted once, and only those cases
