@@ -28,7 +28,6 @@ Usage: ``python bench/tls_untraced.py [--duration S] [--connections N] [--rounds
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import signal
@@ -44,6 +43,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
+from harness import parse_live_args  # noqa: E402
+from results import write_result  # noqa: E402
 from otel_ebpf.probes.tls import ENTRY_PROGRAMS, system_libssl  # noqa: E402
 from tests.live.test_tls_untraced_live import _entry_points, _planted  # noqa: E402
 
@@ -206,15 +208,11 @@ def file_wide_probes() -> Iterator[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds of load per measurement")
     parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of every arm")
     parser.add_argument("--server", choices=("nginx", "python"), default="nginx" if shutil.which("nginx") else "python")
     parser.add_argument("--before", type=Path,
                         help="also run the agent in this source tree (with its .venv's Python, else this one), --pid sleep")
-    args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("the benchmark attaches eBPF programs: run it as root")
+    args = parse_live_args(parser, duration=8.0, rounds=3, quick=(2.0, 1))
     arms: dict[str, Callable[[], object]] = {
         "untraced": nothing,
         "agent --pid sleep (this checkout)": lambda: agent_on_sleep(AGENT[:1], REPO),
@@ -255,6 +253,14 @@ def main() -> None:
         median = statistics.median(values)
         left_out = f"   ({contaminated[name]} run(s) left out)" if contaminated[name] else ""
         print(f"  {name:<45} {median:>10,.0f} req/s   ratio {median / base:.3f}{left_out}")
+    write_result("tls_untraced", None, {
+        "parameters": {"server": args.server, "duration_s": args.duration, "rounds": args.rounds,
+                       "connections": args.connections},
+        "arms": {name: {"median_rps": round(statistics.median(values)) if values else None,
+                        "ratio": round(statistics.median(values) / base, 3) if values else None,
+                        "runs": len(values), "runs_left_out": contaminated[name]}
+                 for name, values in results.items()},
+    })
 
 
 if __name__ == "__main__":
