@@ -5,7 +5,7 @@
 #      Headers: the exact linux-headers-$(uname -r) when apt has it; otherwise the newest generic
 #      Debian headers, symlinked as /lib/modules/$(uname -r)/{build,source}.
 #   2. tracefs / debugfs / securityfs mounted (BCC reads tracepoint formats from tracefs).
-#   3. .venv/ with `pip install -e '.[test,bench]'` and Debian's `bcc` module made importable through a
+#   3. .venv/ with `pip install -e '.[test,bench,lint]'` and Debian's `bcc` module made importable through a
 #      shim folder that holds only a `bcc` symlink (not all of Debian's dist-packages).
 #
 # Root is needed only when something system-wide is missing, so a non-root developer can still run
@@ -42,7 +42,9 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # python3: Debian's own interpreter, which the CPU profiler's live tests also profile
 # gcc, libc6-dev: the GPU tests build their stand-in CUDA/NCCL libraries from C
 # nginx: bench/nginx_load.py runs its own nginx (own config, prefix and port), never the system one
-base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev)
+# redis-server, prometheus: live tests start their own on loopback (the Redis example plugin, the
+# Prometheus exporter scraped by a real Prometheus); the packages' system services are not used
+base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 
@@ -212,7 +214,8 @@ mount_filesystems() {
 # ---------------------------------------------------------------------------------------------
 setup_venv() {
     local vpy="$venv/bin/python" stamp="$venv/.bootstrap-pyproject.sha256" want bcc_dir
-    local extras="test,bench"  # bench: FastAPI, uvicorn and OpenTelemetry's instrumentation (make bench)
+    # bench: FastAPI, uvicorn and OpenTelemetry's instrumentation (make bench); lint: ruff and mypy
+    local extras="test,bench,lint"
     if [ -e "$venv" ] && [ ! -x "$vpy" ]; then
         die "$venv exists but $vpy cannot run here (made by another user or interpreter?): remove $venv"
     fi
