@@ -25,6 +25,7 @@ from .assembly import TraceAssembler
 from .budget import CpuBudget
 from .config import AgentConfig
 from .connections import ConnectionTracker
+from .containers import ContainerResolver
 from .events import Event
 from .exporters import build_sink
 from .metrics import DELTA_KINDS
@@ -181,7 +182,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     stop.install()
     kernel_http_metrics = config.capture.kernel_http_metrics
     agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
-    probe = SocketProbe(config.capture, config.targets)
+    probe = SocketProbe(config.capture, config.targets, ContainerResolver(str(config.resource.host_root)))
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
     header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)

@@ -107,6 +107,9 @@ class ResourceConfig:
     """Attributes added to every resource the agent emits (one resource per observed process)."""
 
     attributes: Mapping[str, Any] = field(default_factory=_frozen)
+    # the node's root filesystem as the agent sees it: container runtimes' state files are read
+    # below it for pod and container names (a DaemonSet mounts the host's / at e.g. /host)
+    host_root: Path = Path("/")
 
 
 @dataclass(frozen=True)
@@ -462,6 +465,7 @@ SETTINGS: tuple[Setting, ...] = (
         std_parse=_mapping(_scalar),
         merge=True,
     ),
+    Setting("resource.host_root", _path, env="OTEL_EBPF_HOST_ROOT"),
     Setting("agent.service_name", _text, std_env="OTEL_SERVICE_NAME"),
     Setting("capture.payload_cap", _integer(64, 32768), env="OTEL_EBPF_PAYLOAD_CAP"),
     Setting("capture.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_RING_BUFFER_KB"),

@@ -31,6 +31,8 @@ class ProcessInfo:
     command_line: str
     # the process's own OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, from /proc/<pid>/environ
     environment: dict[str, str] = field(default_factory=dict)
+    # container.* and k8s.* resource attributes the node states for it (containers.py)
+    container: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

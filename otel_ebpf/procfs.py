@@ -13,11 +13,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .containers import ContainerResolver
+from .events import ProcessInfo
 from .protocol import Endpoint, Role
 
 # Environment variables of an observed process that decide its resource (REFERENCE.md).
 RESOURCE_ENV_VARS = ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
 _TCP_LISTEN = "0A"
+MAX_CGROUP_BYTES = 64 << 10  # /proc/<pid>/cgroup: one line per hierarchy, a few hundred bytes in all
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,13 @@ class ProcessIdentity:
     executable: str
     command_line: str
     environment: dict[str, str]
+    cgroup: str = ""  # /proc/<pid>/cgroup: names the process's container and pod (containers.py)
 
 
-def _read(path: str) -> bytes | None:
+def _read(path: str, limit: int = -1) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            return f.read()
+            return f.read(limit)
     except OSError:
         return None
 
@@ -55,7 +59,18 @@ def process_identity(pid: int, proc: str = "/proc") -> ProcessIdentity | None:
         if sep and name.decode(errors="replace") in RESOURCE_ENV_VARS:
             env[name.decode()] = value.decode(errors="replace")
     args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
-    return ProcessIdentity(pid, exe.removesuffix(" (deleted)"), " ".join(args), env)
+    cgroup = (_read(f"{proc}/{pid}/cgroup", MAX_CGROUP_BYTES) or b"").decode(errors="replace")
+    return ProcessIdentity(pid, exe.removesuffix(" (deleted)"), " ".join(args), env, cgroup)
+
+
+def process_info(pid: int, timestamp_ns: int, containers: ContainerResolver, proc: str = "/proc") -> ProcessInfo | None:
+    """The :class:`ProcessInfo` that announces ``pid`` to the pipeline, its container and pod
+    included; None if it is gone or exiting."""
+    ident = process_identity(pid, proc)
+    if ident is None:
+        return None
+    return ProcessInfo(timestamp_ns, pid, ident.executable, ident.command_line, ident.environment,
+                       containers.attributes(ident.cgroup))
 
 
 def iter_pids(proc: str = "/proc") -> Iterator[int]:

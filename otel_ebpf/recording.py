@@ -54,7 +54,7 @@ def encode_event(event: Event) -> str:
 def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.name not in obj and f.default is not dataclasses.MISSING:
+        if f.name not in obj and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING):
             continue  # a field added since the recording was made: its default
         value = obj[f.name]
         if f.name == "data":

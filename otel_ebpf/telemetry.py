@@ -77,7 +77,8 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
 
 
 def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, object]:
-    """Resource of an observed process; its own OTel variables win over what the agent infers."""
+    """Resource of an observed process; its own OTel variables win over what the agent infers or
+    reads from its container's runtime."""
     executable_name = os.path.basename(info.executable) or info.command_line.split(" ", 1)[0]
     own = parse_resource_attributes(info.environment.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     service_name = (
@@ -91,6 +92,7 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
         "process.command_line": redact_command_line(info.command_line),
         "service.instance.id": f"{host_name}/{info.pid}",
     }
+    attributes.update(info.container)
     attributes.update(own)
     attributes["service.name"] = service_name
     return attributes

@@ -86,6 +86,10 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
             ("cli", "exporter", ["console", "console"], ("console",)),
         ],
     ),
+    "resource.host_root": (
+        Path("/"),
+        [("yaml", "", "/host", Path("/host")), ("env", "OTEL_EBPF_HOST_ROOT", "/node", Path("/node"))],
+    ),
     "file.output_dir": (
         Path("otel-ebpf-data"),
         [

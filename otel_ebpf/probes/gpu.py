@@ -33,7 +33,9 @@ from importlib import resources
 
 from .. import procfs
 from ..config import AgentConfig, TargetsConfig
+from ..containers import ContainerResolver
 from ..gpu.calls import BY_SYMBOL, FUNCTION_SYMBOLS, OPS, USDT_PROBES, GpuCall, Library
+from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
 from .compiler_memory import release_compiler_memory
 from .loading import inline_headers, ring_buffer_pages, write_settings
@@ -545,7 +547,6 @@ def native_stack(symbolizer: object, call: GpuCall) -> tuple:
 
 GPU_LIBRARY_NAME = re.compile(rb"/(libcudart|libcuda|libnccl|libc10_cuda|libtorch_cuda)[^/\n]*\.so")
 AUTO_FULL_RESCAN_S = 10.0  # gpu.enabled=auto: every process's maps this often, new processes every second
-MAX_RESOURCES = 4096
 MAX_PENDING = 10_000  # NCCL calls waiting for trace assembly; past it they go unlinked-or-linked now
 
 
@@ -583,18 +584,18 @@ class GpuMonitor:
         self.config = config
         self.mode = config.gpu.enabled
         self._selfmetrics = selfmetrics
-        self._host_name = host_name
         self.probe = GpuProbe(config.targets, stacks=config.gpu.stacks, ring_buffer_kb=config.gpu.ring_buffer_kb,
                               max_targets=config.capture.max_processes)
         self._symbolizer = Symbolizer()
         self._code_resolver = None
         self._pythons: dict[int, object | None] = {}  # pid -> cpython.PythonProcess (None: not CPython)
-        self._resources: OrderedDict[int, dict[str, object]] = OrderedDict()
+        self._resources = ProcessResources(config.resource.attributes, host_name,
+                                           ContainerResolver(str(config.resource.host_root)))
         self._stacks = StackCache(self._resolve_stack)
         views_config = GpuViewsConfig(
             leak_age_ns=int(config.gpu.leak_age_s * 1e9), leak_min_count=config.gpu.leak_min_allocations,
             max_allocations=config.gpu.max_allocations, max_stacks=config.gpu.max_stacks)
-        self.views = GpuViews(self._stacks, self._resource, selfmetrics, views_config, delta_kinds)
+        self.views = GpuViews(self._stacks, self._resources.of, selfmetrics, views_config, delta_kinds)
         self.started = False
         self._next_check = 0.0
         self._next_full_check = 0.0
@@ -687,7 +688,7 @@ class GpuMonitor:
                 continue
             spec = call.spec
             rank = self.views.rank_of(call.pid, call.arg(spec.comm_arg)) if spec.comm_arg is not None else None
-            span = collective_span(call, parent, self._resource(call.pid), rank)
+            span = collective_span(call, parent, self._resources.of(call.pid), rank)
             if span is not None:
                 spans.append(span)
         if spans:
@@ -710,7 +711,7 @@ class GpuMonitor:
         if exited:
             self.views.process_exit(pid)
         self._pythons.pop(pid, None)
-        self._resources.pop(pid, None)
+        self._resources.forget(pid)
         self._stacks.forget(pid)
         self._symbolizer.forget(pid)
         if self._code_resolver is not None:
@@ -745,22 +746,6 @@ class GpuMonitor:
             self._code_resolver = CodeResolver()
         python, entries = self._code_resolver.frames(process, call.python_stack)
         return merge.merge((), native, python, entries, process.binary)
-
-    def _resource(self, pid: int) -> dict[str, object]:
-        resource = self._resources.get(pid)
-        if resource is None:
-            from ..events import ProcessInfo  # noqa: PLC0415
-            from ..telemetry import SDK_ATTRIBUTES, process_resource_attributes  # noqa: PLC0415
-
-            ident = procfs.process_identity(pid)
-            info = ProcessInfo(0, pid, ident.executable, ident.command_line, ident.environment) if ident else \
-                ProcessInfo(0, pid, "", "", {})
-            resource = {**self.config.resource.attributes, **process_resource_attributes(info, self._host_name),
-                        **SDK_ATTRIBUTES}
-            self._resources[pid] = resource
-            if len(self._resources) > MAX_RESOURCES:
-                self._resources.popitem(last=False)
-        return resource
 
     def collect_metrics(self, now_ns: int) -> list:
         return self.views.collect_metrics(now_ns)

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import procfs
+from ..containers import ContainerResolver
 from ..config import CaptureConfig, TargetsConfig
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role, Transport
@@ -146,9 +147,10 @@ class _UprobeCloser:
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
-    def __init__(self, capture: CaptureConfig, targets: TargetsConfig) -> None:
+    def __init__(self, capture: CaptureConfig, targets: TargetsConfig, containers: ContainerResolver) -> None:
         self.capture = capture
         self.targets = targets
+        self._containers = containers
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self._bpf = None
@@ -468,13 +470,11 @@ class SocketProbe:
 
     def _announce_process(self, pid: int, ts: int, comm: str) -> None:
         """Identity from /proc; a process already gone (a quick curl) is named by its ``comm``."""
-        ident = procfs.process_identity(pid)
-        if ident is not None:
-            info = ProcessInfo(ts, pid, ident.executable, ident.command_line, ident.environment)
-        elif comm:
+        info = procfs.process_info(pid, ts, self._containers)
+        if info is None:
+            if not comm:
+                return  # try again at its next event
             info = ProcessInfo(ts, pid, "", comm, {})
-        else:
-            return  # try again at its next event
         self._known_pids.add(pid)
         self._events.append(info)
         self._tls.watch(pid)  # tracing chosen processes, a child forked by a target is one too

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
-from collections.abc import Mapping
-from typing import Any
+from collections import deque
 
-from otel_ebpf import procfs
 from otel_ebpf.config import AgentConfig
-from otel_ebpf.events import ProcessInfo
+from otel_ebpf.containers import ContainerResolver
 from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
 from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import SDK_ATTRIBUTES, process_resource_attributes
+from otel_ebpf.resources import ProcessResources
 
 log = logging.getLogger(__name__)
 
-MAX_RESOURCES = 4096
 MAX_PENDING = 65536  # samples held for span links; past it they go unlinked rather than wait
 
 
@@ -38,9 +34,10 @@ class CpuProfiling:
         self.host_name = host_name
         p = config.profiling
         self.probe = CpuProbe(p.frequency_hz, config.targets, python=p.python)
-        self.profiler = CpuProfiler(cpu_builder(p.frequency_hz, p.max_stacks), self.resource, link_for)
+        self.resources = ProcessResources(config.resource.attributes, host_name,
+                                          ContainerResolver(str(config.resource.host_root)))
+        self.profiler = CpuProfiler(cpu_builder(p.frequency_hz, p.max_stacks), self.resources.of, link_for)
         self.sink = sink if sink is not None else build_profile_sink(config, selfmetrics)
-        self._resources: OrderedDict[int, Mapping[str, Any]] = OrderedDict()
         self._next_export = time.monotonic() + p.interval_s
         self._interval_start_ns = time.time_ns()
         self._dropped_reported = 0
@@ -50,21 +47,6 @@ class CpuProfiling:
     def start(self) -> None:
         self.probe.start()
         log.info("CPU profiler attached at %d Hz per CPU", self.config.profiling.frequency_hz)
-
-    def resource(self, pid: int) -> Mapping[str, Any]:
-        known = self._resources.get(pid)
-        if known is not None:
-            return known
-        ident = procfs.process_identity(pid)
-        info = ProcessInfo(0, pid, ident.executable if ident else "", ident.command_line if ident else "",
-                           ident.environment if ident else {})
-        # the same resource as the process's spans and metrics (telemetry.py)
-        attributes = {**self.config.resource.attributes, **process_resource_attributes(info, self.host_name),
-                      **SDK_ATTRIBUTES}
-        self._resources[pid] = attributes
-        if len(self._resources) > MAX_RESOURCES:
-            self._resources.popitem(last=False)
-        return attributes
 
     def poll(self, timeout_ms: int = 0, horizon_ns: int | None = None) -> None:
         """Take what the kernel sampled; export when the interval is over.
@@ -77,7 +59,7 @@ class CpuProfiling:
         if self.probe.exited:
             for pid in self.probe.exited:
                 self.profiler.forget(pid)
-                self._resources.pop(pid, None)
+                self.resources.forget(pid)
             self.probe.exited.clear()
         if samples:
             self.metrics.add("otel_ebpf.profiles.samples", len(samples))
