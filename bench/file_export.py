@@ -9,12 +9,17 @@ shared machine hits all of them; the figures are medians over the rounds.
 - ``new``: ``SpanJsonEncoder.encode(spans)`` — dicts straight from the spans, one ``json`` call
 - ``new+write``: ``FileSpanExporter.export`` — the new encoding plus the flushed file append
 
+It also prints what a span costs on the wire to a backend: the OTLP protobuf bytes per span of
+those batches, plain and gzip-compressed (``otlp.compression``), the figures the gateway sizing in
+docs/kubernetes.md is computed from.
+
 Usage: ``python bench/file_export.py [--quick] [--batch N] [--batches B] [--rounds R]``
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import random
 import statistics
 import sys
@@ -140,12 +145,18 @@ def main() -> None:
         exporter.shutdown()
 
     print(f"{args.batch}-span batches, 15 attributes a span, {args.processes} resources, {args.rounds} rounds")
+    wire = [encode_spans(batch).SerializeToString() for batch in spans]
+    count = sum(map(len, spans))
+    otlp_bytes = sum(map(len, wire)) / count
+    otlp_gzip_bytes = sum(len(gzip.compress(body)) for body in wire) / count
+    print(f"  OTLP protobuf: {otlp_bytes:.0f} bytes/span, {otlp_gzip_bytes:.0f} gzip-compressed")
     old = statistics.median(figures["old"])
     for name, values in figures.items():
         median = statistics.median(values)
         print(f"{name:>10}: {median:7.2f} us/span  (min {min(values):.2f}, max {max(values):.2f})  x{old / median:.1f}")
     write_result("file_export", None, {
         "batch": args.batch, "batches": args.batches, "rounds": args.rounds, "processes": args.processes,
+        "otlp_bytes_per_span": round(otlp_bytes), "otlp_gzip_bytes_per_span": round(otlp_gzip_bytes),
         "paths": [{"path": name, "us_per_span": round(statistics.median(v), 2), "min_us": round(min(v), 2),
                    "max_us": round(max(v), 2), "speedup": round(old / statistics.median(v), 1)}
                   for name, v in figures.items()]})
