@@ -7,7 +7,7 @@ through ``/proc/kallsyms``.
   (stripped files keep the dynamic ones), its GNU build id and its ``PT_LOAD`` segments. Images are
   cached per file identity (device, inode, size, mtime), so every process that maps libc shares one.
 - :class:`Symbolizer` turns ``(pid, address)`` into a :class:`~otel_ebpf.profiles.model.Frame`:
-  ``function`` from the nearest preceding symbol, else ``module+0xoffset`` where the offset is the
+  ``function`` from the nearest preceding symbol (C++ names demangled), else ``module+0xoffset`` where the offset is the
   address in the file's own virtual address space (what ``addr2line`` takes).
 
 Files are read through ``/proc/<pid>/root`` so a process in another mount namespace (a container)
@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_ebpf.profiles.demangle import demangle
 from otel_ebpf.profiles.model import Frame, FrameKind
 
 log = logging.getLogger(__name__)
@@ -299,4 +300,5 @@ class Symbolizer:
         if found is None:
             return Frame(f"{module}+0x{vaddr:x}", module=mapping.path, kind=FrameKind.NATIVE, address=vaddr,
                          build_id=image.build_id, resolved=False)
-        return Frame(found[0], module=mapping.path, kind=FrameKind.NATIVE, address=vaddr, build_id=image.build_id)
+        return Frame(demangle(found[0]), module=mapping.path, kind=FrameKind.NATIVE, address=vaddr,
+                     build_id=image.build_id)

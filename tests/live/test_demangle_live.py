@@ -1,0 +1,75 @@
+"""Live BPF: a native program's C++ frames reach the OTLP receiver demangled.
+
+The workload is C built by the test with gcc (so no C++ compiler is needed): its hot functions
+are *named* with Itanium-mangled names, which is all a C++ compiler would have put in the symbol
+table. The CPU profile must name them as C++ does. Built with -O0 and frame pointers, so the leaf
+sets up a frame too and its caller is not skipped by frame-pointer unwinding.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import AGENT, REPO
+from tests.live.test_http_live import _wait_for_file
+from tests.otlp_receiver import OTLPReceiver
+
+pytestmark = pytest.mark.bpf
+
+SOURCE = r"""
+#include <stdio.h>
+#include <unistd.h>
+volatile unsigned long sink;
+/* otl::model::forward(int) and its caller otl::Server::serve(otl::Request const&) */
+__attribute__((noinline)) void _ZN3otl5model7forwardEi(int n) {
+    for (unsigned long i = 0; i < 2000000UL * n; i++) sink += i * i;
+}
+__attribute__((noinline)) void _ZN3otl6Server5serveERKNS_7RequestE(const void *request) {
+    (void)request;
+    _ZN3otl5model7forwardEi(1);
+    sink++;
+}
+int main(void) {
+    printf("ready\n");
+    fflush(stdout);
+    for (;;) _ZN3otl6Server5serveERKNS_7RequestE(0);
+}
+"""
+
+
+def test_cxx_frames_are_demangled_in_otlp_profiles(tmp_path: Path) -> None:
+    (tmp_path / "model.c").write_text(SOURCE)
+    binary = tmp_path / "model"
+    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-o", str(binary), str(tmp_path / "model.c")],
+                   check=True)
+    workload = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert workload.stdout.readline() == "ready\n"
+        with OTLPReceiver() as receiver:
+            ready = tmp_path / "agent.ready"
+            agent = subprocess.Popen(
+                [*AGENT, "run", "--pid", str(workload.pid), "--profile", "--exporter", "otlp",
+                 "--otlp-endpoint", receiver.grpc_endpoint, "--ready-file", str(ready)],
+                cwd=REPO, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "2"},
+            )
+            _wait_for_file(ready, agent, timeout=180)  # two BPF programs to compile on a busy machine
+            time.sleep(3)
+            agent.send_signal(signal.SIGINT)
+            stderr = agent.communicate(timeout=60)[1]
+            assert agent.returncode == 0, stderr
+            assert receiver.wait_for(lambda r: bool(r.requests("profiles")), 10)
+            strings = {s for request in receiver.requests("profiles") for s in request.dictionary.string_table}
+    finally:
+        workload.kill()
+        workload.wait()
+    ours = sorted(s for s in strings if "otl" in s or "main" in s)
+    assert "otl::model::forward(int)" in strings, ours
+    assert "otl::Server::serve(otl::Request const&)" in strings, ours
+    assert not any(s.startswith("_ZN3otl") for s in strings)
