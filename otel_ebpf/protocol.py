@@ -228,6 +228,9 @@ class Session(ABC):
     # messages reported with parts the capture could not tell, e.g. header fields compressed
     # against state from before the capture started (exported as a self-metric)
     partial_messages: int = 0
+    # bytes held for unfinished messages; the replay tests (otel_ebpf.protocol_testing) check it
+    # stays bounded
+    buffered: int = 0
 
     @abstractmethod
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> Iterable[SessionOutput]:

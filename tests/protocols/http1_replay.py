@@ -1,17 +1,33 @@
-"""Helpers for the HTTP/1 tests: what they compare, on top of the shared ones (stream_replay.py)."""
+"""Helpers for the HTTP/1 tests: what they compare, on top of the shared ones (the plugin kit,
+otel_ebpf.protocol_testing)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from otel_ebpf.protocol import Direction, Message, RequestStart, Role
 from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
 
-# the shared helpers, for the HTTP/1 tests to import from here
-from stream_replay import DATA, Chunk, Replay, as_client, capped, cut, load  # noqa: F401
-from stream_replay import replay as replay_with
+from otel_ebpf.protocol import Direction, Message, RequestStart, Role
 
+# the shared helpers, for the HTTP/1 tests to import from here
+from otel_ebpf.protocol_testing import (  # noqa: F401
+    Chunk,
+    Replay,
+    as_client,
+    capped,
+    cut,
+    load_recording,
+)
+from otel_ebpf.protocol_testing import replay as replay_with
+
+DATA = Path(__file__).parent / "data"
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
+
+
+def load(name: str) -> list[Chunk]:
+    """The recording ``data/<name>.json`` as seen by the server process (requests INGRESS)."""
+    return load_recording(DATA / f"{name}.json")
 
 
 def replay(

@@ -1,26 +1,27 @@
-"""Helpers for the HTTP/2 tests: what they compare, on top of the shared ones (stream_replay.py)."""
+"""Helpers for the HTTP/2 tests: what they compare, on top of the shared ones (the plugin kit,
+otel_ebpf.protocol_testing)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
 from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
 from otel_ebpf.protocols.http2.types import pseudo
 
-from stream_replay import DATA, Chunk, Replay, as_client
-from stream_replay import load as load_any
-from stream_replay import replay as replay_with
+from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
+from otel_ebpf.protocol_testing import Chunk, Replay, as_role, load_recording
+from otel_ebpf.protocol_testing import replay as replay_with
 
-RECORDINGS = sorted(path.stem for path in (DATA / "http2").glob("*.json"))
+DATA = Path(__file__).parent / "data" / "http2"
+RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
 SERVER_CONN = ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 50051), Endpoint("127.0.0.1", 40000))
 CLIENT_CONN = ConnectionInfo(Role.CLIENT, Endpoint("127.0.0.1", 40000), Endpoint("127.0.0.1", 50051))
 
 
 def load(name: str, role: Role = Role.SERVER) -> list[Chunk]:
     """A recording as seen by the process of ``role``."""
-    chunks = load_any(f"http2/{name}")
-    return chunks if role is Role.SERVER else as_client(chunks)
+    return as_role(load_recording(DATA / f"{name}.json"), role)
 
 
 def conn(role: Role) -> ConnectionInfo:

@@ -2,7 +2,8 @@
 
 Runs a real ``http.server.ThreadingHTTPServer`` (HTTP/1.1, keep-alive) and real clients (``curl``,
 ``http.client``, ``urllib``, a raw socket for pipelining) on loopback, with a TCP tee proxy between
-them that saves every chunk it relays, per direction, with its arrival time. Each scenario is one
+them (the plugin kit's, ``otel_ebpf.protocol_testing.TeeProxy``) that saves every chunk it relays,
+per direction, with its arrival time. Each scenario is one
 client connection and becomes ``data/<name>.json``::
 
     {"name": ..., "description": ...,
@@ -21,8 +22,6 @@ indices (``EXPECTED`` in ``test_http1_recordings.py``) against the new chunk bou
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import http.client
 import json
 import socket
@@ -35,6 +34,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from otel_ebpf.protocol_testing import TeeProxy, save_recording
 
 DATA = Path(__file__).parent / "data"
 CURL = "/usr/bin/curl"
@@ -110,54 +111,6 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self._send(201, json.dumps({"received": len(body)}).encode())
-
-
-class TeeProxy:
-    """Relays one client connection to the server and records both directions."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.chunks: list[tuple[str, int, bytes]] = []
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        client, _ = self.listener.accept()
-        server = socket.create_connection(self.upstream)
-        pumps = [
-            threading.Thread(target=self._pump, args=(client, server, "ingress")),
-            threading.Thread(target=self._pump, args=(server, client, "egress")),
-        ]
-        for pump in pumps:
-            pump.start()
-        for pump in pumps:
-            pump.join()
-        client.close()
-        server.close()
-        self._done.set()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
-        while True:
-            try:
-                data = source.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                with contextlib.suppress(OSError):
-                    sink.shutdown(socket.SHUT_WR)
-                return
-            with self._lock:
-                self.chunks.append((direction, time.monotonic_ns(), data))
-            sink.sendall(data)
-
-    def wait(self) -> list[tuple[str, int, bytes]]:
-        if not self._done.wait(20):
-            raise TimeoutError("the recorded connection did not close")
-        self.listener.close()
-        return self.chunks
 
 
 def _curl(*args: str) -> Callable[[str], None]:
@@ -257,22 +210,7 @@ def record(
 ) -> None:
     proxy = TeeProxy(upstream)
     client(f"http://127.0.0.1:{proxy.port}")
-    record_to(DATA / f"{name}.json", name, description, proxy.wait())
-
-
-def record_to(path: Path, name: str, description: str, chunks: list[tuple[str, int, bytes]]) -> None:
-    """Save what a :class:`TeeProxy` relayed, times relative to the first chunk."""
-    t0 = chunks[0][1]
-    document = {
-        "name": name,
-        "description": description,
-        "chunks": [
-            {"direction": direction, "t_ns": t - t0, "data": base64.b64encode(data).decode("ascii")}
-            for direction, t, data in chunks
-        ],
-    }
-    path.write_text(json.dumps(document, indent=1) + "\n")
-    print(f"{name}: {len(chunks)} chunks, {sum(len(c[2]) for c in chunks)} bytes")
+    save_recording(DATA / f"{name}.json", name, description, proxy.wait())
 
 
 def main(names: list[str]) -> None:

@@ -28,7 +28,7 @@ from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange
 from otel_ebpf.protocols.http2 import HTTP2
 from otel_ebpf.recording import read_recording
 
-from stream_replay import Chunk, capped, every_split, mutate, replay
+from otel_ebpf.protocol_testing import Chunk, capped, every_split, mutate, replay
 
 RECORDING = Path(__file__).parents[1] / "data" / "genai_events.jsonl"
 TOKENS = 25

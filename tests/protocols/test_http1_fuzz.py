@@ -10,7 +10,7 @@ from otel_ebpf.protocols.http1 import HTTP1
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
 
 from http1_replay import Chunk, load
-from stream_replay import mutate
+from otel_ebpf.protocol_testing import mutate
 
 RECORDINGS = [
     "keepalive",

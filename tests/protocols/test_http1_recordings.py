@@ -18,7 +18,7 @@ from http1_replay import (
     replay,
     summary,
 )
-from stream_replay import byte_by_byte, every_split, rechunked
+from otel_ebpf.protocol_testing import byte_by_byte, every_split, rechunked
 
 # Per exchange: method, target, request body size, status, response body size, and the indices of
 # the chunks carrying the request's first and last byte and the response's first and last byte.

@@ -25,7 +25,7 @@ from otel_ebpf.protocols.http2.frames import PREFACE
 from otel_ebpf.protocols.http2.hpack_context import HpackContext
 from otel_ebpf.protocols.http2.session import MAX_STREAMS
 
-from stream_replay import Chunk, mutate, replay
+from otel_ebpf.protocol_testing import Chunk, mutate, replay
 from http2_replay import RECORDINGS, conn, load
 
 PROTOCOLS = [HTTP2({"capture_headers": ["content-type", "authorization"], "semconv_stability_opt_in": mode})

@@ -25,7 +25,7 @@ from otel_ebpf.protocol import Direction, Role
 from otel_ebpf.protocols.http2.frames import PREFACE
 from otel_ebpf.protocols.http2.types import REFUSED_STREAM
 
-from stream_replay import Chunk, as_client, cut
+from otel_ebpf.protocol_testing import Chunk, as_client, cut
 from http2_replay import conn, replay, summary
 
 CLIENT, SERVER = Direction.INGRESS, Direction.EGRESS  # seen from the server

@@ -18,7 +18,7 @@ from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
 from http2_replay import load
-from stream_replay import Chunk, as_client
+from otel_ebpf.protocol_testing import Chunk, as_client
 
 CLIENT_PID, SERVER_PID = 100, 200
 CLIENT_END, SERVER_END = Endpoint("10.0.0.2", 51000), Endpoint("10.0.0.1", 50051)

@@ -28,7 +28,7 @@ from otel_ebpf.protocols.http2.grpc_framing import MessageCounter
 from otel_ebpf.protocols.http2.hpack_context import MAX_TABLE_SIZE, HpackContext
 from otel_ebpf.selfmetrics import SelfMetrics
 
-from stream_replay import Chunk
+from otel_ebpf.protocol_testing import Chunk
 from http2_replay import RECORDINGS, conn, load, replay, summary
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

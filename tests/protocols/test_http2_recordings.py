@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from otel_ebpf.protocol import Role, SpanKind, StatusCode, load_protocols
 from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
 
-from stream_replay import Chunk, byte_by_byte, capped, every_split, rechunked
+from otel_ebpf.protocol_testing import Chunk, byte_by_byte, capped, every_split, rechunked
 from http2_replay import RECORDINGS, conn, load, replay, summary
 
 # Per stream: id, method, path, request body size, request gRPC messages, the chunk carrying the
