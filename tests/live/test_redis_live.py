@@ -27,13 +27,12 @@ WORKLOAD = [sys.executable, str(Path(__file__).with_name("redis_workload.py"))]
 sys.path.insert(0, str(PLUGIN / "tests"))
 from redis_server import RedisServer  # noqa: E402
 
-# What redis-py (8.x, RESP3) sends: on each of its two connections HELLO 3, CLIENT
-# MAINT_NOTIFICATIONS and CLIENT SETINFO twice (Debian's Redis 7.0 answers ERR to the last three:
-# they came later), then the workload's commands.
+# The workload's commands. Before them redis-py opens each of its two connections with a handshake
+# that depends on its version (8.x: HELLO 3, CLIENT MAINT_NOTIFICATIONS, CLIENT SETINFO twice, the
+# last three answered ERR by Debian's Redis 7.0): those are checked to match between the two sides,
+# not against a list.
+HANDSHAKE = ("HELLO", "CLIENT ", "AUTH")
 EXPECTED = Counter({
-    ("HELLO", "HELLO ?", None, None): 2,
-    ("CLIENT MAINT_NOTIFICATIONS", "CLIENT MAINT_NOTIFICATIONS ? ? ?", "ERR", None): 2,
-    ("CLIENT SETINFO", "CLIENT SETINFO ? ?", "ERR", None): 4,
     ("SET", "SET ? ?", None, None): 2,
     ("GET", "GET ?", None, None): 2,
     ("INCRBY", "INCRBY ? ?", None, None): 2,
@@ -43,6 +42,10 @@ EXPECTED = Counter({
     ("SELECT", "SELECT ?", None, None): 1,
     ("SET", "SET ? ?", None, "1"): 1,
 })
+
+
+def _is_handshake(span: dict) -> bool:
+    return str(span["attributes"].get("db.operation.name")).startswith(HANDSHAKE)
 
 
 def _key(span: dict) -> tuple:
@@ -103,8 +106,10 @@ def test_plugin_installed_by_pip_is_what_the_agent_loaded(live) -> None:
 def test_one_span_per_command_on_each_side(live, kind: str) -> None:
     server, client, spans, _ = live
     side = [s for s in spans if s["kind"] == kind]
-    got = Counter(_key(s) for s in side)
+    got = Counter(_key(s) for s in side if not _is_handshake(s))
     assert got == EXPECTED, f"{kind}: missing {EXPECTED - got}, unexpected {got - EXPECTED}"
+    handshakes = {k: Counter(_key(s) for s in spans if s["kind"] == k and _is_handshake(s)) for k in ("CLIENT", "SERVER")}
+    assert handshakes["CLIENT"] == handshakes["SERVER"]
     pid = client.pid if kind == "CLIENT" else server.proc.pid
     assert {s["resource"]["process.pid"] for s in side} == {pid}
     for s in side:
@@ -120,7 +125,7 @@ def test_one_span_per_command_on_each_side(live, kind: str) -> None:
 def test_client_operation_duration(live) -> None:
     """The histogram counts every client command once (cumulative: the last export of each
     attribute set holds the totals)."""
-    server, _, _, metrics = live
+    server, _, spans, metrics = live
     latest: dict[tuple, dict] = {}
     for point in metrics["db.client.operation.duration"]:
         assert point["unit"] == "s" and point["attributes"]["db.system.name"] == "redis"
@@ -131,7 +136,6 @@ def test_client_operation_duration(live) -> None:
     by_op: Counter = Counter()
     for point in latest.values():
         by_op[point["attributes"]["db.operation.name"]] += point["count"]
-    want: Counter = Counter()
+    assert by_op == Counter(s["attributes"]["db.operation.name"] for s in spans if s["kind"] == "CLIENT")
     for (op, *_), n in EXPECTED.items():
-        want[op] += n
-    assert by_op == want
+        assert by_op[op] >= n
