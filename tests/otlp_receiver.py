@@ -19,6 +19,7 @@ exporter's output into the very same shapes, so one test can compare both paths 
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import zlib
@@ -89,7 +90,8 @@ _DECOMPRESS = {"gzip": gzip.decompress, "deflate": zlib.decompress, "identity": 
 class Answer:
     """How the receiver answers every request: ``http_status`` / ``grpc_code`` (None: OK), with a
     server-requested delay (``Retry-After`` seconds, gRPC ``RetryInfo``) when ``retry_after_s`` is
-    set, after sleeping ``hang_s``."""
+    set. ``hang_s`` > 0 is a backend that hangs: it sleeps that long, then refuses the request
+    (504 / ``UNAVAILABLE``) without keeping it — by then the client has usually given up."""
 
     http_status: int = 200
     grpc_code: grpc.StatusCode | None = None
@@ -98,7 +100,7 @@ class Answer:
 
     @property
     def accepts(self) -> bool:
-        return self.http_status == 200 and self.grpc_code is None
+        return self.http_status == 200 and self.grpc_code is None and not self.hang_s
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class OTLPReceiver:
         self._grpc_port = 0  # chosen at the first start, kept across restarts
         self._http_port = 0
         self._running = False
+        self._connections: set[socket.socket] = set()  # HTTP keep-alive connections, cut at stop()
 
     # --- lifecycle ---
 
@@ -148,6 +151,13 @@ class OTLPReceiver:
             self._grpc.stop(grace=None)
             self._http.shutdown()
             self._http.server_close()
+            with self._lock:
+                connections, self._connections = list(self._connections), set()
+            for connection in connections:  # a stopped backend keeps no keep-alive connection either
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def __enter__(self) -> OTLPReceiver:
         self.start()
@@ -159,6 +169,8 @@ class OTLPReceiver:
     def answer(self, http_status: int = 200, grpc_code: grpc.StatusCode | None = None,
                retry_after_s: int | None = None, hang_s: float = 0.0) -> None:
         """Answer every request from now on like this (no arguments: accept everything again)."""
+        if hang_s and http_status == 200 and grpc_code is None:
+            http_status, grpc_code = 504, grpc.StatusCode.UNAVAILABLE
         with self._lock:
             self._answer = Answer(http_status, grpc_code, retry_after_s, hang_s)
 
@@ -170,6 +182,7 @@ class OTLPReceiver:
         if not answer.accepts:
             with self._lock:
                 self.rejected[signal] = self.rejected.get(signal, 0) + 1
+                self._lock.notify_all()
         return answer
 
     @property
@@ -249,17 +262,30 @@ class OTLPReceiver:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                with receiver._lock:
+                    receiver._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with receiver._lock:
+                    receiver._connections.discard(self.connection)
+                super().finish()
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- keep test output clean
                 return
 
             def _reply(self, status: int, body: bytes = b"", retry_after_s: int | None = None) -> None:
-                self.send_response(status)
-                if retry_after_s is not None:
-                    self.send_header("Retry-After", str(retry_after_s))
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    if retry_after_s is not None:
+                        self.send_header("Retry-After", str(retry_after_s))
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up (a hang outlasted its timeout)
+                    self.close_connection = True
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))

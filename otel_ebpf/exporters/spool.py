@@ -157,12 +157,18 @@ class Spool(BatchQueue):
             while offset < size:
                 fields = decode_header(file.read(HEADER_SIZE))
                 body = file.read(fields[0]) if fields else b""
-                if fields is None or not body_matches(*fields, body):
-                    _logger.warning("spool %s: corrupt or torn record at byte %d, rest of the segment skipped",
+                self_consistent = fields is not None and len(body) == fields[0]
+                if self_consistent and body_matches(*fields, body):
+                    entries.append(_Entry(segment, offset, fields[0], fields[1], fields[2]))
+                elif self_consistent and offset + HEADER_SIZE + fields[0] < size:
+                    # Damaged in place, its length still leads to the next record: skip it alone.
+                    _logger.warning("spool %s: corrupt record at byte %d skipped", path, offset)
+                    self._on_corrupt(1)
+                else:  # torn (killed mid-write) or unreadable: nothing after it can be trusted
+                    _logger.warning("spool %s: torn or corrupt record at byte %d, rest of the segment skipped",
                                     path, offset)
                     self._on_corrupt(1)
                     break
-                entries.append(_Entry(segment, offset, fields[0], fields[1], fields[2]))
                 offset += HEADER_SIZE + fields[0]
         return entries
 

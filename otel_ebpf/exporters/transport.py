@@ -54,17 +54,21 @@ def _read(variable: str) -> bytes | None:
 
 class GrpcTransport(Transport):
     def __init__(self, endpoint: str, method: str, *, insecure: bool, headers: Mapping[str, str],
-                 gzip_body: bool) -> None:
+                 gzip_body: bool, max_reconnect_s: float) -> None:
         target = urllib.parse.urlsplit(endpoint).netloc or endpoint
+        # gRPC's own reconnect backoff grows to 2 minutes by default; a channel still waiting to
+        # reconnect fails every call at once, which would outlast our backoff after a long outage.
+        options = [("grpc.max_reconnect_backoff_ms", max(100, int(max_reconnect_s * 1000))),
+                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100)]
         if insecure:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options)
         else:
             credentials = grpc.ssl_channel_credentials(
                 _read("OTEL_EXPORTER_OTLP_CERTIFICATE"),
                 _read("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
                 _read("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
             )
-            self._channel = grpc.secure_channel(target, credentials)
+            self._channel = grpc.secure_channel(target, credentials, options)
         # No serializers: the request is already protobuf bytes, and the response is not needed.
         self._call = self._channel.unary_unary(method)
         self._metadata = tuple(headers.items())
@@ -122,5 +126,5 @@ def build_transport(config: OTLPConfig, signal: str) -> Transport:
     gzip_body = config.compression == "gzip"
     if config.protocol == "grpc":
         return GrpcTransport(endpoint, GRPC_METHODS[signal], insecure=config.insecure, headers=config.headers,
-                             gzip_body=gzip_body)
+                             gzip_body=gzip_body, max_reconnect_s=config.retry_max_s)
     return HttpTransport(endpoint, headers=config.headers, gzip_body=gzip_body)
