@@ -134,14 +134,14 @@ class Delivery:
         with self._cond:
             while True:
                 now = time.monotonic()
-                stopping = self._stop_at is not None
-                if stopping and (not len(self._queue) or now >= self._stop_at or self._failures):
+                stop_at = self._stop_at
+                if stop_at is not None and (not len(self._queue) or now >= stop_at or self._failures):
                     return None
                 if len(self._queue) and now >= self._next_attempt:
                     return self._queue.peek()
                 wake = self._next_attempt if len(self._queue) else None
-                if stopping:
-                    wake = min(wake or self._stop_at, self._stop_at)
+                if stop_at is not None:
+                    wake = stop_at if wake is None else min(wake, stop_at)
                 self._cond.wait(None if wake is None else max(0.0, wake - now))
 
     def _run(self) -> None:

@@ -19,6 +19,7 @@ Every span handed in is eventually counted exactly once per exporter: exported o
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -331,9 +332,9 @@ class TelemetrySink:
         for name, exporter in [*self._span_exporters.items(), *self._metric_exporters.items()]:
             left_s = max(0.0, start + 0.9 * timeout_s - time.monotonic())
             if isinstance(exporter, OTLPExporter):  # drains in its own time, spools or counts the rest
-                _shutdown_quietly(name, lambda exporter=exporter: exporter.shutdown(left_s))
+                _shutdown_quietly(name, functools.partial(exporter.shutdown, left_s))
             elif isinstance(exporter, MetricExporter):
-                _shutdown_quietly(name, lambda exporter=exporter: exporter.shutdown(timeout_millis=left_s * 1000))
+                _shutdown_quietly(name, functools.partial(exporter.shutdown, timeout_millis=left_s * 1000))
             else:
                 _shutdown_quietly(name, exporter.shutdown)
         for worker in workers:

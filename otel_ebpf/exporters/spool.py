@@ -156,20 +156,20 @@ class Spool(BatchQueue):
             file.seek(offset)
             while offset < size:
                 fields = decode_header(file.read(HEADER_SIZE))
-                body = file.read(fields[0]) if fields else b""
-                self_consistent = fields is not None and len(body) == fields[0]
-                if self_consistent and body_matches(*fields, body):
-                    entries.append(_Entry(segment, offset, fields[0], fields[1], fields[2]))
-                elif self_consistent and offset + HEADER_SIZE + fields[0] < size:
-                    # Damaged in place, its length still leads to the next record: skip it alone.
-                    _logger.warning("spool %s: corrupt record at byte %d skipped", path, offset)
-                    self._on_corrupt(1)
-                else:  # torn (killed mid-write) or unreadable: nothing after it can be trusted
+                body = file.read(fields[0]) if fields is not None else b""
+                if fields is None or len(body) != fields[0]:
+                    # Torn (killed mid-write) or unreadable: nothing after it can be trusted.
                     _logger.warning("spool %s: torn or corrupt record at byte %d, rest of the segment skipped",
                                     path, offset)
                     self._on_corrupt(1)
                     break
-                offset += HEADER_SIZE + fields[0]
+                length, count, created, crc = fields
+                if body_matches(length, count, created, crc, body):
+                    entries.append(_Entry(segment, offset, length, count, created))
+                else:  # damaged in place; its length still leads to the next record: skip it alone
+                    _logger.warning("spool %s: corrupt record at byte %d skipped", path, offset)
+                    self._on_corrupt(1)
+                offset += HEADER_SIZE + length
         return entries
 
     # --- the queue ---
@@ -180,15 +180,16 @@ class Spool(BatchQueue):
             if len(record) > self.max_bytes:
                 return [batch]
             dropped = self._make_room(len(record))
-            if self._tail_file is None or self._sizes.get(self._tail, 0) + len(record) > self.segment_bytes:
-                self._roll()
-            offset = self._tail_file.size
+            tail = self._tail_file
+            if tail is None or tail.size + len(record) > self.segment_bytes:
+                tail = self._roll()
+            offset = tail.size
             try:
-                self._tail_file.append(record)
+                tail.append(record)
             except OSError as exc:
                 _logger.warning("spool %s: cannot write (%s); batch dropped", self.directory, exc.strerror or exc)
                 return [*dropped, batch]
-            self._sizes[self._tail] = self._tail_file.size
+            self._sizes[self._tail] = tail.size
             self._entries.append(_Entry(self._tail, offset, len(batch.body), batch.count, batch.created))
             return dropped
 
@@ -206,11 +207,12 @@ class Spool(BatchQueue):
             self._write_head()
         return dropped
 
-    def _roll(self) -> None:
+    def _roll(self) -> AppendOnlyFile:
         self._close_tail()
         self._tail = max([*self._sizes, self._tail]) + 1
         self._tail_file = AppendOnlyFile(self._segment_path(self._tail))
         self._sizes[self._tail] = 0
+        return self._tail_file
 
     def _close_tail(self) -> None:
         if self._tail_file is not None:
