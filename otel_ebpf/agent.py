@@ -163,11 +163,12 @@ class Agent:
     def finish(self, timeout_s: float = 10.0) -> None:
         """Flush pending exchanges, spans and metrics, then shut the exporters down.
 
-        The last spans (those the reorder window still held) are exported before the last metrics
-        are taken, so that the final self-metrics account for them."""
+        The last spans (those the reorder window still held) are exported, and the span exporters
+        shut down, before the last metrics are taken, so that the final self-metrics account for
+        every span: exported, kept in the spool, or lost with its reason."""
         self.pipeline.flush()
         self._export_spans()
-        self.sink.force_flush(timeout_s / 2)
+        self.sink.shutdown_spans(timeout_s / 2)
         self._export_metrics()
         self.sink.shutdown(timeout_s / 2)
         self._self_meters.shutdown()

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -281,6 +281,7 @@ class TelemetrySink:
             for name, exporter in self._metric_exporters.items()
         }
         self._shut_down = False
+        self._spans_shut_down = False
 
     @property
     def exporters(self) -> tuple[str, ...]:
@@ -321,26 +322,42 @@ class TelemetrySink:
         if self._shut_down:
             return
         self._shut_down = True
-        start = time.monotonic()
-        workers = [*self._span_workers.values(), *self._metric_workers.values()]
-        for worker in workers:
-            worker.stop()
-        for worker in workers:
-            worker.join(start + 0.8 * timeout_s - time.monotonic())
-        for worker in workers:
-            worker.drop_queued()
-        for name, exporter in [*self._span_exporters.items(), *self._metric_exporters.items()]:
-            left_s = max(0.0, start + 0.9 * timeout_s - time.monotonic())
-            if isinstance(exporter, OTLPExporter):  # drains in its own time, spools or counts the rest
-                _shutdown_quietly(name, functools.partial(exporter.shutdown, left_s))
-            elif isinstance(exporter, MetricExporter):
-                _shutdown_quietly(name, functools.partial(exporter.shutdown, timeout_millis=left_s * 1000))
-            else:
-                _shutdown_quietly(name, exporter.shutdown)
-        for worker in workers:
-            worker.join(start + 0.95 * timeout_s - time.monotonic())
-        for worker in workers:
-            worker.give_up()
+        workers: list[_ExportWorker] = [*self._metric_workers.values()]
+        exporters: list[tuple[str, SpanExporter | MetricExporter | OTLPExporter]] = [*self._metric_exporters.items()]
+        if not self._spans_shut_down:
+            self._spans_shut_down = True
+            workers += self._span_workers.values()
+            exporters += self._span_exporters.items()
+        _shut_down(workers, exporters, timeout_s)
+
+    def shutdown_spans(self, timeout_s: float) -> None:
+        """Shut the span side down as :meth:`shutdown` does, leaving metrics open: self-metrics
+        collected after this account for every span (exported, or lost with its reason)."""
+        if not self._spans_shut_down:
+            self._spans_shut_down = True
+            _shut_down(list(self._span_workers.values()), list(self._span_exporters.items()), timeout_s)
+
+
+def _shut_down(workers: Sequence[_ExportWorker], exporters: Sequence[tuple[str, Any]], timeout_s: float) -> None:
+    start = time.monotonic()
+    for worker in workers:
+        worker.stop()
+    for worker in workers:
+        worker.join(start + 0.8 * timeout_s - time.monotonic())
+    for worker in workers:
+        worker.drop_queued()
+    for name, exporter in exporters:
+        left_s = max(0.0, start + 0.9 * timeout_s - time.monotonic())
+        if isinstance(exporter, OTLPExporter):  # drains in its own time, spools or counts the rest
+            _shutdown_quietly(name, functools.partial(exporter.shutdown, left_s))
+        elif isinstance(exporter, MetricExporter):
+            _shutdown_quietly(name, functools.partial(exporter.shutdown, timeout_millis=left_s * 1000))
+        else:
+            _shutdown_quietly(name, exporter.shutdown)
+    for worker in workers:
+        worker.join(start + 0.95 * timeout_s - time.monotonic())
+    for worker in workers:
+        worker.give_up()
 
 
 def _export_spans_with(exporter: SpanExporter | OTLPExporter) -> Callable[[list[ReadableSpan]], bool | None]:
