@@ -160,8 +160,9 @@ class Agent:
             resource_metrics += self_data.resource_metrics
         self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
 
-    def finish(self, timeout_s: float = 10.0) -> None:
-        """Flush pending exchanges, spans and metrics, then shut the exporters down.
+    def finish(self, timeout_s: float = 5.0) -> None:
+        """Flush pending exchanges, spans and metrics, then shut the exporters down, within
+        ``timeout_s`` even when a backend hangs (a stop must stay short).
 
         The last spans (those the reorder window still held) are exported, and the span exporters
         shut down, before the last metrics are taken, so that the final self-metrics account for

@@ -19,7 +19,8 @@ signal is only the encoder that makes a :class:`~.batches.Batch` and the unit it
 
 Every item submitted is counted exactly once through ``account``: exported, or lost with a reason.
 Every failed attempt is counted in ``otel_ebpf.export.attempts.failed{signal, reason}`` (``http_503``,
-``grpc_unavailable``, ...). Failures and losses are logged once per outage, not once per batch.
+``grpc_unavailable``, ...). Failures and losses are logged once per outage (or backlog), not once
+per batch.
 """
 
 from __future__ import annotations
@@ -160,9 +161,10 @@ class Delivery:
                 if self._failures:
                     _logger.warning("OTLP %s export recovered after %d failed attempts", self.signal,
                                     self._failures)
-                self._failures = 0
-                self._logged.clear()
                 self._settle(batch, EXPORTED)
+                if self._failures or not len(self._queue):  # the outage, or the backlog, is over
+                    self._logged.clear()
+                self._failures = 0
                 continue
             self._selfmetrics.add("otel_ebpf.export.attempts.failed", 1,
                                   {"signal": self.signal, "reason": result.reason})
@@ -200,7 +202,7 @@ class Delivery:
             self._account(reason, count)
 
     def _note(self, message: str) -> None:
-        """Log ``message`` once per outage (it is cleared when a batch goes through again)."""
+        """Log ``message`` once per outage or backlog (cleared when either is over)."""
         if message not in self._logged:
             self._logged.add(message)
             _logger.warning(message)
