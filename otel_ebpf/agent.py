@@ -161,14 +161,16 @@ class Agent:
             resource_metrics += self_data.resource_metrics
         self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
 
-    def finish(self, timeout_s: float = 10.0) -> None:
-        """Flush pending exchanges, spans and metrics, then shut the exporters down.
+    def finish(self, timeout_s: float = 5.0) -> None:
+        """Flush pending exchanges, spans and metrics, then shut the exporters down, within
+        ``timeout_s`` even when a backend hangs (a stop must stay short).
 
-        The last spans (those the reorder window still held) are exported before the last metrics
-        are taken, so that the final self-metrics account for them."""
+        The last spans (those the reorder window still held) are exported, and the span exporters
+        shut down, before the last metrics are taken, so that the final self-metrics account for
+        every span: exported, kept in the spool, or lost with its reason."""
         self.pipeline.flush()
         self._export_spans()
-        self.sink.force_flush(timeout_s / 2)
+        self.sink.shutdown_spans(timeout_s / 2)
         self._export_metrics()
         self.sink.shutdown(timeout_s / 2)
         self._self_meters.shutdown()

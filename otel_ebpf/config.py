@@ -84,6 +84,14 @@ class OTLPConfig:
     timeout_s: float = 10.0
     insecure: bool = True  # resolved from the endpoint's scheme unless set
     compression: str = "none"
+    # Per-signal queue of encoded batches waiting for the backend (docs/configuration.md#otlp).
+    queue_max_batches: int = 512
+    queue_max_bytes: int = 64 << 20
+    spool_dir: Path | None = None  # the queue on disk instead, kept across restarts
+    spool_max_bytes: int = 256 << 20
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+    retry_max_elapsed_s: float = 300.0
 
     def signal_endpoint(self, signal: str) -> str:
         """The URL the ``signal`` (``traces`` or ``metrics``) exporter sends to.
@@ -458,6 +466,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp.timeout_s", _positive_number, std_env="OTEL_EXPORTER_OTLP_TIMEOUT", std_parse=_milliseconds),
     Setting("otlp.insecure", _boolean, std_env="OTEL_EXPORTER_OTLP_INSECURE"),
     Setting("otlp.compression", _choice("none", "gzip"), std_env="OTEL_EXPORTER_OTLP_COMPRESSION"),
+    Setting("otlp.queue_max_batches", _integer(1), env="OTEL_EBPF_OTLP_QUEUE_MAX_BATCHES"),
+    Setting("otlp.queue_max_bytes", _integer(1024), env="OTEL_EBPF_OTLP_QUEUE_MAX_BYTES"),
+    Setting("otlp.spool_dir", _path, env="OTEL_EBPF_OTLP_SPOOL_DIR"),
+    Setting("otlp.spool_max_bytes", _integer(1 << 20), env="OTEL_EBPF_OTLP_SPOOL_MAX_BYTES"),
+    Setting("otlp.retry_initial_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_INITIAL"),
+    Setting("otlp.retry_max_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_MAX"),
+    Setting("otlp.retry_max_elapsed_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED"),
     Setting(
         "resource.attributes",
         _mapping(_scalar, reserved=_RESOURCE_RESERVED),
@@ -678,6 +693,10 @@ def _resolve(
         raise layers.error("otlp.insecure", "cannot be true for an https:// endpoint")
     values.setdefault("otlp.insecure", scheme == "http")
 
+    if values.get("otlp.retry_initial_s", OTLPConfig.retry_initial_s) > values.get(
+        "otlp.retry_max_s", OTLPConfig.retry_max_s
+    ):
+        raise layers.error("otlp.retry_initial_s", "must not exceed otlp.retry_max_s")
     if values.get("export.max_batch", ExportConfig.max_batch) > values.get(
         "export.max_queue_spans", ExportConfig.max_queue_spans
     ):

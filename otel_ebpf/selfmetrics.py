@@ -30,7 +30,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.connections.tls": ("{connection}", "Connections read as TLS plaintext from the SSL probes", False),
     "otel_ebpf.connections.unknown_protocol": ("{connection}", "Connections no protocol plugin claimed", False),
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
-    "otel_ebpf.spans.dropped": ("{span}", "Spans dropped: export queue full or export failed", False),
+    "otel_ebpf.spans.dropped": (
+        "{span}", "Spans dropped, by reason: queue_full, export_failed (file, console), shutdown; and for OTLP "
+        "spool_full, non_retryable, expired, encode_failed", False),
     "otel_ebpf.spans.shed": (
         "{request}", "Requests that got no span, by reason: HTTP/1 exchanges the kernel did not copy because user "
         "space was behind (backlog) or over its CPU budget (cpu_budget) or an event of it was lost (ring_full), "
@@ -80,6 +82,19 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
     "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
     "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
+    "otel_ebpf.metrics.points.dropped": (
+        "{point}", "Metric points the OTLP exporter lost, by reason (queue_full, spool_full, non_retryable, expired, "
+        "encode_failed, shutdown)", False),
+    "otel_ebpf.profiles.samples.unexported": (
+        "{sample}", "Profile samples the OTLP exporter lost, by reason (as for metric points)", False),
+    "otel_ebpf.export.attempts.failed": (
+        "{attempt}", "OTLP export attempts that failed, by signal and reason (http_503, grpc_unavailable, "
+        "connection_error, ...); retryable ones are tried again", False),
+    "otel_ebpf.export.spool.corrupt": (
+        "{record}", "Spool records found torn or corrupt (agent killed mid-write, disk damage) and skipped", False),
+    "otel_ebpf.export.queue.batches": ("{batch}", "Encoded batches waiting for the OTLP backend, by signal", True),
+    "otel_ebpf.export.queue.bytes": ("By", "Bytes of the OTLP export queue (the spool's file bytes), by signal",
+                                     True),
 }
 
 

@@ -5,6 +5,12 @@
         assert rx.wait_for(lambda r: len(r.spans()) >= 2, timeout=10)
         span = rx.spans()[0]          # {"name", "kind", "trace_id", ..., "resource": {...}}
 
+A test can make it misbehave like a real backend in trouble: :meth:`OTLPReceiver.answer` makes it
+refuse every request (HTTP 503/429 with ``Retry-After``, gRPC ``UNAVAILABLE`` with a ``RetryInfo``
+detail, a non-retryable 400 / ``INVALID_ARGUMENT``) or hang before answering; :meth:`~OTLPReceiver.stop`
+and :meth:`~OTLPReceiver.start` take it down and bring it back on the same ports. Refused requests
+are not stored; ``rejected`` counts them.
+
 ``spans()`` and ``metrics()`` flatten what arrived into plain dicts so tests compare values, not
 protobuf structure; :func:`load_file_spans` / :func:`load_file_metrics` flatten the file
 exporter's output into the very same shapes, so one test can compare both paths exactly.
@@ -13,6 +19,7 @@ exporter's output into the very same shapes, so one test can compare both paths 
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import zlib
@@ -24,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.any_pb2 import Any as AnyProto
 from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2, profiles_service_pb2_grpc
@@ -77,6 +87,23 @@ _DECOMPRESS = {"gzip": gzip.decompress, "deflate": zlib.decompress, "identity": 
 
 
 @dataclass(frozen=True)
+class Answer:
+    """How the receiver answers every request: ``http_status`` / ``grpc_code`` (None: OK), with a
+    server-requested delay (``Retry-After`` seconds, gRPC ``RetryInfo``) when ``retry_after_s`` is
+    set. ``hang_s`` > 0 is a backend that hangs: it sleeps that long, then refuses the request
+    (504 / ``UNAVAILABLE``) without keeping it — by then the client has usually given up."""
+
+    http_status: int = 200
+    grpc_code: grpc.StatusCode | None = None
+    retry_after_s: int | None = None
+    hang_s: float = 0.0
+
+    @property
+    def accepts(self) -> bool:
+        return self.http_status == 200 and self.grpc_code is None and not self.hang_s
+
+
+@dataclass(frozen=True)
 class Received:
     """One export request as it arrived."""
 
@@ -92,27 +119,71 @@ class OTLPReceiver:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._received: list[Received] = []
+        self._answer = Answer()
+        self.rejected: dict[str, int] = {}  # signal -> requests refused by answer()
+        self._grpc_port = 0  # chosen at the first start, kept across restarts
+        self._http_port = 0
+        self._running = False
+        self._connections: set[socket.socket] = set()  # HTTP keep-alive connections, cut at stop()
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        """Listen (again, on the same ports after :meth:`stop`)."""
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         for name, signal in _SIGNALS.items():
             signal.register(self._servicer(name, signal), self._grpc)
-        self._grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._http_handler())
+        self._grpc_port = self._grpc.add_insecure_port(f"127.0.0.1:{self._grpc_port}")
+        self._http = ThreadingHTTPServer(("127.0.0.1", self._http_port), self._http_handler())
+        self._http_port = self._http.server_address[1]
         self._http.daemon_threads = True
         self._http_thread = threading.Thread(
             target=self._http.serve_forever, args=(0.05,), name="otlp-receiver-http", daemon=True
         )
-
-    # --- lifecycle ---
-
-    def __enter__(self) -> OTLPReceiver:
         self._grpc.start()
         self._http_thread.start()
+        self._running = True
+
+    def stop(self) -> None:
+        """Close both ports: clients get connection refused until :meth:`start`."""
+        if self._running:
+            self._running = False
+            self._grpc.stop(grace=None)
+            self._http.shutdown()
+            self._http.server_close()
+            with self._lock:
+                connections, self._connections = list(self._connections), set()
+            for connection in connections:  # a stopped backend keeps no keep-alive connection either
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> OTLPReceiver:
+        self.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._grpc.stop(grace=None)
-        self._http.shutdown()
-        self._http.server_close()
+        self.stop()
+
+    def answer(self, http_status: int = 200, grpc_code: grpc.StatusCode | None = None,
+               retry_after_s: int | None = None, hang_s: float = 0.0) -> None:
+        """Answer every request from now on like this (no arguments: accept everything again)."""
+        if hang_s and http_status == 200 and grpc_code is None:
+            http_status, grpc_code = 504, grpc.StatusCode.UNAVAILABLE
+        with self._lock:
+            self._answer = Answer(http_status, grpc_code, retry_after_s, hang_s)
+
+    def _current_answer(self, signal: str) -> Answer:
+        with self._lock:
+            answer = self._answer
+        if answer.hang_s:
+            time.sleep(answer.hang_s)
+        if not answer.accepts:
+            with self._lock:
+                self.rejected[signal] = self.rejected.get(signal, 0) + 1
+                self._lock.notify_all()
+        return answer
 
     @property
     def grpc_endpoint(self) -> str:
@@ -120,7 +191,7 @@ class OTLPReceiver:
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
+        return f"http://127.0.0.1:{self._http_port}"
 
     # --- what arrived ---
 
@@ -168,6 +239,16 @@ class OTLPReceiver:
 
         class Servicer(signal.servicer):  # type: ignore[misc, valid-type]
             def Export(self, request: Message, context: grpc.ServicerContext) -> Message:  # noqa: N802
+                answer = receiver._current_answer(name)
+                if answer.grpc_code is not None:
+                    if answer.retry_after_s is not None:
+                        detail = AnyProto()
+                        detail.Pack(error_details_pb2.RetryInfo(
+                            retry_delay=duration_pb2.Duration(seconds=answer.retry_after_s)))
+                        status = status_pb2.Status(code=answer.grpc_code.value[0], message="test receiver",
+                                                   details=[detail])
+                        context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+                    context.abort(answer.grpc_code, "test receiver")
                 headers = {key.lower(): value for key, value in context.invocation_metadata()}
                 receiver._store(Received(name, "grpc", headers, request))
                 return signal.response()
@@ -181,15 +262,30 @@ class OTLPReceiver:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                with receiver._lock:
+                    receiver._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with receiver._lock:
+                    receiver._connections.discard(self.connection)
+                super().finish()
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- keep test output clean
                 return
 
-            def _reply(self, status: int, body: bytes = b"") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+            def _reply(self, status: int, body: bytes = b"", retry_after_s: int | None = None) -> None:
+                try:
+                    self.send_response(status)
+                    if retry_after_s is not None:
+                        self.send_header("Retry-After", str(retry_after_s))
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up (a hang outlasted its timeout)
+                    self.close_connection = True
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -206,6 +302,10 @@ class OTLPReceiver:
                     message = signal.request.FromString(decompress(body))
                 except (DecodeError, OSError, zlib.error):
                     self._reply(400)
+                    return
+                answer = receiver._current_answer(name)
+                if answer.http_status != 200:
+                    self._reply(answer.http_status, retry_after_s=answer.retry_after_s)
                     return
                 headers = {key.lower(): value for key, value in self.headers.items()}
                 receiver._store(Received(name, "http", headers, message))

@@ -152,6 +152,24 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         "none",
         [("yaml", "", "gzip", "gzip"), ("std", "OTEL_EXPORTER_OTLP_COMPRESSION", "none", "none")],
     ),
+    "otlp.queue_max_batches": (
+        512, [("yaml", "", 64, 64), ("env", "OTEL_EBPF_OTLP_QUEUE_MAX_BATCHES", "128", 128)],
+    ),
+    "otlp.queue_max_bytes": (
+        64 << 20, [("yaml", "", 1 << 20, 1 << 20), ("env", "OTEL_EBPF_OTLP_QUEUE_MAX_BYTES", "2048", 2048)],
+    ),
+    "otlp.spool_dir": (
+        None,
+        [("yaml", "", "/var/a", Path("/var/a")), ("env", "OTEL_EBPF_OTLP_SPOOL_DIR", "/var/b", Path("/var/b"))],
+    ),
+    "otlp.spool_max_bytes": (
+        256 << 20, [("yaml", "", 1 << 30, 1 << 30), ("env", "OTEL_EBPF_OTLP_SPOOL_MAX_BYTES", "1048576", 1 << 20)],
+    ),
+    "otlp.retry_initial_s": (1.0, [("yaml", "", 0.5, 0.5), ("env", "OTEL_EBPF_OTLP_RETRY_INITIAL", "2", 2.0)]),
+    "otlp.retry_max_s": (30.0, [("yaml", "", 10, 10.0), ("env", "OTEL_EBPF_OTLP_RETRY_MAX", "60", 60.0)]),
+    "otlp.retry_max_elapsed_s": (
+        300.0, [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED", "3600", 3600.0)],
+    ),
     "resource.attributes": (
         {},
         [

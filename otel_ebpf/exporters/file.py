@@ -11,8 +11,11 @@ Spans, exported for every request the agent sees, are written by :mod:`.otlp_jso
 the SDK objects (a few µs a span instead of ~150 through protobuf); metrics, exported every few
 seconds, go through protobuf messages and :func:`to_json_line`. Both yield the same document.
 
-Lines are flushed per export so a reader can ``tail -f`` them; files are opened for append, so a
-restarted agent adds to what an earlier run wrote.
+Lines are written unbuffered per export so a reader can ``tail -f`` them; files are opened for
+append, so a restarted agent adds to what an earlier run wrote. A write that fails (a full disk)
+never leaves part of a line behind (:class:`~.appendfile.AppendOnlyFile` cuts the file back to its
+last whole line); the batch is lost and counted by the sink, the failure is logged once until a
+write succeeds again, and writing resumes cleanly when space returns.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_ebpf.exporters.appendfile import AppendOnlyFile
 from otel_ebpf.exporters.errors import ExporterSetupError
 from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
 
@@ -96,14 +100,15 @@ def from_json_line(line: str, message: M) -> M:
 
 
 class _JsonLinesFile:
-    """An append-only file of JSON lines, flushed after every line, safe to share between threads."""
+    """An append-only file of whole JSON lines, safe to share between threads."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._failing = False  # log a write failure once, not once per batch
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8")
+            self._file = AppendOnlyFile(path)
         except OSError as exc:
             raise ExporterSetupError(f"file exporter cannot write {path}: {exc.strerror or exc}") from None
 
@@ -113,11 +118,16 @@ class _JsonLinesFile:
                 _logger.warning("file exporter: %s is closed, batch dropped", self.path)
                 return False
             try:
-                self._file.write(line + "\n")
-                self._file.flush()
+                self._file.append((line + "\n").encode())
             except OSError as exc:
-                _logger.error("file exporter: cannot write %s: %s", self.path, exc)
+                if not self._failing:
+                    self._failing = True
+                    _logger.error("file exporter: cannot write %s: %s; batches are dropped and counted until "
+                                  "a write succeeds", self.path, exc.strerror or exc)
                 return False
+            if self._failing:
+                self._failing = False
+                _logger.warning("file exporter: writing %s again", self.path)
         return True
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter, LogRecordEx
 
 from otel_ebpf.config import AgentConfig
 from otel_ebpf.exporters.file import FileLogExporter
-from otel_ebpf.exporters.otlp import otlp_log_exporter
+from otel_ebpf.exporters.otlp import LOGS, OTLPExporter, otlp_exporter
 from otel_ebpf.exporters.sink import EXPORTED, Account, _ExportWorker
 from otel_ebpf.selfmetrics import SelfMetrics
 
@@ -42,11 +42,13 @@ def _account(selfmetrics: SelfMetrics, exporter: str) -> Account:
 class LogSink:
     """Fans log records out to exporters without blocking the caller (see the module doc)."""
 
-    def __init__(self, selfmetrics: SelfMetrics, exporters: Mapping[str, LogRecordExporter],
+    def __init__(self, selfmetrics: SelfMetrics, exporters: Mapping[str, LogRecordExporter | OTLPExporter],
                  interval_s: float = 1.0) -> None:
         self._exporters = dict(exporters)
 
-        def export_with(exporter: LogRecordExporter):  # noqa: ANN202 — a closure per exporter
+        def export_with(exporter: LogRecordExporter | OTLPExporter):  # noqa: ANN202 — a closure per exporter
+            if isinstance(exporter, OTLPExporter):
+                return exporter.export  # its delivery counts every record
             return lambda batch: exporter.export(batch) is LogRecordExportResult.SUCCESS
 
         self._workers = {
@@ -72,20 +74,23 @@ class LogSink:
             worker.give_up()
         for name, exporter in self._exporters.items():
             try:
-                exporter.shutdown()
+                if isinstance(exporter, OTLPExporter):
+                    exporter.shutdown(max(0.0, deadline - time.monotonic()))
+                else:
+                    exporter.shutdown()
             except Exception:  # one exporter failing to close must not keep the others open
                 _logger.exception("log exporter %s failed to shut down", name)
 
 
 def build_log_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> LogSink:
     """Log exporters for ``config.exporters`` (none when ``export.disabled``)."""
-    exporters: dict[str, LogRecordExporter] = {}
+    exporters: dict[str, LogRecordExporter | OTLPExporter] = {}
     if not config.export.disabled:
         for name in config.exporters:
             if name == "file":
                 exporters[name] = FileLogExporter(config.file.output_dir)
             elif name == "otlp":
-                exporters[name] = otlp_log_exporter(config.otlp)
+                exporters[name] = otlp_exporter(config.otlp, LOGS, _account(selfmetrics, name), selfmetrics)
             elif name == "console":
                 exporters[name] = ConsoleLogRecordExporter()
     return LogSink(selfmetrics, exporters, config.export.interval_s)

@@ -1,69 +1,128 @@
-"""The SDK's OTLP exporters (gRPC or HTTP/protobuf), built from :class:`~otel_ebpf.config.OTLPConfig`.
+"""OTLP export of every signal (spans, metric points, log records, profile samples), one design.
 
-Every option is passed explicitly, so what the agent sends follows its resolved configuration (the
-SDK would otherwise read ``OTEL_EXPORTER_OTLP_*`` itself, with the Python SDK's own reading of
-``OTEL_EXPORTER_OTLP_TIMEOUT`` in seconds where the specification says milliseconds). TLS
-certificate variables (``OTEL_EXPORTER_OTLP_CERTIFICATE`` and friends) are still read by the SDK.
+:class:`OTLPExporter` encodes a batch of one signal's items into its ``Export*ServiceRequest``
+(the OpenTelemetry encoders, or :mod:`otel_ebpf.profiles.otlp`) and hands the bytes to that
+signal's :class:`~.delivery.Delivery`, which queues, retries and counts them. The four signals
+differ only in the :class:`Signal` row below: encoder and unit.
 
-The SDK exporters retry transient failures with exponential backoff, but never beyond their
-``timeout``: one batch sent to a dead backend costs at most ``otlp.timeout_s``.
+Every option is passed explicitly from :class:`~otel_ebpf.config.OTLPConfig`, so what the agent
+sends follows its resolved configuration.
 """
 
 from __future__ import annotations
 
-import grpc
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
-from opentelemetry.sdk._logs.export import LogRecordExporter
-from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
-from opentelemetry.sdk.trace.export import SpanExporter
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.message import Message
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import MetricsData
 
 from otel_ebpf.config import OTLPConfig
+from otel_ebpf.exporters.batches import BatchQueue, MemoryQueue
+from otel_ebpf.exporters.delivery import Account, Delivery
+from otel_ebpf.exporters.retry import Backoff
+from otel_ebpf.exporters.spool import Spool
+from otel_ebpf.exporters.transport import build_transport
+from otel_ebpf.selfmetrics import SelfMetrics
+
+_logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ENCODE_FAILED = "encode_failed"
 
 
-def _grpc_options(config: OTLPConfig) -> dict:
-    compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
-    return {
-        "insecure": config.insecure,
-        "headers": dict(config.headers),
-        "timeout": config.timeout_s,
-        "compression": compression,
-    }
+@dataclass(frozen=True)
+class Signal(Generic[T]):
+    name: str  # traces | metrics | logs | profiles (the endpoint and spool directory)
+    encode: Callable[[Sequence[T]], Message]
+    count: Callable[[Sequence[T]], int]  # items in a batch, in the unit losses are counted in
 
 
-def _http_options(config: OTLPConfig) -> dict:
-    compression = HttpCompression.Gzip if config.compression == "gzip" else HttpCompression.NoCompression
-    return {"headers": dict(config.headers), "timeout": config.timeout_s, "compression": compression}
+def _metric_points(batch: Sequence[MetricsData]) -> int:
+    return sum(
+        len(metric.data.data_points)
+        for data in batch
+        for resource_metrics in data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+    )
 
 
-def otlp_span_exporter(config: OTLPConfig) -> SpanExporter:
-    endpoint = config.signal_endpoint("traces")
-    if config.protocol == "grpc":
-        return GrpcSpanExporter(endpoint=endpoint, **_grpc_options(config))
-    return HttpSpanExporter(endpoint=endpoint, **_http_options(config))
+def _encode_metrics(batch: Sequence[MetricsData]) -> Message:
+    if len(batch) != 1:
+        raise ValueError("metric batches hold one collection")
+    return encode_metrics(batch[0])
 
 
-def otlp_metric_exporter(
-    config: OTLPConfig, preferred_temporality: dict[type, AggregationTemporality]
-) -> MetricExporter:
-    endpoint = config.signal_endpoint("metrics")
-    if config.protocol == "grpc":
-        return GrpcMetricExporter(
-            endpoint=endpoint, preferred_temporality=preferred_temporality, **_grpc_options(config)
-        )
-    return HttpMetricExporter(endpoint=endpoint, preferred_temporality=preferred_temporality, **_http_options(config))
+def _encode_profiles(batch: Sequence[Any]) -> Message:
+    from otel_ebpf.profiles import otlp  # profiles import this package: import it late
+
+    return otlp.encode(batch)
 
 
-def otlp_log_exporter(config: OTLPConfig) -> LogRecordExporter:
-    """Log records (GPU leak reports) to ``<endpoint>`` (gRPC) or ``<endpoint>/v1/logs`` (HTTP)."""
-    endpoint = config.signal_endpoint("logs")
-    if config.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+TRACES: Signal[Any] = Signal("traces", encode_spans, len)
+METRICS: Signal[MetricsData] = Signal("metrics", _encode_metrics, _metric_points)
+LOGS: Signal[Any] = Signal("logs", encode_logs, len)
+PROFILES: Signal[Any] = Signal("profiles", _encode_profiles, lambda batch: sum(len(p.samples) for p in batch))
 
-        return GrpcLogExporter(endpoint=endpoint, **_grpc_options(config))
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 
-    return HttpLogExporter(endpoint=endpoint, **_http_options(config))
+class OTLPExporter(Generic[T]):
+    """Encodes batches of one signal and hands them to its delivery (which accounts for them)."""
+
+    def __init__(self, signal: Signal[T], delivery: Delivery, account: Account) -> None:
+        self.signal = signal
+        self.delivery = delivery
+        self._account = account
+
+    def export(self, batch: Sequence[T]) -> None:
+        """Queue ``batch``; never waits for the backend. A batch that cannot be encoded is counted
+        as lost (``encode_failed``) and logged."""
+        count = self.signal.count(batch)
+        try:
+            body = self.signal.encode(batch).SerializeToString()
+        except Exception as exc:  # noqa: BLE001 -- a bad value loses its batch, never the exporter
+            _logger.warning("OTLP %s: batch of %d cannot be encoded (%s); dropped", self.signal.name, count, exc)
+            self._account(ENCODE_FAILED, count)
+            return
+        self.delivery.submit(body, count)
+
+    def force_flush(self, timeout_s: float) -> bool:
+        return self.delivery.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.delivery.close(timeout_s)
+
+
+def build_queue(config: OTLPConfig, signal: str, selfmetrics: SelfMetrics) -> BatchQueue:
+    """``otlp.spool_dir/<signal>`` when a spool is configured, else a queue in memory."""
+    if config.spool_dir is None:
+        return MemoryQueue(config.queue_max_batches, config.queue_max_bytes)
+
+    def corrupt(records: int) -> None:
+        selfmetrics.add("otel_ebpf.export.spool.corrupt", records, {"signal": signal})
+
+    return Spool(config.spool_dir / signal, config.spool_max_bytes, corrupt)
+
+
+def otlp_exporter(config: OTLPConfig, signal: Signal[T], account: Account, selfmetrics: SelfMetrics) -> OTLPExporter[T]:
+    """The OTLP exporter of ``signal``; ``account(outcome, items)`` hears of every item once.
+
+    Raises :class:`~otel_ebpf.exporters.errors.ExporterSetupError` when the spool cannot be used.
+    """
+    queue = build_queue(config, signal.name, selfmetrics)  # first: it is what can fail
+    delivery = Delivery(
+        signal.name,
+        build_transport(config, signal.name),
+        queue,
+        Backoff(config.retry_initial_s, config.retry_max_s),
+        account,
+        selfmetrics,
+        timeout_s=config.timeout_s,
+        max_elapsed_s=config.retry_max_elapsed_s,
+    )
+    return OTLPExporter(signal, delivery, account)

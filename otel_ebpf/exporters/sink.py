@@ -8,9 +8,9 @@ worker thread:
   and return. A full queue drops the incoming items and counts them
   (``otel_ebpf.spans.dropped{reason=queue_full}``, ``otel_ebpf.metrics.export.failed{reason=queue_full}``).
 - A worker exports a batch when ``max_batch`` spans are waiting or ``interval_s`` has passed since
-  its last export, whichever is first; a failed export is counted
-  (``reason=export_failed``), never retried here — the SDK OTLP exporters already retry within
-  their timeout, so one batch costs at most ``otlp.timeout_s`` and the queue bound holds meanwhile.
+  its last export, whichever is first; a failed file or console export is counted
+  (``reason=export_failed``). The OTLP exporter only encodes the batch and queues it for its
+  :class:`~.delivery.Delivery`, which retries, keeps the order and counts every span itself.
 - ``shutdown`` drains what it can within its timeout, counts the rest (``reason=shutdown``) and
   shuts the exporters down.
 
@@ -19,13 +19,14 @@ Every span handed in is eventually counted exactly once per exporter: exported o
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -47,7 +48,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_ebpf.config import AgentConfig
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter
-from otel_ebpf.exporters.otlp import otlp_metric_exporter, otlp_span_exporter
+from otel_ebpf.exporters.otlp import METRICS, TRACES, OTLPExporter, otlp_exporter
 from otel_ebpf.selfmetrics import SelfMetrics
 
 _logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class _ExportWorker(Generic[T]):
     def __init__(
         self,
         name: str,
-        export: Callable[[list[T]], bool],
+        export: Callable[[list[T]], bool | None],
         account: Account,
         *,
         capacity: int,
@@ -160,7 +161,7 @@ class _ExportWorker(Generic[T]):
                 self._in_flight = 0
                 self._last_export = time.monotonic()
                 self._cond.notify_all()
-            if counted:
+            if counted and ok is not None:  # None: handed on to a delivery, which counts it
                 self._account(EXPORTED if ok else EXPORT_FAILED, len(batch))
 
     def flush(self, timeout_s: float) -> bool:
@@ -224,6 +225,16 @@ def _metric_account(selfmetrics: SelfMetrics, exporter: str) -> Account:
     return account
 
 
+def _point_account(selfmetrics: SelfMetrics, exporter: str) -> Account:
+    """OTLP counts metric losses in points (a collection may be partly of no interest, never half lost)."""
+
+    def account(outcome: str, count: int) -> None:
+        if outcome != EXPORTED:
+            selfmetrics.add("otel_ebpf.metrics.points.dropped", count, {"reason": outcome, "exporter": exporter})
+
+    return account
+
+
 class TelemetrySink:
     """Fans spans and metrics out to exporters without ever blocking the caller.
 
@@ -236,8 +247,8 @@ class TelemetrySink:
     def __init__(
         self,
         selfmetrics: SelfMetrics,
-        span_exporters: Mapping[str, SpanExporter],
-        metric_exporters: Mapping[str, MetricExporter],
+        span_exporters: Mapping[str, SpanExporter | OTLPExporter],
+        metric_exporters: Mapping[str, MetricExporter | OTLPExporter],
         *,
         max_queue_spans: int = 20000,
         max_batch: int = 512,
@@ -270,6 +281,7 @@ class TelemetrySink:
             for name, exporter in self._metric_exporters.items()
         }
         self._shut_down = False
+        self._spans_shut_down = False
 
     @property
     def exporters(self) -> tuple[str, ...]:
@@ -294,7 +306,10 @@ class TelemetrySink:
         """Export everything queued so far; True if all exporters finished within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         workers = [*self._span_workers.values(), *self._metric_workers.values()]
-        return all([worker.flush(deadline - time.monotonic()) for worker in workers])
+        queued = all([worker.flush(deadline - time.monotonic()) for worker in workers])
+        deliveries = [e for e in [*self._span_exporters.values(), *self._metric_exporters.values()]
+                      if isinstance(e, OTLPExporter)]
+        return all([queued, *[e.force_flush(max(0.0, deadline - time.monotonic())) for e in deliveries]])
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush what is queued, then shut every exporter down; returns within ``timeout_s``.
@@ -307,33 +322,58 @@ class TelemetrySink:
         if self._shut_down:
             return
         self._shut_down = True
-        start = time.monotonic()
-        workers = [*self._span_workers.values(), *self._metric_workers.values()]
-        for worker in workers:
-            worker.stop()
-        for worker in workers:
-            worker.join(start + 0.8 * timeout_s - time.monotonic())
-        for worker in workers:
-            worker.drop_queued()
-        for name, span_exporter in self._span_exporters.items():
-            _shutdown_quietly(name, span_exporter.shutdown)
-        left_ms = max(0.0, (start + 0.95 * timeout_s - time.monotonic()) * 1000)
-        for name, metric_exporter in self._metric_exporters.items():
-            _shutdown_quietly(name, lambda exporter=metric_exporter: exporter.shutdown(timeout_millis=left_ms))
-        for worker in workers:
-            worker.join(start + 0.95 * timeout_s - time.monotonic())
-        for worker in workers:
-            worker.give_up()
+        workers: list[_ExportWorker] = [*self._metric_workers.values()]
+        exporters: list[tuple[str, SpanExporter | MetricExporter | OTLPExporter]] = [*self._metric_exporters.items()]
+        if not self._spans_shut_down:
+            self._spans_shut_down = True
+            workers += self._span_workers.values()
+            exporters += self._span_exporters.items()
+        _shut_down(workers, exporters, timeout_s)
+
+    def shutdown_spans(self, timeout_s: float) -> None:
+        """Shut the span side down as :meth:`shutdown` does, leaving metrics open: self-metrics
+        collected after this account for every span (exported, or lost with its reason)."""
+        if not self._spans_shut_down:
+            self._spans_shut_down = True
+            _shut_down(list(self._span_workers.values()), list(self._span_exporters.items()), timeout_s)
 
 
-def _export_spans_with(exporter: SpanExporter) -> Callable[[list[ReadableSpan]], bool]:
+def _shut_down(workers: Sequence[_ExportWorker], exporters: Sequence[tuple[str, Any]], timeout_s: float) -> None:
+    start = time.monotonic()
+    for worker in workers:
+        worker.stop()
+    for worker in workers:
+        worker.join(start + 0.8 * timeout_s - time.monotonic())
+    for worker in workers:
+        worker.drop_queued()
+    for name, exporter in exporters:
+        left_s = max(0.0, start + 0.9 * timeout_s - time.monotonic())
+        if isinstance(exporter, OTLPExporter):  # drains in its own time, spools or counts the rest
+            _shutdown_quietly(name, functools.partial(exporter.shutdown, left_s))
+        elif isinstance(exporter, MetricExporter):
+            _shutdown_quietly(name, functools.partial(exporter.shutdown, timeout_millis=left_s * 1000))
+        else:
+            _shutdown_quietly(name, exporter.shutdown)
+    for worker in workers:
+        worker.join(start + 0.95 * timeout_s - time.monotonic())
+    for worker in workers:
+        worker.give_up()
+
+
+def _export_spans_with(exporter: SpanExporter | OTLPExporter) -> Callable[[list[ReadableSpan]], bool | None]:
+    if isinstance(exporter, OTLPExporter):
+        return exporter.export
+
     def export(batch: list[ReadableSpan]) -> bool:
         return exporter.export(batch) is SpanExportResult.SUCCESS
 
     return export
 
 
-def _export_metrics_with(exporter: MetricExporter) -> Callable[[list[MetricsData]], bool]:
+def _export_metrics_with(exporter: MetricExporter | OTLPExporter) -> Callable[[list[MetricsData]], bool | None]:
+    if isinstance(exporter, OTLPExporter):
+        return exporter.export
+
     def export(batch: list[MetricsData]) -> bool:
         results = [exporter.export(data) for data in batch]
         return all(result is MetricExportResult.SUCCESS for result in results)
@@ -348,10 +388,6 @@ def _shutdown_quietly(name: str, shutdown: Callable[[], None]) -> None:
         _logger.exception("exporter %s failed to shut down", name)
 
 
-def _otlp(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
-    return otlp_span_exporter(config.otlp), otlp_metric_exporter(config.otlp, temporality)
-
-
 def _file(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
     return FileSpanExporter(config.file.output_dir), FileMetricExporter(config.file.output_dir, temporality)
 
@@ -360,7 +396,7 @@ def _console(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, Metr
     return ConsoleSpanExporter(), ConsoleMetricExporter(preferred_temporality=temporality)
 
 
-_FACTORIES = {"otlp": _otlp, "file": _file, "console": _console}
+_FACTORIES = {"file": _file, "console": _console}
 
 
 def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
@@ -369,13 +405,18 @@ def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
     Raises :class:`~otel_ebpf.exporters.errors.ExporterSetupError` when an exporter cannot start.
     """
     temporality = temporality_preference(config.export.metric_temporality)
-    span_exporters: dict[str, SpanExporter] = {}
-    metric_exporters: dict[str, MetricExporter] = {}
+    span_exporters: dict[str, SpanExporter | OTLPExporter] = {}
+    metric_exporters: dict[str, MetricExporter | OTLPExporter] = {}
     if config.export.disabled:
         _logger.info("OTEL_SDK_DISABLED is set: exporting nothing (self-metrics are still counted)")
     else:
         for name in config.exporters:
-            span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
+            if name == "otlp":
+                span_exporters[name] = otlp_exporter(config.otlp, TRACES, _span_account(selfmetrics, name), selfmetrics)
+                metric_exporters[name] = otlp_exporter(config.otlp, METRICS, _point_account(selfmetrics, name),
+                                                       selfmetrics)
+            else:
+                span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
     return TelemetrySink(
         selfmetrics,
         span_exporters,

@@ -14,15 +14,19 @@ import logging
 import queue
 import re
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from otel_ebpf.exporters.appendfile import AppendOnlyFile
+from otel_ebpf.exporters.delivery import EXPORTED
 from otel_ebpf.exporters.file import to_json_line
+from otel_ebpf.exporters.otlp import PROFILES, OTLPExporter, otlp_exporter
 from otel_ebpf.profiles import flamegraph, otlp, pprof
 from otel_ebpf.profiles.model import Profile
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -47,8 +51,9 @@ class ProfileDestination(ABC):
     def export(self, profiles: Sequence[Profile]) -> None:
         """Send one interval's profiles; raise on failure."""
 
-    def close(self) -> None:
-        """Release what the destination holds (files, connections); nothing by default."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Release what the destination holds (files, connections) within ``timeout_s``; nothing by
+        default."""
 
 
 class FileProfiles(ProfileDestination):
@@ -61,12 +66,11 @@ class FileProfiles(ProfileDestination):
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.flamegraphs = flamegraphs
-        self._stream = (self.output_dir / PROFILES_FILE).open("a", encoding="utf-8")
+        self._stream = AppendOnlyFile(self.output_dir / PROFILES_FILE)  # whole lines, even on a full disk
         self._folded: dict[tuple[str, str], dict[str, int]] = {}  # (service, type) -> cumulative stacks
 
     def export(self, profiles: Sequence[Profile]) -> None:
-        self._stream.write(to_json_line(otlp.encode(profiles)) + "\n")
-        self._stream.flush()
+        self._stream.append((to_json_line(otlp.encode(profiles)) + "\n").encode())
         if not self.flamegraphs:
             return
         touched = set()
@@ -85,47 +89,25 @@ class FileProfiles(ProfileDestination):
             (directory / f"{stem}.folded").write_text(flamegraph.format_folded(stacks))
             (directory / f"{stem}.svg").write_text(flamegraph.render_svg(stacks, f"{service} — {kind}", kind))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         self._stream.close()
 
 
 class OTLPProfiles(ProfileDestination):
-    """``ProfilesService/Export`` over gRPC, or ``POST .../v1development/profiles`` over HTTP."""
+    """``ProfilesService/Export`` over gRPC, or ``POST .../v1development/profiles`` over HTTP, through
+    the queued, retrying delivery every OTLP signal shares (:mod:`otel_ebpf.exporters.otlp`); it
+    counts lost samples itself, so an export here never raises."""
 
     name = "otlp"
 
-    def __init__(self, endpoint: str, protocol: str, headers: dict[str, str], timeout_s: float,
-                 insecure: bool = True, compression: str = "none") -> None:
-        self.endpoint, self.protocol, self.headers = endpoint, protocol, dict(headers)
-        self.timeout_s, self.compression = timeout_s, compression
-        self._channel = None
-        if protocol == "grpc":
-            import grpc  # noqa: PLC0415
-            from opentelemetry.proto.collector.profiles.v1development import (  # noqa: PLC0415
-                profiles_service_pb2_grpc,
-            )
-
-            target = urllib.parse.urlsplit(endpoint).netloc or endpoint
-            self._channel = (grpc.insecure_channel(target) if insecure
-                             else grpc.secure_channel(target, grpc.ssl_channel_credentials()))
-            self._stub = profiles_service_pb2_grpc.ProfilesServiceStub(self._channel)
-            self._grpc_compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
+    def __init__(self, exporter: OTLPExporter) -> None:
+        self._exporter = exporter
 
     def export(self, profiles: Sequence[Profile]) -> None:
-        request = otlp.encode(profiles)
-        if self._channel is not None:
-            self._stub.Export(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()),
-                              compression=self._grpc_compression)
-            return
-        body = request.SerializeToString()
-        headers = {"Content-Type": "application/x-protobuf", **self.headers}
-        if self.compression == "gzip":
-            body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
-        _post(self.endpoint, body, headers, self.timeout_s)
+        self._exporter.export(profiles)
 
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._exporter.shutdown(timeout_s)
 
 
 class PyroscopeProfiles(ProfileDestination):
@@ -211,13 +193,22 @@ class ProfileSink:
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Export what is queued (within ``timeout_s``), then close the destinations."""
+        deadline = time.monotonic() + timeout_s
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             pass
-        self._thread.join(timeout_s)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         for destination in self.destinations:
-            destination.close()
+            destination.close(max(0.0, deadline - time.monotonic()))
+
+
+def _otlp_account(selfmetrics: SelfMetrics) -> Callable[[str, int], None]:
+    def account(outcome: str, samples: int) -> None:
+        if outcome != EXPORTED:
+            selfmetrics.add("otel_ebpf.profiles.samples.unexported", samples, {"reason": outcome, "exporter": "otlp"})
+
+    return account
 
 
 def build_profile_sink(config, selfmetrics: SelfMetrics) -> ProfileSink:  # config: AgentConfig
@@ -227,9 +218,8 @@ def build_profile_sink(config, selfmetrics: SelfMetrics) -> ProfileSink:  # conf
         if "file" in config.exporters:
             destinations.append(FileProfiles(config.file.output_dir, config.profiling.flamegraphs))
         if "otlp" in config.exporters:
-            o = config.otlp
-            destinations.append(OTLPProfiles(o.signal_endpoint("profiles"), o.protocol, dict(o.headers), o.timeout_s,
-                                             o.insecure, o.compression))
+            destinations.append(OTLPProfiles(otlp_exporter(config.otlp, PROFILES, _otlp_account(selfmetrics),
+                                                           selfmetrics)))
         if config.profiling.pyroscope_url:
             destinations.append(PyroscopeProfiles(config.profiling.pyroscope_url, config.otlp.timeout_s))
     return ProfileSink(destinations, selfmetrics)

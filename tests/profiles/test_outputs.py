@@ -16,6 +16,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 
 from otel_ebpf.cli import main as cli_main
 from otel_ebpf.config import load_config
+from otel_ebpf.exporters.otlp import PROFILES, otlp_exporter
 from otel_ebpf.profiles import flamegraph, otlp, pprof
 from otel_ebpf.profiles.exporter import (
     FileProfiles,
@@ -114,9 +115,11 @@ def test_sink_sends_to_a_real_otlp_receiver_over_grpc_and_http() -> None:
     profiles = build().take(5_000)
     metrics = SelfMetrics()
     with OTLPReceiver() as rx:
-        sink = ProfileSink([OTLPProfiles(rx.grpc_endpoint, "grpc", {"x-tenant": "a"}, 5),
-                            OTLPProfiles(rx.http_endpoint + "/v1development/profiles", "http/protobuf", {}, 5,
-                                         compression="gzip")], metrics)
+        grpc_config = load_config({"otlp_endpoint": rx.grpc_endpoint}, {"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=a"}).otlp
+        http_config = load_config({"otlp_endpoint": rx.http_endpoint, "otlp_protocol": "http/protobuf"},
+                                  {"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}).otlp
+        sink = ProfileSink([OTLPProfiles(otlp_exporter(config, PROFILES, lambda outcome, n: None, metrics))
+                            for config in (grpc_config, http_config)], metrics)
         sink.export(profiles)
         sink.shutdown()
         assert rx.wait_for(lambda r: len(r.requests("profiles")) == 2, timeout=10)
@@ -125,6 +128,7 @@ def test_sink_sends_to_a_real_otlp_receiver_over_grpc_and_http() -> None:
         for request in rx.requests("profiles"):
             assert otlp.validate(request) == []
     assert metrics.total("otel_ebpf.profiles.export.failed") == 0
+    assert metrics.total("otel_ebpf.export.attempts.failed") == 0
 
 
 def test_profiles_endpoint_from_the_configuration() -> None:
