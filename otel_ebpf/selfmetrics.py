@@ -64,6 +64,10 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.profiles.stacks.truncated": (
         "{item}", "Python stacks cut short, by reason: samples deeper than the BPF walker's frame limit "
         "(python_truncated), Python processes the walker's table had no room for (python_table_full)", False),
+    "otel_ebpf.profiles.invalid": (
+        "{item}", "Profile parts with a number out of range for its OTLP/pprof field, by action: frames kept with "
+        "address or line 0, unknown (frame_replaced), samples dropped (sample_dropped), links dropped "
+        "(link_dropped), profiles with a bad period or time dropped (profile_dropped)", False),
     "otel_ebpf.profiles.export.failed": ("{export}", "Profile exports that failed or were dropped, by exporter",
                                          False),
     "otel_ebpf.protocol.drops": (

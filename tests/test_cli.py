@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,12 +53,12 @@ def _no_such_pid() -> int:
     return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
 
 
-def _run_briefly(*args: str):  # noqa: ANN202 -- a CompletedProcess
+def _run_briefly(*args: str) -> subprocess.CompletedProcess[str]:
     """The agent as a user would start it, bounded in case the check under test let it run."""
     return run_agent_command(*args, "--duration", "3") if args[0] != "replay" else run_agent_command(*args)
 
 
-def _assert_refused(result, *expected: str) -> None:  # noqa: ANN001 -- a CompletedProcess
+def _assert_refused(result: subprocess.CompletedProcess[str], *expected: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "probes attached" not in result.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from tests.conftest import AGENT, REPO
 pytestmark = pytest.mark.bpf
 
 
-def test_stale_ready_file_goes_first_and_a_target_gone_during_start_up_stops_the_agent(tmp_path) -> None:  # noqa: ANN001
+def test_stale_ready_file_goes_first_and_a_target_gone_during_start_up_stops_the_agent(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     ready.write_text("424242\n")  # what a killed agent left behind
     target = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
