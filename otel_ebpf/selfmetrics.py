@@ -73,6 +73,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.protocol.drops": (
         "{item}", "What a plugin's shared state dropped or could not resolve, by protocol and reason (RTPS: "
         "discovery entries evicted, samples of unknown writers, sample and call table evictions)", False),
+    "otel_ebpf.protocol.failures": (
+        "{connection}", "Connections given up because their protocol plugin raised on their bytes, by protocol "
+        "(\"sniff\" when no plugin had claimed the connection yet)", False),
     "otel_ebpf.gpu.calls": ("{call}", "GPU library calls decoded from the kernel (CUDA, NCCL, PyTorch USDT)", False),
     "otel_ebpf.gpu.libraries": ("{file}", "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",
                                 True),
