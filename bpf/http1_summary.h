@@ -35,6 +35,7 @@
 #define SHED_RING_FULL 3 // an event of the exchange was lost: the rest of it is not copied
 
 #define METHOD_OTHER 0
+#define METHOD_CONNECT 8  // known_method()
 #define HTTP_NBUCKETS 15  // http.*.request.duration buckets (semantic conventions) and +Inf
 
 struct http_state {
@@ -173,7 +174,7 @@ static __always_inline u8 known_method(u64 w) {
     if ((w & 0xffffffffff) == 0x2044414548) return 5;            // "HEAD "
     if (w == 0x20534e4f4954504f) return 6;                       // "OPTIONS "
     if ((w & 0xffffffffffff) == 0x204843544150) return 7;        // "PATCH "
-    if (w == 0x205443454e4e4f43) return 8;                       // "CONNECT "
+    if (w == 0x205443454e4e4f43) return METHOD_CONNECT;          // "CONNECT "
     if ((w & 0xffffffffffff) == 0x204543415254) return 9;        // "TRACE "
     return METHOD_OTHER;
 }
@@ -272,7 +273,9 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
     h->resp_minor = m.minor;
     h->resp_end = 0;
     http_measure(tgid, role, tls, h, ts);
-    if (m.status == 101) {  // the connection now speaks another protocol
+    // 101, or a 2xx to CONNECT (a tunnel): the connection now speaks another protocol, whose
+    // bytes may look like HTTP/1 (a CONNECT to port 80) and must not be counted as requests.
+    if (m.status == 101 || (h->resp_method == METHOD_CONNECT && m.status >= 200 && m.status < 300)) {
         h->resp_status = 0;
         h->state = HTTP_NO;
     }

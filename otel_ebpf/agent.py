@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -30,6 +29,7 @@ from .events import Event
 from .exporters import build_sink
 from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
+from .preflight import StartupError, exited, write_ready_file
 from .reorder import EventReorderer
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
@@ -213,8 +213,9 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             profiling = agent.start_profiling()
         if agent is not None and config.gpu.enabled != "false":
             gpu = _start_gpu(agent, profiling)
+        _check_targets_alive(config)
         if config.run.ready_file:
-            Path(config.run.ready_file).write_text(f"{os.getpid()}\n")
+            write_ready_file(config.run.ready_file)
         next_kernel_stats = 0.0
         # What the budget weighs: the CPU that grows with traffic (reading the ring, the pipeline),
         # not start-up, /proc scans or symbolising profiles, which shedding could not reduce.
@@ -256,6 +257,18 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             log.info("stopped: %s", _summary(agent.selfmetrics))
         detaching.join()
     return 0
+
+
+def _check_targets_alive(config: AgentConfig) -> None:
+    """The ``--pid`` targets existed before the probes attached (preflight); one may have exited
+    since. With none left and no other target nothing could ever be traced: stop rather than
+    report ready."""
+    gone = exited(config.targets.pids)
+    if not gone:
+        return
+    if len(gone) == len(config.targets.pids) and not config.targets.executables:
+        raise StartupError(f"targets.pids (--pid): exited while the agent started: {', '.join(map(str, gone))}")
+    log.warning("target process(es) %s exited while the agent started", ", ".join(map(str, gone)))
 
 
 def _start_gpu(agent: Agent, profiling: object | None) -> object:

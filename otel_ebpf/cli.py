@@ -108,13 +108,15 @@ def _cmd_doctor() -> int:
 
 def _cmd_run(args: argparse.Namespace, export: bool) -> int:
     from .agent import run_live
+    from .preflight import check_start
 
     config = _load_config(args)
+    record_path = getattr(args, "record", None)
+    check_start(config, record_path, export)
     if os.geteuid() != 0:
         print("otel-ebpf: attaching eBPF programs needs root (or CAP_BPF + CAP_PERFMON); "
               "run `otel-ebpf doctor` for details", file=sys.stderr)
         return 1
-    record_path = getattr(args, "record", None)
     if record_path is None:
         return run_live(config, None, export)
     with open(record_path, "w", encoding="utf-8") as stream:
@@ -123,9 +125,11 @@ def _cmd_run(args: argparse.Namespace, export: bool) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .agent import replay
+    from .preflight import check_outputs
     from .recording import RecordingError, read_recording
 
     config = _load_config(args)
+    check_outputs(config, None)
     try:
         with open(args.recording, encoding="utf-8") as stream:
             header, events = read_recording(stream)
@@ -141,6 +145,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .preflight import StartupError
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -159,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return render_main(args.profile_file, args.output, args.folded, args.service)
         return _cmd_replay(args)
+    except StartupError as exc:
+        print(f"otel-ebpf: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except (RuntimeError, ImportError) as exc:  # a probe that cannot load, a broken plugin
         print(f"otel-ebpf: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ connection no plugin claims within a bounded amount of traffic is handed back to
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from .protocol import (
     Transport,
 )
 from .selfmetrics import SelfMetrics
+
+log = logging.getLogger(__name__)
 
 # How much undecided traffic a connection may show before it is declared unknown.
 SNIFF_MAX_EVENTS = 16
@@ -97,6 +100,7 @@ class ConnectionTracker:
         self.on_unknown = on_unknown  # told which connections no plugin claimed
         self._table: OrderedDict[ConnKey, Connection] = OrderedDict()
         self._reported_drops: dict[tuple[str, str], int] = {}  # (protocol, reason) -> reported
+        self._failed: set[str] = set()  # protocols whose failure was logged
 
     def __len__(self) -> int:
         return len(self._table)
@@ -135,9 +139,11 @@ class ConnectionTracker:
             # A UDP socket is unconnected: the peer is the datagram's, and what the exchanges this
             # datagram completes describe (they are reported before the next datagram comes).
             conn.peer = event.peer
-        if conn.session is None:
-            return self._sniff(conn, event)
-        return self._feed(conn, event)
+        try:
+            return self._sniff(conn, event) if conn.session is None else self._feed(conn, event)
+        except Exception as exc:  # noqa: BLE001 -- a plugin's bug or limit costs its connection, not the agent
+            self._give_up(conn, exc)
+            return []
 
     def close(self, event: ConnClose) -> list[Outcome]:
         conn = self._table.pop(event.key, None)
@@ -251,10 +257,31 @@ class ConnectionTracker:
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         if conn.session is None:
             return []
-        done = self._stitch(conn, conn.session.close(timestamp_ns), 0) if closed else []
-        done += [(conn, exchange, 0) for exchange in conn.stitcher.flush(timestamp_ns)]
+        try:
+            done = self._stitch(conn, conn.session.close(timestamp_ns), 0) if closed else []
+            done += [(conn, exchange, 0) for exchange in conn.stitcher.flush(timestamp_ns)]
+        except Exception as exc:  # noqa: BLE001 -- as in data()
+            self._give_up(conn, exc)
+            return []
         self._account(conn)
         return done
+
+    def _give_up(self, conn: Connection, exc: Exception) -> None:
+        """A plugin raised on this connection's bytes. Only the connection pays: what its session
+        held is lost and it is left alone like one no plugin claims (the kernel stops copying it);
+        the failure is counted, and logged with its traceback once per protocol."""
+        name = conn.protocol.name if conn.protocol is not None else "sniff"
+        self._metrics.add("otel_ebpf.protocol.failures", 1, {"protocol": name})
+        if name not in self._failed:
+            self._failed.add(name)
+            log.warning("protocol %s raised on a connection of process %d; connection left alone (counted in "
+                        "otel_ebpf.protocol.failures, later failures not logged)", name, conn.key[0], exc_info=exc)
+        conn.unknown = True
+        conn.session = conn.stitcher = None
+        conn.pending.clear()
+        conn.heads.clear()
+        if self.on_unknown is not None:
+            self.on_unknown(conn.key)
 
     def _drop_partial(self, conn: Connection) -> None:
         """The kernel lost events of this connection and counted the exchanges they belonged to as

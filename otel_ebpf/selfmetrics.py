@@ -66,11 +66,18 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.profiles.stacks.truncated": (
         "{item}", "Python stacks cut short, by reason: samples deeper than the BPF walker's frame limit "
         "(python_truncated), Python processes the walker's table had no room for (python_table_full)", False),
+    "otel_ebpf.profiles.invalid": (
+        "{item}", "Profile parts with a number out of range for its OTLP/pprof field, by action: frames kept with "
+        "address or line 0, unknown (frame_replaced), samples dropped (sample_dropped), links dropped "
+        "(link_dropped), profiles with a bad period or time dropped (profile_dropped)", False),
     "otel_ebpf.profiles.export.failed": ("{export}", "Profile exports that failed or were dropped, by exporter",
                                          False),
     "otel_ebpf.protocol.drops": (
         "{item}", "What a plugin's shared state dropped or could not resolve, by protocol and reason (RTPS: "
         "discovery entries evicted, samples of unknown writers, sample and call table evictions)", False),
+    "otel_ebpf.protocol.failures": (
+        "{connection}", "Connections given up because their protocol plugin raised on their bytes, by protocol "
+        "(\"sniff\" when no plugin had claimed the connection yet)", False),
     "otel_ebpf.gpu.calls": ("{call}", "GPU library calls decoded from the kernel (CUDA, NCCL, PyTorch USDT)", False),
     "otel_ebpf.gpu.libraries": ("{file}", "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",
                                 True),

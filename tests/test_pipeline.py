@@ -32,7 +32,7 @@ from otel_ebpf.events import (
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
 from otel_ebpf.reorder import EventReorderer
-from otel_ebpf.protocol import Direction, Endpoint, Role, Transport, load_protocols
+from otel_ebpf.protocol import Direction, Endpoint, Protocol, Role, Session, Sniff, Stitcher, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
 from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -884,3 +884,54 @@ def test_sampling_keeps_errors_and_slow_requests_and_counts_the_rest_metrics_unt
     table = points(run.telemetry.collect_metrics(at(100)))
     durations = [p for key, p in table.items() if key[1] == "http.server.request.duration"]
     assert sum(p.count for p in durations) == 3
+
+
+# ---- a plugin that raises costs its connection, not the agent -------------------------------------
+
+
+class _Raising(Protocol):
+    """Claims connections that start with ``BOOM``; its session raises on ``die`` and on close."""
+
+    name = "raising"
+    transports = frozenset({Transport.TCP})
+
+    def sniff(self, direction: Direction, data: bytes) -> Sniff:
+        return Sniff(data.startswith(b"BOOM"), role=Role.SERVER)
+
+    def new_session(self, role: Role) -> Session:
+        class Dying(Session):
+            def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list:
+                if b"die" in data:
+                    raise KeyError("a plugin bug")
+                return []
+
+            def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list:
+                return []
+
+            def close(self, timestamp_ns: int) -> list:
+                raise ValueError("a plugin bug on close")
+
+        return Dying()
+
+    def new_stitcher(self, role: Role) -> Stitcher:
+        return PROTOCOLS[0].new_stitcher(role)
+
+
+def test_a_plugin_that_raises_costs_only_its_connection() -> None:
+    selfmetrics = SelfMetrics()
+    unknown: list[ConnKey] = []
+    tracker = ConnectionTracker([_Raising(), *PROTOCOLS], selfmetrics, on_unknown=unknown.append)
+    telemetry = Telemetry(PROTOCOLS, HOST, {}, selfmetrics, 1024, DELTA_KINDS["cumulative"], False, None)
+    pipeline = Pipeline(tracker, telemetry, selfmetrics, reorderer=EventReorderer(selfmetrics, window_ns=0))
+    pipeline.handle([
+        opened(0, 10, 3), opened(0, 10, 4), opened(0, 10, 5),
+        data(1, 10, 3, IN, b"BOOM hello"), data(2, 10, 3, IN, b"then die"),  # given up here
+        data(3, 10, 3, IN, b"more die"),  # ignored: the connection is left alone
+        data(1, 10, 4, IN, b"BOOM quiet"), closed(5, 10, 4),  # raises on close
+        data(4, 10, 5, IN, get("/a")), data(5, 10, 5, OUT, ok(b"hi")),
+    ])
+    spans = telemetry.take_spans()
+    assert [s.name for s in spans] == ["GET /a"]
+    assert selfmetrics.total("otel_ebpf.protocol.failures") == 2
+    assert [o.attributes for o in selfmetrics._observe("otel_ebpf.protocol.failures")] == [{"protocol": "raising"}]
+    assert unknown == [(10, 3, 0), (10, 4, 0)]

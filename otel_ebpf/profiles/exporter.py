@@ -184,6 +184,10 @@ class ProfileSink:
             batch = self._queue.get()
             if batch is None:
                 return
+            # once for every destination: a bad value costs its frame or sample, not the batch
+            batch, invalid = otlp.in_range(batch)
+            for action, count in invalid.items():
+                self._metrics.add("otel_ebpf.profiles.invalid", count, {"action": action})
             for destination in self.destinations:
                 try:
                     destination.export(batch)

@@ -10,7 +10,9 @@ request back (the ``flamegraph`` command renders ``profiles.jsonl`` through it),
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
@@ -26,13 +28,15 @@ FRAME_TYPE = "profile.frame.type"  # semantic convention: cpython, native, kerne
 BUILD_ID = "process.executable.build_id.gnu"
 _FRAME_TYPES = {FrameKind.PYTHON: "cpython", FrameKind.NATIVE: "native", FrameKind.KERNEL: "kernel"}
 _KINDS = {value: kind for kind, value in _FRAME_TYPES.items()}
+_INT64 = 1 << 63
 
 
 def any_value(value: Any) -> AnyValue:
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):
-        return AnyValue(int_value=value)
+        # an int beyond int64 keeps its digits as text rather than failing the request
+        return AnyValue(int_value=value) if -_INT64 <= value < _INT64 else AnyValue(string_value=str(value))
     if isinstance(value, float):
         return AnyValue(double_value=value)
     if isinstance(value, (list, tuple)):
@@ -40,6 +44,70 @@ def any_value(value: Any) -> AnyValue:
         result.array_value.values.extend(any_value(v) for v in value)
         return result
     return AnyValue(string_value=str(value))
+
+
+def in_range(profiles: Iterable[Profile]) -> tuple[list[Profile], Counter[str]]:
+    """``profiles`` with every number inside its field, so that one bad value cannot fail the export
+    of a whole batch (OTLP and pprof use the same widths: uint64 addresses, int64 lines, values and
+    periods, uint64 times, 16- and 8-byte ids).
+
+    A frame whose address or line is out of range keeps its place with 0 there, which both formats
+    read as unknown: an unwinder that returned -1 for one frame still named the frames around it,
+    and the sample's count stays true. A sample whose value or timestamp is out of range is
+    dropped, as no replacement would be true; a link with an id out of range is dropped, its
+    sample kept. Returns the profiles and the counts of what was done (``frame_replaced``,
+    ``sample_dropped``, ``link_dropped``, ``profile_dropped``: a period or time out of range).
+    """
+    problems: Counter[str] = Counter()
+    result = []
+    for profile in profiles:
+        if not (_signed64(profile.period) and _unsigned(profile.start_ns) and _unsigned(profile.end_ns)):
+            problems["profile_dropped"] += 1
+            continue
+        bad_frames = {f for key in profile.samples for f in key.stack if not _frame_fits(f)}
+        bad_samples = {key for key, values in profile.samples.items()
+                       if not _numbers_fit(values, profile.timestamps.get(key, ()))}
+        bad_links = {key for key in profile.samples if not _link_fits(key.link)} - bad_samples
+        if not (bad_frames or bad_samples or bad_links):
+            result.append(profile)
+            continue
+        problems.update(frame_replaced=len(bad_frames), sample_dropped=len(bad_samples), link_dropped=len(bad_links))
+        samples: dict[SampleKey, list[int]] = {}
+        timestamps: dict[SampleKey, list[int]] = {}
+        for key, values in profile.samples.items():
+            if key in bad_samples:
+                continue
+            stack = tuple(replace(f, address=f.address if _unsigned(f.address) else 0,
+                                  line=f.line if _signed64(f.line) else 0) if f in bad_frames else f
+                          for f in key.stack)
+            fixed = SampleKey(stack, None if key in bad_links else key.link, key.attributes)
+            known = samples.get(fixed)  # two frames may differ only by what was replaced
+            samples[fixed] = list(values) if known is None else [a + b for a, b in zip(known, values, strict=True)]
+            stamps = profile.timestamps.get(key)
+            if stamps:
+                timestamps.setdefault(fixed, []).extend(stamps)
+        result.append(replace(profile, samples=samples, timestamps=timestamps))
+    return result, problems
+
+
+def _signed64(value: int) -> bool:
+    return -_INT64 <= value < _INT64
+
+
+def _unsigned(value: int, bits: int = 64) -> bool:
+    return 0 <= value < 1 << bits
+
+
+def _frame_fits(frame: Frame) -> bool:
+    return _unsigned(frame.address) and _signed64(frame.line)
+
+
+def _numbers_fit(values: Sequence[int], stamps: Sequence[int]) -> bool:
+    return all(map(_signed64, values)) and all(map(_unsigned, stamps))
+
+
+def _link_fits(link: tuple[int, int] | None) -> bool:
+    return link is None or (_unsigned(link[0], 128) and _unsigned(link[1]))
 
 
 def plain_value(value: AnyValue) -> Any:

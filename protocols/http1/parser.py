@@ -49,6 +49,7 @@ _TRAILERS = 6
 _UNTIL_CLOSE = 7  # response body delimited by the connection's end
 _OPAQUE = 8  # no more HTTP/1 in this direction (tunnel, upgrade, closed)
 _PEEK = 9  # response Content-Length body, unless it starts with the next status line
+_IN_BODY = frozenset({_LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE})
 
 # what a head says about the body that follows
 _NO_BODY, _INTERIM, _TUNNEL, _FIXED, _PEEK_FIXED, _CHUNKED, _TO_CLOSE, _INVALID = range(8)
@@ -123,19 +124,20 @@ def _field(line: str) -> tuple[str, str] | None:
 def _parse_fields_by_line(text: str) -> tuple[tuple[str, str], ...] | None:
     fields: list[tuple[str, str]] = []
     for line in text.split("\n"):
-        line = line.rstrip("\r")
-        if not line:
+        if not line.rstrip("\r"):
             continue
         if line[0] in " \t":
             if not fields:
                 return None
             name, value = fields[-1]
-            fields[-1] = (name, value + " " + line.strip(" \t"))
+            more = line.rstrip("\r").strip(" \t")
+            # a fold of an empty first line ("Connection:" then " close") adds no space
+            fields[-1] = (name, f"{value} {more}" if value and more else value or more)
             continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or " " in name or "\t" in name:
+        field = _field(line)  # the fast path's rules, so both paths accept the same lines
+        if field is None:
             return None
-        fields.append((name.lower(), value.strip(" \t")))
+        fields.append(field)
     return tuple(fields)
 
 
@@ -235,6 +237,17 @@ class _Parser(ABC):
         self._state = _OPAQUE
         self._buf = bytearray()
         self._marks = []
+
+    def switch(self) -> list[SessionOutput]:
+        """The other direction switched the connection to another protocol (101, 2xx to CONNECT):
+        a message still in its body ends with the bytes seen so far, as what follows belongs to
+        the new protocol, and nothing after is HTTP/1."""
+        out: list[SessionOutput] = []
+        self._settle_peek()
+        if self._state in _IN_BODY:
+            self._emit(self._last_ts, out, self._body)
+        self.stop()
+        return out
 
     def feed(self, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         if not data or self._state == _OPAQUE:
@@ -596,6 +609,10 @@ class RequestParser(_Parser):
         tap = self._genai.request_body(method, self._line[1]) if self._genai is not None else None
         self._tap = tap
         self._methods.append((method, tap.route if tap is not None else None))
+        if method == "CONNECT":
+            # RFC 9110 section 9.3.6: CONNECT has no content, whatever its fields say; what follows
+            # is the tunnel's (after a 2xx) or the next request (after a refusal).
+            return _NO_BODY
         if chunked is not None:
             return _CHUNKED if chunked else _INVALID
         if length == -1:

@@ -38,21 +38,18 @@ class HTTP1Session(Session):
 
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         messages = self._parsers[direction].feed(data, timestamp_ns)
-        if self._responses.opaque:
-            self._follow_upgrade()
-        return messages
+        return self._follow_upgrade() + messages if self._responses.opaque else messages
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[SessionOutput]:
         messages = self._parsers[direction].gap(length, timestamp_ns)
-        if self._responses.opaque:
-            self._follow_upgrade()
-        return messages
+        return self._follow_upgrade() + messages if self._responses.opaque else messages
 
     def close(self, timestamp_ns: int) -> list[SessionOutput]:
         # Requests first: an unanswered request must reach the stitcher before a late response.
         return self._requests.close() + self._responses.close()
 
-    def _follow_upgrade(self) -> None:
-        """The responses switched protocols: the requests stop being HTTP/1 too."""
-        if not self._requests.opaque:
-            self._requests.stop()
+    def _follow_upgrade(self) -> list[SessionOutput]:
+        """The responses switched protocols: the requests stop being HTTP/1 too. A request still
+        in its body ends there; it goes first, so the stitcher pairs it with the switching
+        response."""
+        return [] if self._requests.opaque else self._requests.switch()

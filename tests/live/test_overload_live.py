@@ -10,33 +10,22 @@ request that got its 200 may show up as a failed span.
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import AGENT, REPO
+from tests.conftest import REPO
+from tests.live.file_agent import start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
 
 CONNECTIONS = 4
 REQUESTS_PER_CONNECTION = 2500
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        assert proc.poll() is None, f"exited early ({proc.returncode})"
-        time.sleep(0.05)
-    raise AssertionError(f"{path} did not appear within {timeout}s")
 
 
 def _client(port: int, statuses: list[int]) -> None:
@@ -56,15 +45,9 @@ def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
                               stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[1])
-        config = tmp / "agent.yaml"
-        config.write_text("capture:\n  ring_buffer_kb: 64\n  cpu_budget: 0.02\nexport:\n  metric_interval_s: 1\n")
-        ready = tmp / "ready"
-        agent = subprocess.Popen(
-            [*AGENT, "run", "--config", str(config), "--pid", str(server.pid), "--exporter", "file",
-             "--output", str(tmp / "out"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+        agent = start_file_agent(
+            tmp, server.pid, "capture:\n  ring_buffer_kb: 64\n  cpu_budget: 0.02\nexport:\n  metric_interval_s: 1\n"
         )
-        _wait_for(ready, agent)
         statuses: list[int] = []
         clients = [threading.Thread(target=_client, args=(port, statuses)) for _ in range(CONNECTIONS)]
         for client in clients:

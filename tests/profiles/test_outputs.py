@@ -245,3 +245,48 @@ def test_profiles_with_several_sample_types_become_one_otlp_profile_each() -> No
     profiles = request.resource_profiles[0].scope_profiles[0].profiles
     assert [list(p.samples[0].values) for p in profiles] == [[2], [5120]]
     assert otlp.validate(request) == []
+
+
+# -- one bad value costs its frame or sample, never the batch -------------------------------------
+
+UNWOUND_BADLY = Frame("sha256_block_data_order", module="/usr/lib/libcrypto.so.3", kind=FrameKind.NATIVE,
+                      address=-1, resolved=False)
+
+
+def _with_bad_values() -> list:
+    builder = build()
+    builder.add(RESOURCE, (UNWOUND_BADLY, HOT, MAIN), (4,), timestamp_ns=2_000)
+    builder.add(RESOURCE, (PYLOOP, MAIN), (1 << 63,))  # no int64 holds it
+    builder.add(RESOURCE, (HOT, MAIN), (1,), link=(-5, 1))  # an id no 16 bytes hold
+    return builder.take(5_000)
+
+
+def test_out_of_range_numbers_are_replaced_or_dropped_before_encoding() -> None:
+    profiles, invalid = otlp.in_range(_with_bad_values())
+    assert invalid == {"frame_replaced": 1, "sample_dropped": 1, "link_dropped": 1}
+    request = otlp.encode(profiles)
+    assert otlp.validate(request) == []
+    stacks = flamegraph.folded(otlp.decode(request)[0])
+    assert stacks["main (app.py:20);hot_native (app.py:10);sha256_block_data_order"] == 4  # kept, address 0
+    assert stacks["main (app.py:20);hot_python (app.py:5)"] == 7  # the good samples of that stack
+    assert stacks["main (app.py:20);hot_native (app.py:10)"] == 1  # its link gone, the sample kept
+    assert pprof.decode(pprof.encode(profiles[0])) is not None
+    good = build().take(5_000)
+    assert otlp.in_range(good) == (good, {})  # nothing to do: the same objects
+
+
+def test_a_bad_frame_does_not_cost_the_batch(tmp_path: Path) -> None:
+    metrics = SelfMetrics()
+    sink = ProfileSink([FileProfiles(tmp_path)], metrics)
+    sink.export(_with_bad_values())
+    sink.shutdown()
+    assert metrics.total("otel_ebpf.profiles.export.failed") == 0
+    (profile, _) = load_profiles(tmp_path / "profiles.jsonl")
+    assert profile.total() == 3 + 7 + 4 + 1
+    invalid = {o.attributes["action"]: o.value for o in metrics._observe("otel_ebpf.profiles.invalid")}
+    assert invalid == {"frame_replaced": 1, "sample_dropped": 1, "link_dropped": 1}
+
+
+def test_an_int_beyond_int64_in_an_attribute_keeps_its_digits() -> None:
+    assert otlp.any_value(1 << 64).string_value == str(1 << 64)
+    assert otlp.any_value(-(1 << 63)).int_value == -(1 << 63)

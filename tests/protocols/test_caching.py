@@ -51,7 +51,9 @@ def test_cached_helpers_answer_as_before() -> None:
 
 # The header-line grammar the parser had before it was memoised, kept as the specification of what
 # parse_fields returns: one regular expression per line, and for folded or malformed lines the
-# line-by-line reading.
+# line-by-line reading, which takes each unfolded line by the same expression (so both readings
+# reject the same lines, a CR inside a name included) and joins a fold to an empty value without a
+# leading space.
 _REFERENCE_FIELD = re.compile(r"^([^ \t\r\n:]+):[ \t]*(.*?)[ \t]*\r?\n", re.MULTILINE)
 
 
@@ -61,20 +63,21 @@ def reference_parse_fields(block: bytes) -> tuple[tuple[str, str], ...] | None:
     if len(fields) == text.count("\n"):
         return tuple((name.lower(), value) for name, value in fields)
     by_line: list[tuple[str, str]] = []
-    for line in text.split("\n"):
-        line = line.rstrip("\r")
+    for raw in text.split("\n"):
+        line = raw.rstrip("\r")
         if not line:
             continue
         if line[0] in " \t":
             if not by_line:
                 return None
             name, value = by_line[-1]
-            by_line[-1] = (name, value + " " + line.strip(" \t"))
+            more = line.strip(" \t")
+            by_line[-1] = (name, f"{value} {more}" if value and more else value or more)
             continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or " " in name or "\t" in name:
+        field = _REFERENCE_FIELD.fullmatch(raw + "\n")
+        if field is None:
             return None
-        by_line.append((name.lower(), value.strip(" \t")))
+        by_line.append((field[1].lower(), field[2]))
     return tuple(by_line)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Message, Role, Sniff
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
-from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
+from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING, parse_fields
 from otel_ebpf.protocols.http1.types import CAPTURE_GAP, MALFORMED
 from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
 
@@ -108,6 +108,22 @@ def test_bare_lf_and_folded_headers() -> None:
     assert (request.version, request.headers) == ("1.0", (("x-long", "one two"), ("host", "h")))
 
 
+@pytest.mark.parametrize(
+    ("block", "want"),
+    [
+        (b"Connection:\r\n close\r\n", (("connection", "close"),)),
+        (b"Connection:\n\t close \n", (("connection", "close"),)),
+        (b"X-A: one\r\n two\r\n \r\n", (("x-a", "one two"),)),
+        (b"X-A:\r\n \r\n", (("x-a", ""),)),
+        (b"Na\rme: v\r\n", None),  # the fast path's verdict
+        (b"Na\rme: v\r\n folded\r\n", None),  # the fold path's, which must be the same
+        (b"X-A: one\r\nB\tad: v\r\n more\r\n", None),
+    ],
+)
+def test_folded_header_lines(block: bytes, want: tuple | None) -> None:
+    assert parse_fields(block) == want
+
+
 def test_interim_responses_are_not_exchanges() -> None:
     run = replay(
         chunks(
@@ -173,6 +189,58 @@ def test_connect_tunnel() -> None:
     )
     assert brief(run) == [("CONNECT", "example.com:443", 0, None, 200, 0, None)]
     assert run.session.parse_errors == 0
+
+
+def test_connect_with_content_length_has_no_body() -> None:
+    """RFC 9110 section 9.3.6: CONNECT has no content; the 200 opens the tunnel at once."""
+    tunnel = b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" * 4
+    run = replay(
+        chunks(
+            (OUT, b"CONNECT example.com:443 HTTP/1.1\r\nContent-Length: 40\r\n\r\n"),
+            (IN, b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            (OUT, tunnel),
+            (IN, tunnel + ok()),
+        ),
+        Role.CLIENT,
+    )
+    assert brief(run) == [("CONNECT", "example.com:443", 0, None, 200, 0, None)]
+    assert (run.stitcher.unmatched, run.session.parse_errors, run.session.buffered) == (0, 0, 0)
+
+
+def test_refused_connect_keeps_the_connection_http() -> None:
+    run = replay(
+        chunks(
+            (OUT, b"CONNECT example.com:443 HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            (IN, ok(b"auth", 407)),
+            (OUT, b"CONNECT example.com:443 HTTP/1.1\r\nProxy-Authorization: Basic eA==\r\n\r\n"),
+            (IN, b"HTTP/1.1 200 OK\r\n\r\n"),
+            (OUT, b"GET /inside HTTP/1.1\r\n\r\n"),
+        ),
+        Role.CLIENT,
+    )
+    assert [(m, s) for m, _, _, _, s, _, _ in brief(run)] == [("CONNECT", 407), ("CONNECT", 200)]
+    assert (run.stitcher.unmatched, run.session.parse_errors) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "body"),
+    [
+        (b"POST /up HTTP/1.1\r\nUpgrade: websocket\r\nContent-Length: 100\r\n\r\n" + b"x" * 30, 30),
+        (b"POST /up HTTP/1.1\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", 5),
+    ],
+)
+def test_request_in_its_body_ends_where_the_protocol_switches(request_bytes: bytes, body: int) -> None:
+    frames = b"\x81\x05hello" * 3
+    run = replay(
+        chunks(
+            (IN, request_bytes),
+            (OUT, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n" + frames),
+            (IN, frames + b"GET /not-http HTTP/1.1\r\n\r\n"),
+        )
+    )
+    assert brief(run) == [("POST", "/up", body, None, 101, 0, None)]
+    assert run.exchanges[0].request.end_ns == 10  # its last byte, not the switch
+    assert (run.stitcher.unmatched, run.session.parse_errors, run.session.buffered) == (0, 0, 0)
 
 
 def test_early_response_pairs_with_the_request_it_interrupted() -> None:

@@ -1,0 +1,31 @@
+"""An agent run that traces one process and writes files, for live tests that read its output."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import AGENT, REPO
+
+
+def start_file_agent(tmp: Path, pid: int, config_yaml: str, timeout: float = 90) -> subprocess.Popen:
+    """``otel-ebpf run --pid PID --exporter file --output TMP/out`` with ``config_yaml``, returned once
+    its ready file says the probes are attached."""
+    config = tmp / "agent.yaml"
+    config.write_text(config_yaml)
+    ready = tmp / "ready"
+    agent = subprocess.Popen(
+        [*AGENT, "run", "--config", str(config), "--pid", str(pid), "--exporter", "file",
+         "--output", str(tmp / "out"), "--ready-file", str(ready)],
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + timeout
+    while not (ready.exists() and ready.read_text().strip()):
+        if agent.poll() is not None:
+            raise AssertionError(f"agent exited early ({agent.returncode}): {agent.stderr.read()}")
+        if time.monotonic() > deadline:
+            agent.kill()
+            raise AssertionError(f"{ready} did not appear within {timeout}s")
+        time.sleep(0.05)
+    return agent

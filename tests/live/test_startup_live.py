@@ -1,0 +1,47 @@
+"""Live BPF: what a script waiting for the ready file sees while the agent starts.
+
+A ready file left by a killed agent is removed before the probes attach, so it never says "ready"
+early; a ``--pid`` target that exits while the probes attach leaves nothing to trace: the agent
+stops with exit code 2 instead of reporting ready (otel_ebpf/preflight.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import AGENT, REPO
+
+pytestmark = pytest.mark.bpf
+
+
+def test_stale_ready_file_goes_first_and_a_target_gone_during_start_up_stops_the_agent(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    ready.write_text("424242\n")  # what a killed agent left behind
+    target = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [*AGENT, "run", "--pid", str(target.pid), "--exporter", "file", "--output", str(tmp_path / "out"),
+         "--ready-file", str(ready)],
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while ready.exists():  # the pid was checked before the stale file went
+            assert agent.poll() is None, agent.stderr.read()
+            assert time.monotonic() < deadline, "the stale ready file was not removed"
+            time.sleep(0.01)
+        # The probes take seconds to compile and attach: the target exits meanwhile.
+        target.stdin.close()
+        target.wait(timeout=30)
+        stderr = agent.communicate(timeout=120)[1]
+    finally:
+        target.kill()
+        agent.kill()
+    assert agent.returncode == 2, stderr
+    assert f"otel-ebpf: targets.pids (--pid): exited while the agent started: {target.pid}\n" in stderr
+    assert "Traceback" not in stderr
+    assert not ready.exists()
