@@ -29,9 +29,9 @@ from .events import Event
 from .exporters import build_sink
 from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
-from .reorder import EventReorderer
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
+from .reorder import EventReorderer
 from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
@@ -126,7 +126,7 @@ class Agent:
 
     def start_profiling(self) -> CpuProfiling:
         """Attach the CPU profiler (docs/profiling.md); its samples link to this agent's spans."""
-        from .profiles.session import CpuProfiling
+        from .profiles.session import CpuProfiling  # noqa: PLC0415 — the CPU profiler loads bcc: only when profiling
 
         profiling = CpuProfiling(self.config, self.selfmetrics, self.host_name,
                                  self.pipeline.assembler.active_server_span)
@@ -175,7 +175,7 @@ class Agent:
 
 def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool = True) -> int:
     """Attach the probes and run until stopped. Returns the process exit code."""
-    from .probes.socket import SocketProbe
+    from .probes.socket import SocketProbe  # noqa: PLC0415 — the probe loads bcc: only for a live run, not replay
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
@@ -257,7 +257,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
 def _start_gpu(agent: Agent, profiling: object | None) -> object:
     """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
-    from .probes.gpu import GpuMonitor
+    from .probes.gpu import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
 
     gpu = GpuMonitor(agent.config, agent.selfmetrics, agent.host_name,
                      DELTA_KINDS[agent.config.export.metric_temporality], profile_sink=getattr(profiling, "sink", None),

@@ -90,7 +90,7 @@ _NOT_CONFIG = {"command", "verbose", "record", "recording"}
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config  # noqa: PLC0415 — each command imports only what it runs: doctor must work when the rest cannot
 
     flags = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG}
     try:
@@ -101,13 +101,13 @@ def _load_config(args: argparse.Namespace) -> Any:
 
 
 def _cmd_doctor() -> int:
-    from .doctor import print_report, run_checks
+    from .doctor import print_report, run_checks  # noqa: PLC0415
 
     return print_report(run_checks(), sys.stdout)
 
 
 def _cmd_run(args: argparse.Namespace, export: bool) -> int:
-    from .agent import run_live
+    from .agent import run_live  # noqa: PLC0415
 
     config = _load_config(args)
     if os.geteuid() != 0:
@@ -122,8 +122,8 @@ def _cmd_run(args: argparse.Namespace, export: bool) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .agent import replay
-    from .recording import RecordingError, read_recording
+    from .agent import replay  # noqa: PLC0415
+    from .recording import RecordingError, read_recording  # noqa: PLC0415
 
     config = _load_config(args)
     try:
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             return _cmd_run(args, export=False)
         if args.command == "flamegraph":
-            from .profiles.render import main as render_main
+            from .profiles.render import main as render_main  # noqa: PLC0415
 
             return render_main(args.profile_file, args.output, args.folded, args.service)
         return _cmd_replay(args)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 from .events import ConnClose, ConnData, ConnKey, ConnOpen
 from .protocol import (
@@ -77,7 +76,7 @@ class Connection:
 
 # What a connection produced: a request that started, or an exchange that completed, with the
 # thread whose syscall produced it (0 when none did: a close, a flush).
-Outcome = tuple[Connection, Union[RequestStart, Exchange], int]
+Outcome = tuple[Connection, RequestStart | Exchange, int]
 
 
 class ConnectionTracker:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import ResourceMetrics
@@ -66,8 +67,6 @@ def _status(code: StatusCode, description: str | None) -> Status:
 
 def parse_resource_attributes(text: str) -> dict[str, str]:
     """``OTEL_RESOURCE_ATTRIBUTES`` syntax: ``k=v,k2=v2`` with percent-encoded values."""
-    from urllib.parse import unquote
-
     attributes: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")

@@ -191,7 +191,7 @@ class OTLPReceiver:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 route = routes.get(self.path)
                 if route is None:

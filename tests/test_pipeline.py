@@ -31,9 +31,9 @@ from otel_ebpf.events import (
 )
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.protocol import Direction, Endpoint, Role, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
+from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import EXITED_GRACE_NS, Telemetry

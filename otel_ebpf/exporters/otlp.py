@@ -61,9 +61,9 @@ def otlp_log_exporter(config: OTLPConfig) -> LogRecordExporter:
     """Log records (GPU leak reports) to ``<endpoint>`` (gRPC) or ``<endpoint>/v1/logs`` (HTTP)."""
     endpoint = config.signal_endpoint("logs")
     if config.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter  # noqa: PLC0415 — only the chosen transport's exporter loads
 
         return GrpcLogExporter(endpoint=endpoint, **_grpc_options(config))
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter  # noqa: PLC0415
 
     return HttpLogExporter(endpoint=endpoint, **_http_options(config))

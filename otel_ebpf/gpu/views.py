@@ -320,7 +320,8 @@ class GpuViews:
                                       {"view": name})
                 self._reported_drops[name] = builder.dropped
         table = (self.table.evicted, self.table.unmatched_frees, self.table.replaced)
-        for name, now, before in zip(("evicted", "unmatched_free", "replaced"), table, self._reported_table):
+        reasons = ("evicted", "unmatched_free", "replaced")
+        for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
 

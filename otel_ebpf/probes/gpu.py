@@ -245,7 +245,7 @@ class GpuAttacher:
             for probe in probes:
                 self._attach_usdt(path, probe)
                 done.append(f"{probe.provider}:{probe.name}")
-        except Exception as exc:  # BCC raises bare Exception naming the failure
+        except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
             self.libraries.failed[path] = str(exc)
             log.warning("GPU: cannot attach to %s: %s", path, exc)
             if not done:
@@ -263,7 +263,7 @@ def _gpu_symbols(path: str) -> set[str]:
     try:
         found = BPF.get_user_functions_and_addresses(path.encode(), SYMBOL_PATTERN.encode())
         return {name.decode() for name, _ in found}
-    except Exception:  # not an ELF file, or unreadable: no symbols
+    except Exception:  # noqa: BLE001 — not an ELF file, or unreadable: no symbols
         return set()
 
 
@@ -408,7 +408,7 @@ class GpuProbe:
                 bpf = BPF(text=text, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
                 bpf.load_func(b"enter_cudaMalloc", BPF.KPROBE)  # the verifier's verdict, now
                 bpf.load_func(b"usdt_torch_malloc_0", BPF.KPROBE)
-            except Exception as exc:  # BCC raises bare Exception with the compiler's or verifier's verdict
+            except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception with the compiler's or verifier's verdict
                 error = exc
                 if python:
                     log.warning("GPU: Python stacks unavailable (python_stack.h did not load: %s); "
@@ -488,7 +488,8 @@ class GpuProbe:
             self.gpu_pids = self._attacher.scan(self._scan_pids())
         elif execs:
             # A fresh image maps its libraries at once; dlopen-ed ones come with the next rescan.
-            self.gpu_pids |= self._attacher.scan(execs & self._target_pids if self.targets.selects_processes else execs, False)
+            self.gpu_pids |= self._attacher.scan(
+                execs & self._target_pids if self.targets.selects_processes else execs, False)
         return out
 
     def _on_event(self, _ctx: int, data: int, size: int) -> None:
@@ -644,7 +645,8 @@ class GpuMonitor:
         self._log_sink = build_log_sink(self.config, self._selfmetrics)
         self.started = True
         log.info("GPU probe attached (stacks: %s%s)", self.config.gpu.stacks,
-                 "" if self.probe.python_stacks or self.config.gpu.stacks != "python" else ", Python frames unavailable")
+                 "" if self.probe.python_stacks or self.config.gpu.stacks != "python"
+                 else ", Python frames unavailable")
         self._install_pythons()
 
     def poll(self, timeout_ms: int = 0, horizon_ns: int | None = None) -> int:
@@ -791,5 +793,6 @@ class GpuMonitor:
                 self._profile_sink.shutdown(timeout_s)
 
 
-__all__ = ["CallPairing", "CallReturn", "GpuAttacher", "GpuLibraries", "GpuMonitor", "GpuProbe", "ProcessEvent", "StackCache", "UsdtProbe",
+__all__ = ["CallPairing", "CallReturn", "GpuAttacher", "GpuLibraries", "GpuMonitor", "GpuProbe", "ProcessEvent",
+           "StackCache", "UsdtProbe",
            "decode", "maps_gpu_library", "native_stack", "parse_usdt_args", "read_usdt_probes"]

@@ -26,7 +26,14 @@ from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, 
 from ..protocol import Direction, Endpoint, Role, Transport
 from .addresses import endpoint
 from .http_red import HttpRedReader
-from .loading import close_program, compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
+from .loading import (
+    close_program,
+    compile_program,
+    inline_headers,
+    power_of_two_at_least,
+    ring_buffer_pages,
+    write_settings,
+)
 from .ringbuf import RingBufferReader
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
@@ -102,7 +109,7 @@ def _tls_symbols(path: str) -> set[str]:
 
     try:
         return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
-    except Exception:  # not an ELF file, or unreadable: no symbols
+    except Exception:  # noqa: BLE001 — not an ELF file, or unreadable: no symbols
         return set()
 
 
@@ -178,7 +185,8 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text())
+        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text()
+                                + bpf_dir.joinpath("tls_trace.c").read_text())
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         cflags = [

@@ -170,7 +170,7 @@ def encode(profiles: Iterable[Profile], scope_name: str = SCOPE_NAME) -> ExportP
             scope = by_resource[rkey] = resource_profiles.scope_profiles.add(
                 scope=InstrumentationScope(name=scope_name, version=__version__)
             )
-        for index, sample_type in enumerate(profile.sample_types):
+        for index in range(len(profile.sample_types)):
             single = profile if len(profile.sample_types) == 1 else _only(profile, index)
             encoder.profile(single, scope.profiles.add())
     request.dictionary.CopyFrom(encoder.dictionary)

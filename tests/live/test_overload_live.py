@@ -10,7 +10,6 @@ request that got its 200 may show up as a failed span.
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import subprocess
 import sys

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from otel_ebpf.protocol import Direction, Message, RequestStart, Role
-from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
-
 # the shared helpers, for the HTTP/1 tests to import from here
 from stream_replay import DATA, Chunk, Replay, as_client, capped, cut, load  # noqa: F401
 from stream_replay import replay as replay_with
+
+from otel_ebpf.protocol import Direction, Message, RequestStart, Role
+from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
 
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
 
@@ -30,7 +30,7 @@ def check_starts(run: Replay) -> None:
     announced = [(s.start_ns, s.carrier) for s in run.starts]
     assert announced == [(r.start_ns, r.headers) for r in requests if (r.start_ns, r.headers) in announced]
     assert all((r.start_ns, r.headers) in announced for r in requests if r.incomplete is None)
-    assert all(s.direction is run.session._requests.direction for s in run.starts)
+    assert all(s.direction is run.session._requests.direction for s in run.starts)  # noqa: SLF001
 
 
 def messages(session: HTTP1Session, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:

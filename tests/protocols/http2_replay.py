@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
-from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
-from otel_ebpf.protocols.http2.types import pseudo
-
 from stream_replay import DATA, Chunk, Replay, as_client
 from stream_replay import load as load_any
 from stream_replay import replay as replay_with
+
+from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
+from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
+from otel_ebpf.protocols.http2.types import pseudo
 
 RECORDINGS = sorted(path.stem for path in (DATA / "http2").glob("*.json"))
 SERVER_CONN = ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 50051), Endpoint("127.0.0.1", 40000))
