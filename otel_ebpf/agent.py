@@ -37,6 +37,7 @@ from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
+    from .probes.gpu import GpuMonitor
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -201,8 +202,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None:
             agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
 
-    profiling = None
-    gpu = None
+    profiling: CpuProfiling | None = None
+    gpu: GpuMonitor | None = None
     try:
         probe.start()
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
@@ -255,7 +256,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     return 0
 
 
-def _start_gpu(agent: Agent, profiling: object | None) -> object:
+def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
     """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
     from .probes.gpu import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
 
@@ -273,7 +274,9 @@ def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]
     A bad line raises ``RecordingError`` from ``events``; what was read before it is still
     processed and exported first.
     """
-    pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
+    def pipeline_time() -> int:
+        return agent.pipeline.last_timestamp_ns
+
     agent = Agent(config, pipeline_time, host_name=header.host_name or None,
                   kernel_http_metrics=header.kernel_http_metrics)
     batch: list[Event] = []

@@ -23,6 +23,7 @@ from .assembly import RequestContext
 from .events import HttpRequestCounts, ProcessInfo
 from .metrics import ProcessMetrics
 from .protocol import (
+    AttributeValue,
     ConnectionInfo,
     Exchange,
     InstrumentKind,
@@ -75,14 +76,14 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
     return attributes
 
 
-def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, object]:
+def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, AttributeValue]:
     """Resource of an observed process; its own OTel variables win over what the agent infers."""
     executable_name = os.path.basename(info.executable) or info.command_line.split(" ", 1)[0]
     own = parse_resource_attributes(info.environment.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     service_name = (
         info.environment.get("OTEL_SERVICE_NAME") or own.get("service.name") or executable_name or "unknown"
     )
-    attributes: dict[str, object] = {
+    attributes: dict[str, AttributeValue] = {
         "host.name": host_name,
         "process.pid": info.pid,
         "process.executable.name": executable_name,

@@ -24,8 +24,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from itertools import islice
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -293,7 +294,7 @@ class TelemetrySink:
     def force_flush(self, timeout_s: float) -> bool:
         """Export everything queued so far; True if all exporters finished within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        workers = [*self._span_workers.values(), *self._metric_workers.values()]
+        workers: list[_ExportWorker[Any]] = [*self._span_workers.values(), *self._metric_workers.values()]
         return all([worker.flush(deadline - time.monotonic()) for worker in workers])
 
     def shutdown(self, timeout_s: float) -> None:
@@ -308,7 +309,7 @@ class TelemetrySink:
             return
         self._shut_down = True
         start = time.monotonic()
-        workers = [*self._span_workers.values(), *self._metric_workers.values()]
+        workers: list[_ExportWorker[Any]] = [*self._span_workers.values(), *self._metric_workers.values()]
         for worker in workers:
             worker.stop()
         for worker in workers:
@@ -319,7 +320,7 @@ class TelemetrySink:
             _shutdown_quietly(name, span_exporter.shutdown)
         left_ms = max(0.0, (start + 0.95 * timeout_s - time.monotonic()) * 1000)
         for name, metric_exporter in self._metric_exporters.items():
-            _shutdown_quietly(name, lambda exporter=metric_exporter: exporter.shutdown(timeout_millis=left_ms))
+            _shutdown_quietly(name, partial(metric_exporter.shutdown, timeout_millis=left_ms))
         for worker in workers:
             worker.join(start + 0.95 * timeout_s - time.monotonic())
         for worker in workers:

@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 from .. import procfs
 from ..config import AgentConfig, TargetsConfig
@@ -359,15 +360,15 @@ class _BccUprobes:
         self._attach = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
                                         ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32)(("bpf_attach_uprobe", lib))
 
-    def attach(self, bpf: object, fn_name: str, path: str, offset: int, ref_ctr_offset: int) -> None:
+    def attach(self, bpf: Any, fn_name: str, path: str, offset: int, ref_ctr_offset: int) -> None:
         from bcc import BPF  # noqa: PLC0415
 
-        fn = bpf.load_func(fn_name.encode(), BPF.KPROBE)  # type: ignore[attr-defined]
-        ev_name = bpf._get_uprobe_evname(b"p", path.encode(), offset, -1)  # type: ignore[attr-defined]  # noqa: SLF001
+        fn = bpf.load_func(fn_name.encode(), BPF.KPROBE)
+        ev_name = bpf._get_uprobe_evname(b"p", path.encode(), offset, -1)  # noqa: SLF001
         fd = self._attach(fn.fd, 0, ev_name, path.encode(), offset, -1, ref_ctr_offset)
         if fd < 0:
             raise RuntimeError(f"cannot attach USDT probe at {path}+0x{offset:x}")
-        bpf._add_uprobe_fd(ev_name, fd)  # type: ignore[attr-defined]  # noqa: SLF001 — detached by cleanup()
+        bpf._add_uprobe_fd(ev_name, fd)  # noqa: SLF001 — detached by cleanup()
 
 
 class GpuProbe:
@@ -381,7 +382,7 @@ class GpuProbe:
         self.max_targets = max_targets
         self.python_stacks = False  # whether the loaded program walks Python frames
         self._py_frames = 0
-        self._bpf = None
+        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._attacher: GpuAttacher | None = None
         self._usdt_slots: dict[tuple[int, int], int] = {}  # (dev, ino) of a file -> slot
         self._usdt_attach = None
@@ -431,7 +432,7 @@ class GpuProbe:
         self.gpu_pids |= self._attacher.scan(self._scan_pids())
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded BPF object (its ``py_procs`` / ``py_threads`` maps are filled by the
         CPython stack support)."""
         return self._bpf
@@ -538,7 +539,7 @@ def native_stack(symbolizer: object, call: GpuCall) -> tuple:
     """Frames of the native stack, leaf first (return addresses point after the call: minus one)."""
     frames = []
     for i, address in enumerate(call.user_stack):
-        frames.append(symbolizer.user_frame(call.pid, address if i == 0 else address - 1))  # type: ignore[attr-defined]
+        frames.append(symbolizer.user_frame(call.pid, address if i == 0 else address - 1))
     return tuple(frames)
 
 

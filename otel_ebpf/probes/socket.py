@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from .. import procfs
 from ..config import CaptureConfig, TargetsConfig
@@ -122,13 +123,13 @@ class _UprobeCloser:
         self._queue: queue.SimpleQueue[tuple[bytes, int] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def close(self, bpf: object, names: Iterable[bytes]) -> None:
+    def close(self, bpf: Any, names: Iterable[bytes]) -> None:
         """Take ``names`` (BCC uprobe event names) off ``bpf`` at once, close them soon."""
         for name in names:
-            fd = bpf.uprobe_fds.get(name)  # type: ignore[attr-defined]
+            fd = bpf.uprobe_fds.get(name)
             if fd is None:
                 continue
-            bpf._del_uprobe_fd(name)  # type: ignore[attr-defined]  # noqa: SLF001 — BCC's count of open probes
+            bpf._del_uprobe_fd(name)  # noqa: SLF001 — BCC's count of open probes
             self._queue.put((name, fd))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="uprobe-closer", daemon=True)
@@ -158,7 +159,7 @@ class SocketProbe:
         self.targets = targets
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
-        self._bpf = None
+        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._ring: RingBufferReader | None = None
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self._http_red: HttpRedReader | None = None
@@ -385,9 +386,7 @@ class SocketProbe:
                          endpoint(family, addr, port) if family in (2, 10) else None)
             )
         elif kind == EV_OPEN:
-            opened = self._conn_open(raw, ts, tgid, fd, generation)
-            if opened is not None:
-                self._events.append(opened)
+            self._conn_open(raw, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
         elif kind == EV_CLOSE:
             self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
         elif kind == EV_EXEC:

@@ -201,7 +201,7 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         if known is not None:
             return known
         location = d.location_table[li]
-        kind = _KINDS.get(attributes(location.attribute_indices).get(FRAME_TYPE), FrameKind.NATIVE)
+        kind = _KINDS.get(attributes(location.attribute_indices).get(FRAME_TYPE, ""), FrameKind.NATIVE)
         line = location.lines[-1] if location.lines else pb.Line()
         function = d.function_table[line.function_index]
         mapping = d.mapping_table[location.mapping_index]

@@ -101,11 +101,11 @@ def _parse_section(block: bytes) -> _Section | None:
     text = block.decode("latin-1")
     lines = text.split("\n")
     del lines[-1]  # what follows the last LF is not a whole line
-    fields: tuple[tuple[str, str], ...] | None = tuple(field for field in map(_field, lines) if field is not None)
-    if len(fields) < len(lines):  # folded or malformed: a folded line continues the field before it,
-        fields = _parse_fields_by_line(text)  # which no line tells on its own
-        if fields is None:
-            return None
+    parsed = tuple(field for field in map(_field, lines) if field is not None)
+    # folded or malformed: a folded line continues the field before it, which no line tells on its own
+    fields = parsed if len(parsed) == len(lines) else _parse_fields_by_line(text)
+    if fields is None:
+        return None
     return (fields, *_body_framing(fields))
 
 
