@@ -1,7 +1,8 @@
 # otel-ebpf developer entry points. Every target that runs project code first runs
 # scripts/bootstrap.sh, which is idempotent and takes well under a second when nothing is missing.
 #
-#   make test                 unit + BPF tests (CI=true turns a skipped BPF test into a failure)
+#   make lint                 ruff (lint + format check) and mypy; CI runs it before the tests
+#   make test                 unit + BPF tests (with CI=true a skip fails: tests/skip_allowlist.txt)
 #   make wheel-check          the built wheel, installed in a fresh venv, imports, passes doctor and traces
 #   make run ARGS='--port 8000'
 #   make demo | bench | bench-quick | doctor | clean | distclean
@@ -11,10 +12,21 @@ PY     := $(VENV)/bin/python
 AGENT  := $(VENV)/bin/otel-ebpf
 ARGS   ?=
 
-.PHONY: bootstrap test wheel-check run demo bench bench-quick doctor clean distclean
+.PHONY: bootstrap lint test wheel-check run demo bench bench-quick doctor clean distclean
 
 bootstrap:
 	@bash scripts/bootstrap.sh
+
+# Every check runs, then the target fails naming those that failed. Settings: pyproject.toml's
+# [tool.ruff] and [tool.mypy]; mypy goes through scripts/typecheck.sh (protocols/ is otel_ebpf.protocols).
+LINT_PATHS := otel_ebpf protocols tests bench examples scripts
+
+lint: bootstrap
+	@failed=""; \
+	$(VENV)/bin/ruff check $(LINT_PATHS) || failed="$$failed ruff-check"; \
+	$(VENV)/bin/ruff format --check $(LINT_PATHS) || failed="$$failed ruff-format"; \
+	bash scripts/typecheck.sh || failed="$$failed mypy"; \
+	if [ -n "$$failed" ]; then echo "[lint] FAILED:$$failed"; exit 1; fi
 
 # The environment (CI=true included) reaches pytest unchanged; the tests enforce the CI rules.
 test: bootstrap
@@ -61,7 +73,7 @@ doctor:
 	     python3 -m otel_ebpf.doctor; fi
 
 clean:
-	rm -rf build dist otel-ebpf-data .pytest_cache .hypothesis .ruff_cache *.egg-info
+	rm -rf build dist otel-ebpf-data .pytest_cache .hypothesis .ruff_cache .mypy_cache *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
 # clean, and also the virtual environment (the next target rebuilds it)

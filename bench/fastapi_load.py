@@ -16,7 +16,8 @@ Python auto-instrumentation (``opentelemetry-instrument``), and plain with this 
 Each run gets a fresh server and 1 s of warm-up load; rounds rotate the order of the three, so
 drift hits all alike. Reported per variant: requests/s (median), ratio to plain (median of
 per-round ratios), latency, SERVER spans per request (the agent's file; for the SDK, what reached
-the sink over the requests of the warm-up and the load, as both were traced), the server's own CPU per request under load (``/proc``: the SDK's work and the agent's
+the sink over the requests of the warm-up and the load, as both were traced), the server's own
+CPU per request under load (``/proc``: the SDK's work and the agent's
 probes are charged there), and for the agent its CPU per request (whole run less start-up, i.e.
 the load and the final flush, from ``os.wait4``) and RSS.
 
@@ -36,15 +37,29 @@ import tempfile
 import threading
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (REPO, SPAN_KIND, Agent, Watch, WrkRun, cpu_seconds, free_port, kill,  # noqa: E402
-                     parse_live_args, span_counts, unshared, wait_listening, wrk)
-from results import write_result  # noqa: E402
+from harness import (
+    REPO,
+    SPAN_KIND,
+    Agent,
+    Watch,
+    WrkRun,
+    cpu_seconds,
+    free_port,
+    kill,
+    parse_live_args,
+    span_counts,
+    unshared,
+    wait_listening,
+    wrk,
+)
+from results import write_result
 
 SERVICE = [sys.executable, str(REPO / "examples" / "fastapi_service.py")]
 INSTRUMENT = str(Path(sys.executable).with_name("opentelemetry-instrument"))
@@ -84,7 +99,7 @@ class Sink(ThreadingHTTPServer):
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path == "/v1/traces":
                     sink.traces.append(body)
@@ -155,7 +170,7 @@ def summarize(variant: str, runs: list[Run], plain: list[Run]) -> dict:
     row = {
         "variant": variant,
         "rps": round(med(r.rps for r in runs)),
-        "ratio_to_plain": round(med(r.rps / p.rps for r, p in zip(runs, plain)), 3),
+        "ratio_to_plain": round(med(r.rps / p.rps for r, p in zip(runs, plain, strict=True)), 3),
         "requests": requests,
         "non_2xx": sum(r.non_2xx for r in runs),
         "p50_ms": round(med(r.p50_ms for r in runs), 2),
@@ -186,7 +201,7 @@ def main() -> None:
     try:
         for n in range(args.rounds):
             for variant in VARIANTS[n % 3:] + VARIANTS[:n % 3]:
-                run = unshared(lambda: measure(variant, args.duration, sink), lambda r: r.shared,
+                run = unshared(partial(measure, variant, args.duration, sink), lambda r: r.shared,
                                args.wait_quiet, progress)
                 runs[variant].append(run)
                 progress(f"round {n + 1}/{args.rounds} {variant}: {run.rps:,.0f}/s, {run.requests:,} requests, "
@@ -213,7 +228,8 @@ def main() -> None:
     write_result("fastapi_load", None, {
         "parameters": {"duration_s": args.duration, "rounds": args.rounds, "connections": CONNECTIONS, "path": PATH,
                        "versions": {p: importlib.metadata.version(p) for p in
-                                    ("fastapi", "uvicorn", "opentelemetry-sdk", "opentelemetry-instrumentation-fastapi")},
+                                    ("fastapi", "uvicorn", "opentelemetry-sdk",
+                                     "opentelemetry-instrumentation-fastapi")},
                        "otel_instrument_export": "OTLP http/protobuf (traces, metrics) to a local sink",
                        "agent": "--pid SERVER --exporter file"},
         "variants": rows,

@@ -30,17 +30,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_ebpf.exporters.file import FileSpanExporter, to_json_line  # noqa: E402
-from otel_ebpf.exporters.otlp_json import SpanJsonEncoder  # noqa: E402
+from otel_ebpf.exporters.file import FileSpanExporter, to_json_line
+from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from results import write_result  # noqa: E402
+from results import write_result
 
 SCOPE = InstrumentationScope("otel_ebpf.protocols.http1", "0.1.0")
 PATHS = ["/v1/chat/completions", "/v1/embeddings", "/health", "/v1/models", "/metrics"]

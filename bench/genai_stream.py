@@ -42,9 +42,9 @@ from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, cpu_seconds, wait_for  # noqa: E402
-from results import write_result  # noqa: E402
-from trace_assembly import laid_end_to_end, run_pipeline  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, wait_for
+from results import write_result
+from trace_assembly import laid_end_to_end, run_pipeline
 
 RECORDING = REPO / "tests" / "data" / "genai_events.jsonl"
 SERVER = [sys.executable, str(REPO / "examples" / "llm_server.py")]
@@ -87,7 +87,8 @@ def replayed(args: argparse.Namespace) -> dict:
     extra = (median["genai on"] - median["genai off"]) / tokens * 1e6
     print(f"the GenAI layer adds {extra:.2f} µs per token event (SSE/NDJSON decoding, JSON per event)")
     return {"copies": args.copies, "reps": args.reps, "token_events": tokens, "spans": len(spans),
-            "pipelines": [{"pipeline": name, "seconds": round(seconds, 3), "token_events_per_s": round(tokens / seconds),
+            "pipelines": [{"pipeline": name, "seconds": round(seconds, 3),
+                           "token_events_per_s": round(tokens / seconds),
                            "us_per_token_event": round(seconds / tokens * 1e6, 2)} for name, seconds in median.items()],
             "genai_layer_us_per_token_event": round(extra, 2)}
 

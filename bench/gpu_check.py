@@ -107,12 +107,13 @@ def main() -> int:
     if problem is not None:
         print(f"gpu_check: cannot run: {problem[1]}", file=sys.stderr)
         return 2
-    from otel_ebpf.exporters.file import from_json_line
-    from otel_ebpf.profiles import otlp as profiles_otlp
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
         ExportProfilesServiceRequest,
     )
+
+    from otel_ebpf.exporters.file import from_json_line
+    from otel_ebpf.profiles import otlp as profiles_otlp
     from tests.otlp_receiver import load_file_metrics
 
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
@@ -171,7 +172,8 @@ def main() -> int:
     results.append(("libraries hooked", any("libcudart" in h for h in hooked), "; ".join(hooked) or "none"))
     usdt = any("pytorch:malloc" in h for h in hooked)
     launches = final("cuda.kernel.launches")
-    results.append(("kernel launches", launches >= summary["ops"], f"{launches:.0f} seen, >= {summary['ops']} expected"))
+    results.append(("kernel launches", launches >= summary["ops"],
+                    f"{launches:.0f} seen, >= {summary['ops']} expected"))
     h2d = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "host_to_device"})
     d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
     results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))

@@ -52,7 +52,9 @@ DRIVER_C = r"""
 #include <string.h>
 #include <time.h>
 typedef struct { unsigned x, y, z; } dim3;
-static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
+static long long now(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 int main(int argc, char **argv) {
     void *rt = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
     if (!rt) { fprintf(stderr, "%s\n", dlerror()); return 1; }
@@ -184,7 +186,7 @@ def _row(name: str, kind: str, what: str, stacks: str, libdir: Path, tmp: Path, 
 
 def _floor_row(libdir: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
     """The mechanism alone: empty BPF programs on cudaStreamSynchronize's entry and return."""
-    from bcc import BPF  # noqa: PLC0415
+    from bcc import BPF
 
     proc = subprocess.Popen(_driver("c", libdir, tmp) + ["sync"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
@@ -233,11 +235,11 @@ def main() -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in
-                        enumerate(zip(row, widths))))
+                        enumerate(zip(row, widths, strict=True))))
     print("target: <= 2 us added per probed call; events/calls: calls the agent decoded over calls made while "
           "attached; drops must be 0")
     write_result("gpu_probe_cost", None, {"parameters": {"burst": burst, "bursts": bursts},
-                                          "calls": [dict(zip(rows[0], row)) for row in rows[1:]]})
+                                          "calls": [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]})
     return 0
 
 

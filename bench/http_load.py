@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, SPAN_KIND, Watch, cpu_seconds, span_counts, status_mb, wrk  # noqa: E402
-from results import write_result  # noqa: E402
+from harness import AGENT, REPO, SPAN_KIND, Watch, cpu_seconds, span_counts, status_mb, wrk
+from results import write_result
 
 SERVICE = [sys.executable, str(REPO / "examples" / "http_service.py")]
 
@@ -121,7 +121,7 @@ def measure(rate: int | None, args: argparse.Namespace) -> dict:
         "offered": label,
         "untraced_rps": round(statistics.median(u.rps for u in untraced)),
         "traced_rps": round(statistics.median(t.rps for t in traced)),
-        "ratio": round(statistics.median(t.rps / u.rps for u, t in zip(untraced, traced)), 3),
+        "ratio": round(statistics.median(t.rps / u.rps for u, t in zip(untraced, traced, strict=True)), 3),
         "server_spans_per_request": round(sum(t.spans for t in traced) / sum(t.requests for t in traced), 4),
         "agent_cpu_us_per_request": round(sum(t.agent_cpu_s for t in traced) / sum(t.requests for t in traced) * 1e6),
         "agent_rss_steady_mb": round(max(t.agent_rss_mb for t in traced)),

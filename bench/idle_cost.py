@@ -18,12 +18,13 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import Agent, Watch, cpu_seconds, parse_live_args, unshared  # noqa: E402
-from nginx_load import Nginx  # noqa: E402
-from results import write_result  # noqa: E402
+from harness import Agent, Watch, cpu_seconds, parse_live_args, unshared
+from nginx_load import Nginx
+from results import write_result
 
 SETTLE_S = 2.0
 
@@ -64,7 +65,7 @@ def main() -> None:
     runs: list[dict] = []
     for n in range(args.rounds):
         for target in targets:
-            run = unshared(lambda: measure(target, args.duration), lambda r: r["shared"], args.wait_quiet, progress)
+            run = unshared(partial(measure, target, args.duration), lambda r: r["shared"], args.wait_quiet, progress)
             progress(f"round {n + 1}/{args.rounds} {target}: {run['cpu_percent_idle']:.2f} % CPU idle, "
                      f"RSS {run['rss_max_mb']:.0f} MB, start-up {run['startup_s']:.1f} s")
             runs.append(run)
@@ -79,8 +80,9 @@ def main() -> None:
     print(f"{'target':<20} {'CPU idle':>9} {'RSS mean':>9} {'RSS max':>8} {'start-up':>9} {'start CPU':>10} "
           f"{'peak RSS':>9} {'exit':>6}")
     for r in rows:
-        print(f"{r['target']:<20} {r['cpu_percent_idle']:>7.2f} % {r['rss_mean_mb']:>6.0f} MB {r['rss_max_mb']:>5.0f} MB "
-              f"{r['startup_s']:>7.1f} s {r['cpu_startup_s']:>8.2f} s {r['peak_rss_mb']:>6.0f} MB {r['exit_s']:>4.2f} s")
+        print(f"{r['target']:<20} {r['cpu_percent_idle']:>7.2f} % {r['rss_mean_mb']:>6.0f} MB "
+              f"{r['rss_max_mb']:>5.0f} MB {r['startup_s']:>7.1f} s {r['cpu_startup_s']:>8.2f} s "
+              f"{r['peak_rss_mb']:>6.0f} MB {r['exit_s']:>4.2f} s")
     write_result("idle_cost", None, {"parameters": {"idle_seconds": args.duration, "settle_seconds": SETTLE_S,
                                                     "rounds": args.rounds},
                                      "targets": rows, "runs": runs})

@@ -20,7 +20,8 @@ ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at star
 load), RSS (sampled under load, and peak), and its exit time after SIGINT.
 
 The invariant: every exchange is either a span or counted as shed; both sides are traced, so
-``(server spans + client spans + shed) / (2 x requests)`` is 1 (up to the <= 16 requests in flight when wrk stops, which nginx answers but wrk does not count).
+``(server spans + client spans + shed) / (2 x requests)`` is 1 (up to the <= 16 requests in flight
+when wrk stops, which nginx answers but wrk does not count).
 
 Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]``
 """
@@ -36,12 +37,28 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (SPAN_KIND, STATUS_ERROR, Agent, Watch, WrkRun, cpu_seconds, free_port, load_metrics,  # noqa: E402
-                     metric_total, parse_live_args, self_counter, span_counts, unshared, wait_listening, wrk)
-from results import write_result  # noqa: E402
+from harness import (
+    SPAN_KIND,
+    STATUS_ERROR,
+    Agent,
+    Watch,
+    WrkRun,
+    cpu_seconds,
+    free_port,
+    load_metrics,
+    metric_total,
+    parse_live_args,
+    self_counter,
+    span_counts,
+    unshared,
+    wait_listening,
+    wrk,
+)
+from results import write_result
 
 CONNECTIONS = 16
 NGINX_CONF = """\
@@ -149,8 +166,10 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
         metrics = load_metrics(tmp / "out")
         return Run(
             **asdict(w), traced=True,
-            server_spans=sum(n for (pid, kind, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
-            client_spans=sum(n for (pid, kind, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
+            server_spans=sum(n for (pid, kind, _), n in counts.items()
+                             if pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
+            client_spans=sum(n for (pid, kind, _), n in counts.items()
+                             if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
             error_server_spans=sum(n for (pid, kind, status), n in counts.items()
                                    if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
             error_client_spans=sum(n for (pid, kind, status), n in counts.items()
@@ -176,7 +195,7 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "offered": label,
         "untraced_rps": round(med(r.rps for r in untraced)),
         "traced_rps": round(med(r.rps for r in traced)),
-        "ratio": round(med(t.rps / u.rps for u, t in zip(untraced, traced)), 3),
+        "ratio": round(med(t.rps / u.rps for u, t in zip(untraced, traced, strict=True)), 3),
         "requests": requests,
         "non_2xx": non_2xx,
         "socket_errors": sum(r.socket_errors for r in untraced + traced),
@@ -230,7 +249,7 @@ def print_table(rows: list[dict]) -> None:
                       for _, key, fmt in COLUMNS])
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     for line in table:
-        print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
 
 
 def main() -> None:
@@ -248,20 +267,23 @@ def main() -> None:
         traced: list[Run] = []
         for n in range(args.rounds):
             for is_traced in (False, True) if n % 2 == 0 else (True, False):
-                keep = args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
-                run = unshared(lambda: measure(rate, args.duration, is_traced, keep), lambda r: r.shared,
+                keep = (args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}"
+                        if args.keep and is_traced else None)
+                run = unshared(partial(measure, rate, args.duration, is_traced, keep), lambda r: r.shared,
                                args.wait_quiet, progress)
                 (traced if is_traced else untraced).append(run)
                 runs.append({"offered": label, "round": n + 1, **asdict(run)})
                 progress(f"{label} round {n + 1}/{args.rounds} {'traced' if is_traced else 'untraced'}: "
                          f"{run.rps:,.0f}/s, {run.requests:,} requests"
                          + (f", {run.server_spans:,} server + {run.client_spans:,} client spans, shed {run.shed:,}, "
-                            f"lost {run.events_lost:,}, agent {run.agent_cpu_s:.2f} CPU-s, exit {run.agent_exit_s:.2f} s"
+                            f"lost {run.events_lost:,}, agent {run.agent_cpu_s:.2f} CPU-s, "
+                            f"exit {run.agent_exit_s:.2f} s"
                             if is_traced else ""))
         rows.append(summarize(label, untraced, traced))
     print(f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
           f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
-          f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}")
+          f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, "
+          f"kernel {os.uname().release}")
     print_table(rows)
     print("invariant: (server + client spans + shed) / (2 x requests) = 1 (both sides traced), up to 16 requests "
           "in flight per run when wrk stops; "

@@ -40,7 +40,7 @@ from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from results import write_result  # noqa: E402
+from results import write_result
 
 PID = 4242
 START_NS = 1_764_000_000_000_000_000
@@ -214,7 +214,7 @@ def main() -> None:
     def us(seconds: list[float]) -> float:
         return statistics.median(seconds) / args.exchanges * 1e6
 
-    plugin = [sum(rep) for rep in zip(*stages.values())]
+    plugin = [sum(rep) for rep in zip(*stages.values(), strict=True)]
     print(
         f"{args.exchanges} exchanges on {args.connections} connections, "
         f"median of {args.reps} repetitions, µs per exchange:"

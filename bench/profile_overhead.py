@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, cpu_seconds, status_mb  # noqa: E402
-from results import write_result  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, status_mb
+from results import write_result
 
 sys.path.insert(0, str(REPO))
-from tests.otlp_receiver import load_file_metrics  # noqa: E402
+from tests.otlp_receiver import load_file_metrics
 
 WORKLOAD = """
 import os, sys, time
@@ -180,8 +180,8 @@ def main() -> int:
              "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in base), 2)}]
     for hz in (49, 99):
         runs = results[hz]
-        loss = 1 - statistics.median(r["rate"] / b["rate"] for r, b in zip(runs, base))
-        cpu_loss = 1 - statistics.median(r["cpu_rate"] / b["cpu_rate"] for r, b in zip(runs, base))
+        loss = 1 - statistics.median(r["rate"] / b["rate"] for r, b in zip(runs, base, strict=True))
+        cpu_loss = 1 - statistics.median(r["cpu_rate"] / b["cpu_rate"] for r, b in zip(runs, base, strict=True))
         rows.append({"config": f"{hz} Hz", "batches_per_s": round(statistics.median(r["rate"] for r in runs), 2),
                      "loss": round(loss, 4),
                      "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in runs), 2),
@@ -194,7 +194,8 @@ def main() -> int:
         print(f"{hz:>7} Hz {statistics.median(r['rate'] for r in runs):10.2f} {loss:8.2%} "
               f"{statistics.median(r['cpu_rate'] for r in runs):10.2f} {cpu_loss:8.2%} "
               f"{statistics.median(r['samples'] for r in runs) / args.duration:10.1f} "
-              f"{statistics.median(r['bpf_ns'] for r in runs):10.0f} {statistics.median(r['bpf_cpu'] for r in runs):8.3%} "
+              f"{statistics.median(r['bpf_ns'] for r in runs):10.0f} "
+              f"{statistics.median(r['bpf_cpu'] for r in runs):8.3%} "
               f"{statistics.median(r['agent_cpu'] for r in runs):10.2%} "
               f"{statistics.median(r['rss'] for r in runs):8.0f} MB")
     print("loss: 1 - median of per-round (traced / untraced), per wall second and per CPU second of the "

@@ -44,12 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (AGENT, REPO, Watch, cpu_seconds, parse_live_args, self_counter, unshared,  # noqa: E402
-                     wait_for, wrk)
-from results import write_result  # noqa: E402
+from harness import AGENT, REPO, Watch, cpu_seconds, parse_live_args, self_counter, unshared, wait_for, wrk
+from results import write_result
 
 sys.path.insert(0, str(REPO))
-from tests.otlp_receiver import load_file_metrics, load_file_spans  # noqa: E402
+from tests.otlp_receiver import load_file_metrics, load_file_spans
 
 CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
 # tls_peers.py's https server with its handler set up as http_service.py's (one write per response,
@@ -178,7 +177,7 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
                      + (f", {run.spans} spans ({run.error_spans} ERROR), lost (events, spans) {run.lost}, "
                         f"agent {run.agent_cpu_s:.2f} CPU-s" if traced else "")
                      + (f", {run.errors} client ERRORS" if run.errors else ""))
-    ratio = statistics.median(b.rate / a.rate for a, b in zip(u, t))
+    ratio = statistics.median(b.rate / a.rate for a, b in zip(u, t, strict=True))
     calls = sum(r.calls for r in t)
     spans, errs = sum(r.spans for r in t) / calls, sum(r.error_spans for r in t)
     captured = all(r.calls <= r.spans <= r.calls + workload.in_flight for r in t)
@@ -229,11 +228,12 @@ def main() -> None:
           f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; {os.cpu_count()} CPUs, kernel {os.uname().release}")
     print("target: spans/call 1.000 and traced/untraced ratio >= 0.90")
     for line in table:
-        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
     write_result("protocol_load", None, {
         "parameters": {"duration_s": args.duration, "rounds": args.rounds, "grpc_concurrency": args.grpc_concurrency,
                        "https_connections": WRK_CONNECTIONS, "paced": args.paced},
-        "loads": [dict(zip(HEADER, line)) for line in table[1:]],
+        "loads": [dict(zip(HEADER, line, strict=True)) for line in table[1:]],
     })
 
 

@@ -113,7 +113,8 @@ def _table(rows: list[dict[str, Any]], indent: str) -> list[str]:
     else:
         cells = [[key, *(_cell(row.get(key)) for row in rows)] for key in keys]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(line, widths, strict=True)))
             for line in cells]
 
 
@@ -139,7 +140,8 @@ def print_result(path: Path) -> None:
     rev = doc.get("revision") or {}
     print(f"== {doc['name']}  ({os.path.relpath(path)})")
     print(f"  command: {doc['command']}")
-    print(f"  date: {doc['date']}; revision {str(rev.get('commit'))[:12]}{' + uncommitted changes' if rev.get('dirty') else ''}; "
+    dirty = " + uncommitted changes" if rev.get("dirty") else ""
+    print(f"  date: {doc['date']}; revision {str(rev.get('commit'))[:12]}{dirty}; "
           f"{m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python {m['python']}")
     print("\n".join(format_figures(doc["figures"])))
 

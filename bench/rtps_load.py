@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import REPO, cpu_seconds  # noqa: E402
-from results import write_result  # noqa: E402
+from harness import REPO, cpu_seconds
+from results import write_result
 
 RECORDING = REPO / "tests" / "protocols" / "data" / "rtps" / "cyclone_scenarios.jsonl"
 TALKER, LISTENER = 1001, 1002

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
 from harness import parse_live_args  # noqa: E402
-from results import write_result  # noqa: E402
 from otel_ebpf.probes.tls import ENTRY_PROGRAMS, system_libssl  # noqa: E402
+from results import write_result  # noqa: E402
 from tests.live.test_tls_untraced_live import _entry_points, _planted  # noqa: E402
 
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
@@ -211,7 +211,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
     parser.add_argument("--server", choices=("nginx", "python"), default="nginx" if shutil.which("nginx") else "python")
     parser.add_argument("--before", type=Path,
-                        help="also run the agent in this source tree (with its .venv's Python, else this one), --pid sleep")
+                        help="also run the agent in this source tree (with its .venv's Python, else this one), "
+                             "--pid sleep")
     args = parse_live_args(parser, duration=8.0, rounds=3, quick=(2.0, 1))
     arms: dict[str, Callable[[], object]] = {
         "untraced": nothing,
@@ -237,7 +238,8 @@ def main() -> None:
                 note = ""
                 if name in untrapped and traps:
                     contaminated[name] += 1
-                    note = f"  (left out: the server has breakpoints on {len(traps)} SSL entry points, set by another tracer)"
+                    note = (f"  (left out: the server has breakpoints on {len(traps)} SSL entry points, "
+                            "set by another tracer)")
                 else:
                     results[name].append(rps)
                 print(f"[bench] round {round_no + 1}/{args.rounds} {name}: {rps:,.0f} req/s{note}", flush=True)

@@ -51,8 +51,8 @@ from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, cpu_seconds, wait_for  # noqa: E402
-from results import write_result  # noqa: E402
+from harness import AGENT, REPO, cpu_seconds, wait_for
+from results import write_result
 
 RECORDING = REPO / "tests" / "data" / "trace_chain_events.jsonl"
 CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]

@@ -55,7 +55,7 @@ def serve(port_file: str, work_ms: int, python_share: float) -> None:
         def log_message(self, *args: object) -> None:
             return
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             mix(work_ms / 1000, python_share)
             body = b"done\n"
             self.send_response(200)

@@ -82,7 +82,8 @@ def start_service(python: str) -> tuple[subprocess.Popen[bytes], int]:
 def start_llm_server(python: str, port_file: Path) -> tuple[subprocess.Popen[bytes], int]:
     """The stand-in LLM server on a free port; returns it and its port."""
     env = {**os.environ, "OTEL_SERVICE_NAME": LLM_SERVICE_NAME}
-    proc = subprocess.Popen([python, str(EXAMPLES / "llm_server.py"), str(port_file)], stdout=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen([python, str(EXAMPLES / "llm_server.py"), str(port_file)], stdout=subprocess.DEVNULL,
+                            env=env)
     deadline = time.monotonic() + 15
     while not (port_file.exists() and port_file.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from examples.gpu_training_standin import Dim3, Gpu  # noqa: E402
-from tests.gpu.standin.build import build  # noqa: E402
+from examples.gpu_training_standin import Dim3, Gpu
+from tests.gpu.standin.build import build
 
 ELEMENTS = 1024
 FLOAT16 = 6
@@ -33,7 +33,7 @@ def main() -> int:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 -- keep output clean
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             assert gpu.nccl.ncclAllReduce(buffer, buffer, ELEMENTS, FLOAT16, 0, comm, None) == 0
             for _ in range(2):

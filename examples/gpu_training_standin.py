@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.gpu.standin.build import build  # noqa: E402
+from tests.gpu.standin.build import build
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -45,7 +45,7 @@ class Handler(BaseHTTPRequestHandler):
     wbufsize = 64 * 1024
     disable_nagle_algorithm = True
 
-    def log_message(self, format: str, *args: object) -> None:
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — the name BaseHTTPRequestHandler gives it
         """Silent: the agent is what reports requests here."""
 
     def _json(self, status: int, document: object) -> None:

@@ -124,8 +124,9 @@ class LLMServer:
             line: dict[str, Any] = {"model": body["model"], "created_at": "2026-11-30T00:00:00Z", "done": False}
             line.update({"message": {"role": "assistant", "content": token}} if chat else {"response": token})
             await _write(send, json.dumps(line).encode() + b"\n")
-        last = {"model": body["model"], "done": True, "done_reason": "length", "prompt_eval_count": _prompt_tokens(body),
-                "eval_count": count, "total_duration": 1, "eval_duration": 1}
+        last = {"model": body["model"], "done": True, "done_reason": "length",
+                "prompt_eval_count": _prompt_tokens(body), "eval_count": count, "total_duration": 1,
+                "eval_duration": 1}
         last.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
         await _write(send, json.dumps(last).encode() + b"\n", last=True)
 
@@ -135,8 +136,9 @@ class LLMServer:
         sent = 0
         async for token in self._tokens(count):
             sent += 1
-            event: dict[str, Any] = {"index": sent, "token": {"id": sent, "text": token, "logprob": 0.0,
-                                                              "special": False}, "generated_text": None, "details": None}
+            event: dict[str, Any] = {"index": sent,
+                                     "token": {"id": sent, "text": token, "logprob": 0.0, "special": False},
+                                     "generated_text": None, "details": None}
             if sent == count:
                 event["details"] = {"finish_reason": "length", "generated_tokens": count, "seed": None}
             await _write(send, b"data:" + json.dumps(event).encode() + b"\n\n", last=sent == count)

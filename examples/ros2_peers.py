@@ -37,7 +37,7 @@ LOOPBACK_URI = (
 )
 os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK_URI)
 
-from cyclonedds.core import Listener, Qos, Policy  # noqa: E402  (after CYCLONEDDS_URI is set)
+from cyclonedds.core import Listener, Policy, Qos  # noqa: E402  (after CYCLONEDDS_URI is set)
 from cyclonedds.domain import DomainParticipant  # noqa: E402
 from cyclonedds.idl import IdlStruct  # noqa: E402
 from cyclonedds.idl.types import int64, uint64  # noqa: E402

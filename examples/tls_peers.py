@@ -35,7 +35,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+    def do_GET(self) -> None:
         status = 404 if self.path.startswith("/missing") else 200
         body = json.dumps({"path": self.path}).encode()
         self.send_response(status)
@@ -97,7 +97,7 @@ def async_serve(port_file: str, cert: str, key: str) -> None:
         context.load_cert_chain(cert, key)
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
-        Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
+        Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))  # noqa: SLF001 — port 0's pick
         await asyncio.Event().wait()
 
     asyncio.run(run())

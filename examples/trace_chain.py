@@ -51,7 +51,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -153,7 +153,7 @@ def make_handler(name: str, downstream: Downstream | GrpcDownstream | None) -> t
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             match = WORK_PATH.match(self.path)
             if match is None:
                 self._send(404, b'{"error": "not found"}')
@@ -166,7 +166,7 @@ def make_handler(name: str, downstream: Downstream | GrpcDownstream | None) -> t
             headers = {REQUEST_ID: value} if (value := self.headers.get(REQUEST_ID)) else {}
             try:
                 status, body = downstream.get(f"/work/{work_id}", headers)
-            except Exception as exc:  # the chain is the point: report a broken hop, do not hide it
+            except Exception as exc:  # noqa: BLE001 — the chain is the point: report a broken hop, do not hide it
                 self._send(502, json.dumps({"service": name, "error": repr(exc)}).encode())
                 return
             self._send(200 if status == 200 else 502, _answer(name, work_id, json.loads(body or b"null")))
@@ -208,12 +208,12 @@ def serve_async(name: str, port_file: str, next_url: str, forward: bool = True) 
         try:
             async with request.app["session"].get(f"{next_url}/work/{work_id}", headers=headers) as response:
                 status, body = response.status, await response.read()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — a broken hop is the answer, a 502
             return web.json_response({"service": name, "error": repr(exc)}, status=502)
         return web.Response(status=200 if status == 200 else 502, body=_answer(name, work_id, json.loads(body)),
                             content_type="application/json")
 
-    async def session(app: web.Application):  # type: ignore[no-untyped-def]
+    async def session(app: web.Application) -> AsyncIterator[None]:
         async with ClientSession() as client:
             app["session"] = client
             yield
@@ -315,7 +315,7 @@ def load(url: str, requests: int, concurrency: int, traceparent: bool, wait: boo
                         response = conn.getresponse()
                         response.read()
                     line["status"] = response.status
-                except Exception as exc:
+                except (OSError, http.client.HTTPException) as exc:
                     conn.close()  # reconnects on the next request
                     line.update(status=None, error=repr(exc))
                 with lock:

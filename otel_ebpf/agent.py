@@ -30,14 +30,15 @@ from .exporters import build_sink
 from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
 from .preflight import StartupError, exited, write_ready_file
-from .reorder import EventReorderer
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
+from .reorder import EventReorderer
 from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
+    from .probes.gpu import GpuMonitor
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -127,7 +128,7 @@ class Agent:
 
     def start_profiling(self) -> CpuProfiling:
         """Attach the CPU profiler (docs/profiling.md); its samples link to this agent's spans."""
-        from .profiles.session import CpuProfiling
+        from .profiles.session import CpuProfiling  # noqa: PLC0415 — the CPU profiler loads bcc: only when profiling
 
         profiling = CpuProfiling(self.config, self.selfmetrics, self.host_name,
                                  self.pipeline.assembler.active_server_span)
@@ -178,7 +179,7 @@ class Agent:
 
 def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool = True) -> int:
     """Attach the probes and run until stopped. Returns the process exit code."""
-    from .probes.socket import SocketProbe
+    from .probes.socket import SocketProbe  # noqa: PLC0415 — the probe loads bcc: only for a live run, not replay
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
@@ -204,8 +205,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None:
             agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
 
-    profiling = None
-    gpu = None
+    profiling: CpuProfiling | None = None
+    gpu: GpuMonitor | None = None
     try:
         probe.start()
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
@@ -271,9 +272,9 @@ def _check_targets_alive(config: AgentConfig) -> None:
     log.warning("target process(es) %s exited while the agent started", ", ".join(map(str, gone)))
 
 
-def _start_gpu(agent: Agent, profiling: object | None) -> object:
+def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
     """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
-    from .probes.gpu import GpuMonitor
+    from .probes.gpu import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
 
     gpu = GpuMonitor(agent.config, agent.selfmetrics, agent.host_name,
                      DELTA_KINDS[agent.config.export.metric_temporality], profile_sink=getattr(profiling, "sink", None),
@@ -289,7 +290,9 @@ def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]
     A bad line raises ``RecordingError`` from ``events``; what was read before it is still
     processed and exported first.
     """
-    pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
+    def pipeline_time() -> int:
+        return agent.pipeline.last_timestamp_ns
+
     agent = Agent(config, pipeline_time, host_name=header.host_name or None,
                   kernel_http_metrics=header.kernel_http_metrics)
     batch: list[Event] = []

@@ -43,6 +43,7 @@ import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
@@ -65,6 +66,7 @@ _AMBIGUOUS_LINK = {"otel_ebpf.link.reason": "ambiguous_parent"}
 _MESSAGE = "message"  # tags _started slots of message-keyed starts
 
 Thread = tuple[int, int]  # (pid, tid)
+K = TypeVar("K", bound=Hashable)
 # (client address, client port, server address, server port, stream): plain values, hashed in C
 Pair = tuple[str, int, str, int, "int | None"]
 
@@ -93,7 +95,7 @@ class RequestContext:
     emit: bool = True  # False: an instrumented program's own span stands for this request
     # registration while in flight
     start_ns: int = 0
-    started: tuple[ConnKey, int] | None = None  # key into TraceAssembler._started
+    started: tuple | None = None  # key into TraceAssembler._started: (ConnKey, start) or a message slot
     thread: Thread | None = None  # serving thread, for an incoming request
     correlation: tuple[int, str] | None = None  # (pid, correlation id), for an incoming request
     pair: Pair | None = None  # its connection's ends, for an outgoing request
@@ -125,7 +127,7 @@ class TraceAssembler:
         self._max_inflight = max_inflight
         self._skip_instrumented = instrumented_clients == SKIP
         # requests announced and not yet completed, by (connection, start time)
-        self._started: dict[tuple[ConnKey, int], list[RequestContext]] = {}
+        self._started: dict[tuple, list[RequestContext]] = {}
         self._order: deque[RequestContext] = deque()  # the same, in announcement order (with done ones)
         self._live = 0
         self._threads: dict[Thread, list[RequestContext]] = {}  # incoming requests being served
@@ -276,12 +278,11 @@ class TraceAssembler:
         context = self._decide_message(key, request.start_ns, len(announced) if announced else 0,
                                        direction, message_id, tid)
         self._announce(slot, request.start_ns, context)
-        index = self._sent if direction is Direction.EGRESS else self._consuming
-        entry = message_id if direction is Direction.EGRESS else (key[0], tid)
-        index[entry] = context
-        index.move_to_end(entry)
-        if len(index) > self._max_inflight:
-            index.popitem(last=False)
+        if direction is Direction.EGRESS:
+            evicted = _put_last(self._sent, message_id, context, self._max_inflight)
+        else:
+            evicted = _put_last(self._consuming, (key[0], tid), context, self._max_inflight)
+        if evicted:
             self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "messages"})
         if self._live > self._max_inflight:
             self._evict_oldest()
@@ -388,3 +389,13 @@ def _under_propagated(propagated: PropagatedContext, span_id: int) -> RequestCon
         trace_state=propagated.trace_state,
     )
     return RequestContext(propagated.trace_id, span_id, flags, parent=parent, trace_state=propagated.trace_state)
+
+
+def _put_last(index: OrderedDict[K, RequestContext], entry: K, context: RequestContext, limit: int) -> bool:
+    """Put ``context`` newest in ``index``; past ``limit`` entries the oldest goes (True then)."""
+    index[entry] = context
+    index.move_to_end(entry)
+    if len(index) > limit:
+        index.popitem(last=False)
+        return True
+    return False

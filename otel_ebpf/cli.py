@@ -90,7 +90,7 @@ _NOT_CONFIG = {"command", "verbose", "record", "recording"}
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config  # noqa: PLC0415 — each command imports only what it runs: doctor must work when the rest cannot
 
     flags = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG}
     try:
@@ -101,14 +101,14 @@ def _load_config(args: argparse.Namespace) -> Any:
 
 
 def _cmd_doctor() -> int:
-    from .doctor import print_report, run_checks
+    from .doctor import print_report, run_checks  # noqa: PLC0415
 
     return print_report(run_checks(), sys.stdout)
 
 
 def _cmd_run(args: argparse.Namespace, export: bool) -> int:
-    from .agent import run_live
-    from .preflight import check_start
+    from .agent import run_live  # noqa: PLC0415
+    from .preflight import check_start  # noqa: PLC0415
 
     config = _load_config(args)
     record_path = getattr(args, "record", None)
@@ -124,9 +124,9 @@ def _cmd_run(args: argparse.Namespace, export: bool) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .agent import replay
-    from .preflight import check_outputs
-    from .recording import RecordingError, read_recording
+    from .agent import replay  # noqa: PLC0415
+    from .preflight import check_outputs  # noqa: PLC0415
+    from .recording import RecordingError, read_recording  # noqa: PLC0415
 
     config = _load_config(args)
     check_outputs(config, None)
@@ -145,7 +145,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .preflight import StartupError
+    from .preflight import StartupError  # noqa: PLC0415
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             return _cmd_run(args, export=False)
         if args.command == "flamegraph":
-            from .profiles.render import main as render_main
+            from .profiles.render import main as render_main  # noqa: PLC0415
 
             return render_main(args.profile_file, args.output, args.folded, args.service)
         return _cmd_replay(args)

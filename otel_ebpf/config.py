@@ -23,6 +23,7 @@ import difflib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -543,8 +544,6 @@ def _did_you_mean(key: str, candidates: Iterable[str]) -> str:
 
 def installed_protocols() -> frozenset[str]:
     """Names of the protocol plugins registered as entry points (without importing them)."""
-    from importlib.metadata import entry_points
-
     return frozenset(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 

@@ -12,7 +12,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import NamedTuple
 
 from .events import ConnClose, ConnData, ConnKey, ConnOpen
 from .protocol import (
@@ -39,6 +39,15 @@ SNIFF_MAX_BYTES = 64 * 1024
 SNIFF_HEAD = 4096
 
 
+class Claim(NamedTuple):
+    """The plugin that claimed a connection, in the role it found, with its session and stitcher."""
+
+    protocol: Protocol
+    role: Role
+    session: Session
+    stitcher: Stitcher
+
+
 @dataclass
 class Connection:
     key: ConnKey
@@ -62,6 +71,12 @@ class Connection:
     reported_unmatched: int = 0
     reported_partial: int = 0
 
+    def claimed(self) -> Claim:
+        """What ``ConnectionTracker._claim`` set, all together; only for a claimed connection."""
+        if self.protocol is None or self.role is None or self.session is None or self.stitcher is None:
+            raise RuntimeError(f"connection {self.key} is not claimed by a protocol")
+        return Claim(self.protocol, self.role, self.session, self.stitcher)
+
     def info(self) -> ConnectionInfo:
         scheme = "https" if self.tls else "http"
         return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme)
@@ -80,7 +95,7 @@ class Connection:
 
 # What a connection produced: a request that started, or an exchange that completed, with the
 # thread whose syscall produced it (0 when none did: a close, a flush).
-Outcome = tuple[Connection, Union[RequestStart, Exchange], int]
+Outcome = tuple[Connection, RequestStart | Exchange, int]
 
 
 class ConnectionTracker:
@@ -233,7 +248,7 @@ class ConnectionTracker:
         return done
 
     def _feed(self, conn: Connection, event: ConnData) -> list[Outcome]:
-        session = conn.session
+        session = conn.claimed().session
         done = self._stitch(conn, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
         gap = event.length - len(event.data)
         if gap > 0:
@@ -248,7 +263,7 @@ class ConnectionTracker:
             if isinstance(output, RequestStart):
                 done.append((conn, output, tid))
             else:
-                done += [(conn, exchange, tid) for exchange in conn.stitcher.add(output)]
+                done += [(conn, exchange, tid) for exchange in conn.claimed().stitcher.add(output)]
         return done
 
     def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Outcome]:
@@ -257,9 +272,10 @@ class ConnectionTracker:
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         if conn.session is None:
             return []
+        claim = conn.claimed()
         try:
-            done = self._stitch(conn, conn.session.close(timestamp_ns), 0) if closed else []
-            done += [(conn, exchange, 0) for exchange in conn.stitcher.flush(timestamp_ns)]
+            done = self._stitch(conn, claim.session.close(timestamp_ns), 0) if closed else []
+            done += [(conn, exchange, 0) for exchange in claim.stitcher.flush(timestamp_ns)]
         except Exception as exc:  # noqa: BLE001 -- as in data()
             self._give_up(conn, exc)
             return []
@@ -291,30 +307,32 @@ class ConnectionTracker:
         if conn.session is None:
             return
         self._account(conn)
-        conn.session = conn.protocol.new_process_session(conn.role, conn.key[0])
-        conn.stitcher = conn.protocol.new_stitcher(conn.role)
+        protocol, role = conn.claimed()[:2]
+        conn.session = protocol.new_process_session(role, conn.key[0])
+        conn.stitcher = protocol.new_stitcher(role)
         conn.reported_errors = conn.reported_unmatched = conn.reported_partial = 0
 
     def _account(self, conn: Connection) -> None:
         """Report growth of the session's and stitcher's own error counters."""
         if conn.session is None:
             return
-        drops = conn.protocol.drops()
+        protocol, _, session, stitcher = conn.claimed()
+        drops = protocol.drops()
         if drops:
-            self._account_protocol(conn.protocol.name, drops)
-        errors, unmatched = conn.session.parse_errors, conn.stitcher.unmatched
+            self._account_protocol(protocol.name, drops)
+        errors, unmatched = session.parse_errors, stitcher.unmatched
         if errors != conn.reported_errors:
-            self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, {"protocol": conn.protocol.name})
+            self._metrics.add("otel_ebpf.parse.errors", errors - conn.reported_errors, {"protocol": protocol.name})
             conn.reported_errors = errors
-        partial = conn.session.partial_messages
+        partial = session.partial_messages
         if partial != conn.reported_partial:
             self._metrics.add(
-                "otel_ebpf.messages.partial", partial - conn.reported_partial, {"protocol": conn.protocol.name}
+                "otel_ebpf.messages.partial", partial - conn.reported_partial, {"protocol": protocol.name}
             )
             conn.reported_partial = partial
         if unmatched != conn.reported_unmatched:
             self._metrics.add(
-                "otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, {"protocol": conn.protocol.name}
+                "otel_ebpf.messages.unmatched", unmatched - conn.reported_unmatched, {"protocol": protocol.name}
             )
             conn.reported_unmatched = unmatched
 

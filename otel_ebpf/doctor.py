@@ -15,6 +15,8 @@ also runs from a bare source tree: ``python3 -m otel_ebpf.doctor``.
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import platform
 import re
@@ -295,8 +297,8 @@ def check_bcc_import() -> CheckResult:
     """Debian's python3-bpfcc must be visible to this interpreter (bootstrap adds a shim to the venv)."""
     fix = "make bootstrap  (apt-get install -y python3-bpfcc, plus the bcc shim in .venv)"
     try:
-        import bcc  # importing bcc is the check itself
-    except Exception as e:  # ImportError, or OSError when libbcc.so cannot load
+        import bcc  # noqa: PLC0415 — importing bcc is the check itself
+    except Exception as e:  # noqa: BLE001 — ImportError, or OSError when libbcc.so cannot load
         return CheckResult("bcc module", False, f"import bcc failed in {sys.executable}: {e}", fix)
     version = getattr(bcc, "__version__", "unknown version")
     return CheckResult("bcc module", True, f"bcc {version} from {os.path.dirname(bcc.__file__)}", fix)
@@ -364,20 +366,20 @@ def check_uprobes() -> CheckResult:
 
 
 def _ssl_symbols(path: str) -> set[str]:
-    from bcc import BPF
+    from bcc import BPF  # noqa: PLC0415 — a check, not a requirement: bcc may be missing
 
-    from .probes.tls import SYMBOL_PATTERN
+    from .probes.tls import SYMBOL_PATTERN  # noqa: PLC0415 — the probe modules import bcc
 
     try:
         return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
-    except Exception:  # not an ELF file, or unreadable
+    except Exception:  # noqa: BLE001 — not an ELF file, or unreadable
         return set()
 
 
 def check_tls_libraries(bcc_ok: bool) -> list[CheckResult]:
     """HTTPS and gRPC-over-TLS plaintext come from uprobes on OpenSSL's SSL_read/SSL_write: the
     library must export those symbols. grpcio links BoringSSL into its stripped ``cygrpc`` module."""
-    from .probes.tls import REQUIRED, system_libssl
+    from .probes.tls import REQUIRED, system_libssl  # noqa: PLC0415 — the probe modules import bcc
 
     if not bcc_ok:
         return [CheckResult("TLS libraries", False, "not checked: bcc is unavailable", "make bootstrap", False)]
@@ -405,9 +407,6 @@ def check_tls_libraries(bcc_ok: bool) -> list[CheckResult]:
 
 def _grpcio_modules() -> list[str]:
     """grpcio's compiled core (``grpc/_cython/cygrpc*.so``) in this interpreter's environment."""
-    import glob
-    import importlib.util
-
     spec = importlib.util.find_spec("grpc")
     if spec is None or not spec.submodule_search_locations:
         return []

@@ -14,7 +14,6 @@ one is made per syscall, and a frozen dataclass costs five times as much to cons
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from .protocol import Direction, Endpoint, Role, Transport
 
@@ -132,4 +131,4 @@ class HttpRequestCounts:
     max_ns: int
 
 
-Event = Union[ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts]
+Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts

@@ -118,15 +118,16 @@ class ProcessMetrics:
         by_scope: dict[InstrumentationScope, list[Metric]] = {}
         for (scope, name), by_attributes in list(self._series.items()):
             spec = self._specs[name]
-            points = [self._point(spec, s, now_ns) for s in by_attributes.values()]
             temporality = AggregationTemporality.DELTA if spec.kind in delta else AggregationTemporality.CUMULATIVE
             if temporality is AggregationTemporality.DELTA:
                 self._count -= len(by_attributes)
                 del self._series[(scope, name)]
+            data: Histogram | Sum
             if spec.kind is InstrumentKind.HISTOGRAM:
-                data = Histogram(points, temporality)
+                data = Histogram([self._histogram_point(spec, s, now_ns) for s in by_attributes.values()], temporality)
             else:
-                data = Sum(points, temporality, is_monotonic=spec.kind is InstrumentKind.COUNTER)
+                data = Sum([self._number_point(s, now_ns) for s in by_attributes.values()], temporality,
+                           is_monotonic=spec.kind is InstrumentKind.COUNTER)
             by_scope.setdefault(scope, []).append(Metric(spec.name, spec.description, spec.unit, data))
         if not by_scope:
             return None
@@ -134,11 +135,12 @@ class ProcessMetrics:
         return ResourceMetrics(self.resource, scopes, "")
 
     @staticmethod
-    def _point(spec: InstrumentSpec, s: _Series, now_ns: int) -> HistogramDataPoint | NumberDataPoint:
-        attributes = dict(s.attributes)
-        if spec.kind is InstrumentKind.HISTOGRAM:
-            bounds = spec.boundaries or DEFAULT_BOUNDARIES
-            return HistogramDataPoint(attributes, s.start_ns, now_ns, s.count, s.value, list(s.buckets),
-                                      list(bounds), s.minimum, s.maximum)
+    def _histogram_point(spec: InstrumentSpec, s: _Series, now_ns: int) -> HistogramDataPoint:
+        bounds = spec.boundaries or DEFAULT_BOUNDARIES
+        return HistogramDataPoint(dict(s.attributes), s.start_ns, now_ns, s.count, s.value, list(s.buckets),
+                                  list(bounds), s.minimum, s.maximum)
+
+    @staticmethod
+    def _number_point(s: _Series, now_ns: int) -> NumberDataPoint:
         value = int(s.value) if s.value.is_integer() else s.value
-        return NumberDataPoint(attributes, s.start_ns, now_ns, value)
+        return NumberDataPoint(dict(s.attributes), s.start_ns, now_ns, value)

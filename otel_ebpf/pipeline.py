@@ -85,9 +85,10 @@ class Pipeline:
                 assembler.start(conn.key, info, item, tid)
                 continue
             if not item.emits_span:  # control traffic (RTPS HEARTBEAT/ACKNACK/GAP): metric points only
-                self.telemetry.metric_points(conn.protocol.name, conn.key[0], item, info, self.last_timestamp_ns)
+                self.telemetry.metric_points(conn.claimed().protocol.name, conn.key[0], item, info,
+                                             self.last_timestamp_ns)
                 continue
             conn.exchanges += 1
             description = item.span(info)
             context = assembler.finish(conn.key, info, description.start_ns, tid, item.message_start)
-            self.telemetry.exchange(conn.protocol.name, conn.key[0], item, description, info, context)
+            self.telemetry.exchange(conn.claimed().protocol.name, conn.key[0], item, description, info, context)

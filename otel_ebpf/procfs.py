@@ -104,10 +104,10 @@ def _parse_endpoint(field: str, v6: bool) -> Endpoint:
     addr_hex, port_hex = field.split(":")
     raw = bytes.fromhex(addr_hex)
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    addr = ipaddress.IPv6Address(words) if v6 else ipaddress.IPv4Address(words)
-    if v6 and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return Endpoint(str(addr), int(port_hex, 16))
+    if not v6:
+        return Endpoint(str(ipaddress.IPv4Address(words)), int(port_hex, 16))
+    addr = ipaddress.IPv6Address(words)
+    return Endpoint(str(addr.ipv4_mapped or addr), int(port_hex, 16))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from importlib.metadata import entry_points
+from typing import Any
 
-AttributeValue = Union[str, bool, int, float, Sequence[str], Sequence[int], Sequence[float]]
+AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
 Attributes = Mapping[str, AttributeValue]
 
 
@@ -197,7 +198,7 @@ class RequestStart:
     message_id: Hashable | None = None
 
 
-SessionOutput = Union[Message, RequestStart]
+SessionOutput = Message | RequestStart
 
 
 class Exchange(ABC):
@@ -209,8 +210,11 @@ class Exchange(ABC):
     points only."""
 
     __slots__ = ()
-    message_start: tuple[Direction, Hashable] | None = None
     emits_span: bool = True
+
+    @property
+    def message_start(self) -> tuple[Direction, Hashable] | None:
+        return None
 
     @abstractmethod
     def span(self, conn: ConnectionInfo) -> SpanDescription:
@@ -238,7 +242,7 @@ class Session(ABC):
         complete, each request optionally announced by a :class:`RequestStart` first."""
 
     @abstractmethod
-    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> Iterable[Message]:
+    def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> Iterable[SessionOutput]:
         """``length`` bytes moved in ``direction`` but were not captured (past the payload cap).
 
         Called right after the ``feed`` of the captured prefix of the same syscall. A session that
@@ -246,7 +250,7 @@ class Session(ABC):
         """
 
     @abstractmethod
-    def close(self, timestamp_ns: int) -> Iterable[Message]:
+    def close(self, timestamp_ns: int) -> Iterable[SessionOutput]:
         """The connection closed: finish messages delimited by close (read-until-close bodies)."""
 
 
@@ -325,8 +329,6 @@ def load_protocols(
     for a plugin whose module fails to import, ``TypeError`` when an entry point is not a
     :class:`Protocol` subclass, and ``ValueError`` from a plugin that rejects its options.
     """
-    from importlib.metadata import entry_points
-
     found: dict[str, type[Protocol]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if enabled is not None and ep.name not in enabled:

@@ -196,7 +196,7 @@ def byte_by_byte(chunks: Iterable[Chunk]) -> list[Chunk]:
 
 def rechunked(data: st.DataObject, chunks: Iterable[Chunk], max_cuts: int = 6) -> list[Chunk]:
     """Each syscall's bytes cut at up to ``max_cuts`` places that hypothesis draws."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # noqa: PLC0415 — hypothesis only for the callers that draw
 
     return [
         Chunk(chunk.direction, chunk.t_ns, piece)
@@ -208,7 +208,7 @@ def rechunked(data: st.DataObject, chunks: Iterable[Chunk], max_cuts: int = 6) -
 def mutate(draw: st.DrawFn, chunks: list[Chunk], tokens: Sequence[bytes] = ()) -> list[Chunk]:
     """1 to 6 mutations of a recording: a bit flipped, a syscall truncated, cut short by a gap,
     dropped or repeated, random bytes or one of ``tokens`` inserted."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # noqa: PLC0415 — as in rechunked
 
     kinds = ["flip", "truncate", "insert", "gap", "drop", "repeat"] + (["token"] if tokens else [])
     for _ in range(draw(st.integers(1, 6))):

@@ -20,7 +20,8 @@ from .protocol import Direction, Endpoint, Role, Transport
 FORMAT = "otel-ebpf-events"
 VERSION = 1
 _TYPES: dict[str, type] = {
-    cls.__name__: cls for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
+    cls.__name__: cls
+    for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
 }
 
 

@@ -58,7 +58,8 @@ class EventReorderer:
     def release_before(self, horizon_ns: float = math.inf, limit: int | None = None) -> list[Event]:
         """Up to ``limit`` events stamped at or before ``horizon_ns``, in order: by default all of
         them (the agent is stopping). A live agent also calls it when traffic pauses."""
-        heap, ready = self._heap, []
+        heap = self._heap
+        ready: list[Event] = []
         limit = len(heap) if limit is None else limit
         while heap and len(ready) < limit and heap[0][0] <= horizon_ns:
             ts, _, event = heapq.heappop(heap)

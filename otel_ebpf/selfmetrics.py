@@ -137,7 +137,8 @@ class SelfMetrics:
         with self._lock:
             return {name: sum(series.values()) for name, series in self._values.items()}
 
-    def _observe(self, name: str) -> Iterable[Observation]:
+    def observe(self, name: str) -> Iterable[Observation]:
+        """One observation per attribute set of counter or gauge ``name``."""
         with self._lock:
             items = list(self._values[name].items())
         return [Observation(value, dict(key)) for key, value in items]
@@ -147,7 +148,7 @@ class SelfMetrics:
         for name, (unit, description, is_gauge) in DESCRIPTIONS.items():
 
             def callback(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
-                return self._observe(name)
+                return self.observe(name)
 
             create = meter.create_observable_gauge if is_gauge else meter.create_observable_counter
             create(name, callbacks=[callback], unit=unit, description=description)

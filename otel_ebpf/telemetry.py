@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import ResourceMetrics
@@ -22,6 +23,7 @@ from .assembly import RequestContext
 from .events import HttpRequestCounts, ProcessInfo
 from .metrics import ProcessMetrics
 from .protocol import (
+    AttributeValue,
     ConnectionInfo,
     Exchange,
     InstrumentKind,
@@ -66,8 +68,6 @@ def _status(code: StatusCode, description: str | None) -> Status:
 
 def parse_resource_attributes(text: str) -> dict[str, str]:
     """``OTEL_RESOURCE_ATTRIBUTES`` syntax: ``k=v,k2=v2`` with percent-encoded values."""
-    from urllib.parse import unquote
-
     attributes: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -76,7 +76,7 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
     return attributes
 
 
-def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, object]:
+def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, AttributeValue]:
     """Resource of an observed process; its own OTel variables win over what the agent infers or
     reads from its container's runtime."""
     executable_name = os.path.basename(info.executable) or info.command_line.split(" ", 1)[0]
@@ -84,7 +84,7 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     service_name = (
         info.environment.get("OTEL_SERVICE_NAME") or own.get("service.name") or executable_name or "unknown"
     )
-    attributes: dict[str, object] = {
+    attributes: dict[str, AttributeValue] = {
         "host.name": host_name,
         "process.pid": info.pid,
         "process.executable.name": executable_name,

@@ -185,14 +185,15 @@ def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     return None
 
 
-def _put_endpoints(attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool) -> None:
+def _put_endpoints(attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo,
+                   is_server: bool) -> None:
     server = conn.server
+    address: str | None = None
+    port: int | None = None
     if call.authority:
         address, port = split_authority(call.authority, conn.scheme)
     elif server is not None:
         address, port = server.address, server.port
-    else:
-        address = port = None
     if address:
         attributes["server.address"] = address
     if port is not None:

@@ -287,7 +287,7 @@ class OTLPReceiver:
                 except OSError:  # the client gave up (a hang outlasted its timeout)
                     self.close_connection = True
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 route = routes.get(self.path)
                 if route is None:

@@ -105,7 +105,7 @@ def assert_chain(spans: list[ReadableSpan]) -> None:
     s = named(spans)
     order = [(GATEWAY, "SERVER"), (GATEWAY, "CLIENT"), (SERVICE, "SERVER"), (SERVICE, "CLIENT"), (BACKEND, "SERVER")]
     assert sorted(s) == sorted(order)
-    for parent, child in zip(order, order[1:]):
+    for parent, child in zip(order, order[1:], strict=False):
         assert parent_id(s[child]) == s[parent].context.span_id, child
         assert s[child].context.trace_id == s[parent].context.trace_id
         assert not s[child].parent.is_remote
@@ -140,7 +140,7 @@ def scrambled(events: list[Event], seed: int, jitter_ms: float) -> list[Event]:
         key = max(arrival.get(event.pid, 0.0), event.timestamp_ns + rng.uniform(0, jitter_ms) * MS)
         arrival[event.pid] = key
         keys.append(key)
-    return [event for _, _, event in sorted(zip(keys, range(len(events)), events))]
+    return [event for _, _, event in sorted(zip(keys, range(len(events)), events, strict=True))]
 
 
 @settings(max_examples=40, deadline=None)
@@ -313,7 +313,8 @@ def test_recorded_chain_replays_into_one_trace_per_request() -> None:
     with RECORDED.open() as stream:
         _, events = read_recording(stream)
         events = list(events)
-    assert any(b.timestamp_ns < a.timestamp_ns for a, b in zip(events, events[1:]))  # arrived out of order
+    # arrived out of order
+    assert any(b.timestamp_ns < a.timestamp_ns for a, b in zip(events, events[1:], strict=False))
     traces = recorded_traces(events)
     assert len(traces) == 16
     for spans in traces:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is no package
-import harness  # noqa: E402
-import results  # noqa: E402
+import harness
+import results
 
 
 def _point(value: float, time_ns: int, temporality: str, *, pid: int = 1, attributes: dict | None = None,

@@ -256,11 +256,13 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         ],
     ),
     "profiling.enabled": (
-        False, [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
+        False,
+        [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
     ),
     "profiling.frequency_hz": (
         49,
-        [("yaml", "", 19, 19), ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97), ("cli", "profile_frequency", 99, 99)],
+        [("yaml", "", 19, 19), ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97),
+         ("cli", "profile_frequency", 99, 99)],
     ),
     "profiling.interval_s": (10.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_PROFILING_INTERVAL", "2.5", 2.5)]),
     "profiling.max_stacks": (16384, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_PROFILING_MAX_STACKS", "20", 20)]),

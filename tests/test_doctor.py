@@ -83,7 +83,7 @@ def test_report_required_failure_exits_one_with_fix_and_multiline_detail() -> No
 def test_probe_failure_reports_the_tail_of_stderr() -> None:
     """A compiler error is long: the report keeps its end, where the real error is."""
     script = "import sys\nfor i in range(40): print(f'line {i}', file=sys.stderr)\nsys.exit(3)"
-    r = doctor._run_probe("probe", script, "the fix", required=True)
+    r = doctor._run_probe("probe", script, "the fix", required=True)  # noqa: SLF001 — the runner on its own
     assert not r.ok and r.required and r.fix == "the fix"
     assert r.detail.startswith("failed (exit 3):")
     assert "line 39" in r.detail and "line 0\n" not in r.detail
@@ -91,7 +91,7 @@ def test_probe_failure_reports_the_tail_of_stderr() -> None:
 
 
 def test_probe_success_reports_stdout() -> None:
-    r = doctor._run_probe("probe", "print('3 events received')", "fix", required=False)
+    r = doctor._run_probe("probe", "print('3 events received')", "fix", required=False)  # noqa: SLF001
     assert r.ok and r.detail == "3 events received"
 
 

@@ -39,9 +39,9 @@ from otel_ebpf.config import AgentConfig, load_config
 from otel_ebpf.exporters import ExporterSetupError
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter, from_json_line, to_json_line
-from otel_ebpf.exporters.transport import build_transport
 from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
 from otel_ebpf.exporters.sink import TelemetrySink, build_sink, temporality_preference
+from otel_ebpf.exporters.transport import build_transport
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.otlp_receiver import OTLPReceiver, load_file_metrics, load_file_spans
 

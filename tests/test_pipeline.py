@@ -31,9 +31,9 @@ from otel_ebpf.events import (
 )
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.protocol import Direction, Endpoint, Protocol, Role, Session, Sniff, Stitcher, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
+from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import EXITED_GRACE_NS, Telemetry
@@ -933,5 +933,5 @@ def test_a_plugin_that_raises_costs_only_its_connection() -> None:
     spans = telemetry.take_spans()
     assert [s.name for s in spans] == ["GET /a"]
     assert selfmetrics.total("otel_ebpf.protocol.failures") == 2
-    assert [o.attributes for o in selfmetrics._observe("otel_ebpf.protocol.failures")] == [{"protocol": "raising"}]
+    assert [o.attributes for o in selfmetrics.observe("otel_ebpf.protocol.failures")] == [{"protocol": "raising"}]
     assert unknown == [(10, 3, 0), (10, 4, 0)]

@@ -23,8 +23,9 @@ def test_socket_tuples_of_a_connected_pair() -> None:
                 got = procfs.socket_tuples({pid: [client.fileno(), accepted.fileno(), 10**6]})
                 got_client, got_server = got[(pid, client.fileno())], got[(pid, accepted.fileno())]
                 assert len(got) == 2
-    assert got_client == procfs.SocketTuple(Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port), Role.CLIENT)
-    assert got_server == procfs.SocketTuple(Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", client_port), Role.SERVER)
+    client_end, server_end = Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port)
+    assert got_client == procfs.SocketTuple(client_end, server_end, Role.CLIENT)
+    assert got_server == procfs.SocketTuple(server_end, client_end, Role.SERVER)
 
 
 def test_socket_tuples_ipv6_and_non_sockets() -> None:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from otel_ebpf.propagation import B3, W3C, PropagatedContext, read_carrier
 
+
 def extract(carrier: list[tuple[str, str]]) -> PropagatedContext | None:
     return read_carrier(carrier)[0]
 

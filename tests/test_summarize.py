@@ -209,7 +209,8 @@ def test_traces_are_summarized_by_shape(summarize: ModuleType, tmp_path: Path) -
         traces("backend", [linked("GET /b", SERVER, 1, 3, parent=2), linked("GET /c", SERVER, 2, 4, parent=9)]),
     ])
     text = summarize.format_traces(summarize.read_spans(tmp_path / "traces.jsonl"))
-    assert text == "Traces: 2 (1 of 1 span, 1 of 3 spans); 2 spans have their parent in the trace, 1 of them across services"
+    assert text == ("Traces: 2 (1 of 1 span, 1 of 3 spans); 2 spans have their parent in the trace, "
+                    "1 of them across services")
     assert "Traces: 2" in summarize.format_summary(tmp_path)
 
 

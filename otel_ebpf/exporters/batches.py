@@ -59,7 +59,7 @@ class BatchQueue(ABC):
             taken.append(head)
         return taken
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — optional: a memory queue holds no files
         """Release files; nothing by default."""
 
 

@@ -60,7 +60,7 @@ def _encode_metrics(batch: Sequence[MetricsData]) -> Message:
 
 
 def _encode_profiles(batch: Sequence[Any]) -> Message:
-    from otel_ebpf.profiles import otlp  # profiles import this package: import it late
+    from otel_ebpf.profiles import otlp  # noqa: PLC0415 — profiles import this package: import it late
 
     return otlp.encode(batch)
 

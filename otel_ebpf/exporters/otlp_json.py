@@ -238,7 +238,7 @@ def _add_attributes(fields: list[str], attributes: Mapping[str, Any] | None, dro
         for key, value in attributes.items():
             try:  # _key_prefix() inlined down to its cache look-up: this loop is the exporter's hot spot
                 encoded.append((_KEY_PREFIXES.get(key) or _key_prefix(key)) + _any_value(value) + "}")
-            except Exception:  # noqa: BLE001 - like the SDK encoder, one bad attribute costs only itself
+            except Exception:
                 _logger.exception("attribute %r cannot be encoded as OTLP, dropped", key)
         if encoded:
             fields.append('"attributes":[%s]' % ",".join(encoded))

@@ -305,7 +305,7 @@ class TelemetrySink:
     def force_flush(self, timeout_s: float) -> bool:
         """Export everything queued so far; True if all exporters finished within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        workers = [*self._span_workers.values(), *self._metric_workers.values()]
+        workers: list[_ExportWorker[Any]] = [*self._span_workers.values(), *self._metric_workers.values()]
         queued = all([worker.flush(deadline - time.monotonic()) for worker in workers])
         deliveries = [e for e in [*self._span_exporters.values(), *self._metric_exporters.values()]
                       if isinstance(e, OTLPExporter)]

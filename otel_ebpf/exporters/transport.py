@@ -16,7 +16,8 @@ import gzip
 import os
 import urllib.parse
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 import grpc
 import requests
@@ -70,7 +71,7 @@ class GrpcTransport(Transport):
             )
             self._channel = grpc.secure_channel(target, credentials, options)
         # No serializers: the request is already protobuf bytes, and the response is not needed.
-        self._call = self._channel.unary_unary(method)
+        self._call: grpc.UnaryUnaryMultiCallable = self._channel.unary_unary(method)
         self._metadata = tuple(headers.items())
         self._compression = grpc.Compression.Gzip if gzip_body else grpc.Compression.NoCompression
 
@@ -80,7 +81,8 @@ class GrpcTransport(Transport):
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-            return classify_grpc(code.name, tuple(trailing or ()))
+            # grpc hands (key, value) tuples; its stubs call them _Metadatum objects
+            return classify_grpc(code.name, cast("Sequence[tuple[str, str | bytes]]", tuple(trailing or ())))
         except ValueError:  # a closed channel
             return retryable("closed")
         return classify_grpc("OK")

@@ -14,13 +14,13 @@ same calls yields the same spans (DESIGN.md, principle 6).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
+from ..protocol import Attributes, AttributeValue
 from .calls import NCCL_DATATYPES, GpuCall, Kind, Library, error_name
 from .views import SCOPE
 
@@ -32,7 +32,7 @@ def span_id_of(call: GpuCall) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
-def collective_span(call: GpuCall, parent: tuple[int, int], resource: Mapping[str, object],
+def collective_span(call: GpuCall, parent: tuple[int, int], resource: Attributes,
                     rank: tuple[int, int] | None = None) -> ReadableSpan | None:
     """The span of an NCCL collective or group call made under ``parent`` (trace id, span id);
     None for other calls. ``rank``: (rank, communicator size) when the communicator is known."""
@@ -40,7 +40,7 @@ def collective_span(call: GpuCall, parent: tuple[int, int], resource: Mapping[st
     if spec.library is not Library.NCCL or spec.kind not in (Kind.COLLECTIVE, Kind.GROUP):
         return None
     operation = spec.symbol.removeprefix("nccl")
-    attributes: dict[str, object] = {"nccl.operation": operation, "thread.id": call.tid}
+    attributes: dict[str, AttributeValue] = {"nccl.operation": operation, "thread.id": call.tid}
     if spec.kind is Kind.COLLECTIVE:
         name, size = NCCL_DATATYPES.get(call.arg(spec.dtype_arg, signed32=True), ("unknown", 0))
         attributes["nccl.datatype"] = name
@@ -49,8 +49,8 @@ def collective_span(call: GpuCall, parent: tuple[int, int], resource: Mapping[st
         attributes["nccl.rank"], attributes["nccl.comm.size"] = rank
     status = Status(StatusCode.UNSET)
     if not call.ok:
-        attributes["error.type"] = error_name(Library.NCCL, call.ret)
-        status = Status(StatusCode.ERROR, attributes["error.type"])  # type: ignore[arg-type]
+        error_type = attributes["error.type"] = error_name(Library.NCCL, call.ret)
+        status = Status(StatusCode.ERROR, error_type)
     trace_id, parent_id = parent
     return ReadableSpan(
         name=f"nccl {operation}",

@@ -16,7 +16,7 @@ gives a process's resource attributes. Tests pass plain functions.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from opentelemetry._logs import LogRecord, SeverityNumber
@@ -28,7 +28,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from .. import __version__
 from ..metrics import ProcessMetrics
 from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
-from ..protocol import InstrumentKind, InstrumentSpec, MetricPoint
+from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
 from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, error_name
 from .memory import Allocation, AllocationTable, LeakReport, LeakReporter
@@ -75,7 +75,7 @@ PROFILE_TYPES: dict[str, tuple[tuple[ValueType, ...], ValueType]] = {
 }
 
 StackOf = Callable[[GpuCall], Stack]
-ResourceOf = Callable[[int], Mapping[str, object]]
+ResourceOf = Callable[[int], Attributes]
 MAX_THREADS = 65536  # per-thread current device remembered
 MAX_COMMS = 4096  # NCCL communicators remembered
 
@@ -171,7 +171,7 @@ class GpuViews:
         layer = spec.library.value
         stack = self._stack_of(call)
         self.table.allocate(Allocation(call.pid, layer, device, ptr, size, call.ts_ns, stack))
-        attributes = {"cuda.api": layer, "cuda.device": device}
+        attributes: Attributes = {"cuda.api": layer, "cuda.device": device}
         self._record(call.pid, "cuda.memory.allocated", size, attributes)
         self._record(call.pid, "cuda.memory.allocations", 1, attributes)
         self._record(call.pid, "cuda.memory.in_use", size, attributes)
@@ -185,7 +185,7 @@ class GpuViews:
         alloc = self.table.free(call.pid, spec.library.value, ptr)
         if alloc is None:
             return
-        attributes = {"cuda.api": alloc.layer, "cuda.device": alloc.device}
+        attributes: Attributes = {"cuda.api": alloc.layer, "cuda.device": alloc.device}
         self._record(call.pid, "cuda.memory.freed", alloc.size, attributes)
         self._record(call.pid, "cuda.memory.in_use", -alloc.size, attributes)
 
@@ -209,7 +209,7 @@ class GpuViews:
                 rank = call.arg(spec.peer_arg, signed32=True)
                 self._remember(self._comms, (call.pid, call.out), (rank, call.arg(spec.size_arg, signed32=True)),
                                MAX_COMMS)
-            attributes: dict[str, object] = {"nccl.operation": spec.symbol.removeprefix("nccl")}
+            attributes: dict[str, AttributeValue] = {"nccl.operation": spec.symbol.removeprefix("nccl")}
             if call.ok:
                 attributes["nccl.rank"] = call.arg(spec.peer_arg, signed32=True)
         elif spec.kind is Kind.COMM_DESTROY:
@@ -242,14 +242,14 @@ class GpuViews:
         if len(mapping) > cap:
             mapping.popitem(last=False)
 
-    def _record(self, pid: int, instrument: str, value: float, attributes: Mapping[str, object]) -> None:
+    def _record(self, pid: int, instrument: str, value: float, attributes: Attributes) -> None:
         metrics = self._metrics.get(pid)
         if metrics is None:
             metrics = self._metrics[pid] = ProcessMetrics(Resource(dict(self._resource_of(pid))), INSTRUMENTS)
         metrics.record(SCOPE, MetricPoint(instrument, value, attributes), self._now_ns)
 
     def _profile(self, view: str, call: GpuCall, values: tuple[int, ...],
-                 attributes: Mapping[str, object] | None = None, stack: Stack | None = None) -> None:
+                 attributes: Attributes | None = None, stack: Stack | None = None) -> None:
         self._profiles[view].add(self._resource_of(call.pid), stack if stack is not None else self._stack_of(call),
                                  values, attributes=attributes, timestamp_ns=call.ts_ns)
 
@@ -288,7 +288,7 @@ class GpuViews:
     def _leak_record(self, report: LeakReport, now_ns: int) -> ReadableLogRecord:
         stack = report.stack if isinstance(report.stack, tuple) else ()
         origin = _origin(stack)
-        attributes: dict[str, object] = {
+        attributes: dict[str, AttributeValue] = {
             "cuda.api": report.layer,
             "cuda.device": report.device,
             "cuda.memory.leak.allocations": report.count,
@@ -320,7 +320,8 @@ class GpuViews:
                                       {"view": name})
                 self._reported_drops[name] = builder.dropped
         table = (self.table.evicted, self.table.unmatched_frees, self.table.replaced)
-        for name, now, before in zip(("evicted", "unmatched_free", "replaced"), table, self._reported_table):
+        reasons = ("evicted", "unmatched_free", "replaced")
+        for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
 

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from otel_ebpf import procfs
 from otel_ebpf.config import TargetsConfig
@@ -85,7 +86,7 @@ class CpuProbe:
         self.targets = targets
         self.ring_buffer_kb = ring_buffer_kb
         self.python_enabled = python
-        self._bpf = None
+        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._samples: list[RawSample] = []
         self.python: dict[int, PythonProcess | None] = {}  # pid -> interpreter (None: not Python)
         self._thread_refresh: dict[int, float] = {}

@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 from .. import procfs
 from ..config import AgentConfig, TargetsConfig
@@ -247,7 +248,7 @@ class GpuAttacher:
             for probe in probes:
                 self._attach_usdt(path, probe)
                 done.append(f"{probe.provider}:{probe.name}")
-        except Exception as exc:  # BCC raises bare Exception naming the failure
+        except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
             self.libraries.failed[path] = str(exc)
             log.warning("GPU: cannot attach to %s: %s", path, exc)
             if not done:
@@ -265,7 +266,7 @@ def _gpu_symbols(path: str) -> set[str]:
     try:
         found = BPF.get_user_functions_and_addresses(path.encode(), SYMBOL_PATTERN.encode())
         return {name.decode() for name, _ in found}
-    except Exception:  # not an ELF file, or unreadable: no symbols
+    except Exception:  # noqa: BLE001 — not an ELF file, or unreadable: no symbols
         return set()
 
 
@@ -361,15 +362,15 @@ class _BccUprobes:
         self._attach = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
                                         ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32)(("bpf_attach_uprobe", lib))
 
-    def attach(self, bpf: object, fn_name: str, path: str, offset: int, ref_ctr_offset: int) -> None:
+    def attach(self, bpf: Any, fn_name: str, path: str, offset: int, ref_ctr_offset: int) -> None:
         from bcc import BPF  # noqa: PLC0415
 
-        fn = bpf.load_func(fn_name.encode(), BPF.KPROBE)  # type: ignore[attr-defined]
-        ev_name = bpf._get_uprobe_evname(b"p", path.encode(), offset, -1)  # type: ignore[attr-defined]  # noqa: SLF001
+        fn = bpf.load_func(fn_name.encode(), BPF.KPROBE)
+        ev_name = bpf._get_uprobe_evname(b"p", path.encode(), offset, -1)  # noqa: SLF001
         fd = self._attach(fn.fd, 0, ev_name, path.encode(), offset, -1, ref_ctr_offset)
         if fd < 0:
             raise RuntimeError(f"cannot attach USDT probe at {path}+0x{offset:x}")
-        bpf._add_uprobe_fd(ev_name, fd)  # type: ignore[attr-defined]  # noqa: SLF001 — detached by cleanup()
+        bpf._add_uprobe_fd(ev_name, fd)  # noqa: SLF001 — detached by cleanup()
 
 
 class GpuProbe:
@@ -383,7 +384,7 @@ class GpuProbe:
         self.max_targets = max_targets
         self.python_stacks = False  # whether the loaded program walks Python frames
         self._py_frames = 0
-        self._bpf = None
+        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._attacher: GpuAttacher | None = None
         self._usdt_slots: dict[tuple[int, int], int] = {}  # (dev, ino) of a file -> slot
         self._usdt_attach = None
@@ -410,7 +411,7 @@ class GpuProbe:
                 bpf = BPF(text=text, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
                 bpf.load_func(b"enter_cudaMalloc", BPF.KPROBE)  # the verifier's verdict, now
                 bpf.load_func(b"usdt_torch_malloc_0", BPF.KPROBE)
-            except Exception as exc:  # BCC raises bare Exception with the compiler's or verifier's verdict
+            except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception with the compiler's or verifier's verdict
                 error = exc
                 if python:
                     log.warning("GPU: Python stacks unavailable (python_stack.h did not load: %s); "
@@ -433,7 +434,7 @@ class GpuProbe:
         self.gpu_pids |= self._attacher.scan(self._scan_pids())
 
     @property
-    def bpf(self) -> object:
+    def bpf(self) -> Any:
         """The loaded BPF object (its ``py_procs`` / ``py_threads`` maps are filled by the
         CPython stack support)."""
         return self._bpf
@@ -490,7 +491,8 @@ class GpuProbe:
             self.gpu_pids = self._attacher.scan(self._scan_pids())
         elif execs:
             # A fresh image maps its libraries at once; dlopen-ed ones come with the next rescan.
-            self.gpu_pids |= self._attacher.scan(execs & self._target_pids if self.targets.selects_processes else execs, False)
+            self.gpu_pids |= self._attacher.scan(
+                execs & self._target_pids if self.targets.selects_processes else execs, False)
         return out
 
     def _on_event(self, _ctx: int, data: int, size: int) -> None:
@@ -539,7 +541,7 @@ def native_stack(symbolizer: object, call: GpuCall) -> tuple:
     """Frames of the native stack, leaf first (return addresses point after the call: minus one)."""
     frames = []
     for i, address in enumerate(call.user_stack):
-        frames.append(symbolizer.user_frame(call.pid, address if i == 0 else address - 1))  # type: ignore[attr-defined]
+        frames.append(symbolizer.user_frame(call.pid, address if i == 0 else address - 1))
     return tuple(frames)
 
 
@@ -645,7 +647,8 @@ class GpuMonitor:
         self._log_sink = build_log_sink(self.config, self._selfmetrics)
         self.started = True
         log.info("GPU probe attached (stacks: %s%s)", self.config.gpu.stacks,
-                 "" if self.probe.python_stacks or self.config.gpu.stacks != "python" else ", Python frames unavailable")
+                 "" if self.probe.python_stacks or self.config.gpu.stacks != "python"
+                 else ", Python frames unavailable")
         self._install_pythons()
 
     def poll(self, timeout_ms: int = 0, horizon_ns: int | None = None) -> int:
@@ -776,5 +779,6 @@ class GpuMonitor:
                 self._profile_sink.shutdown(timeout_s)
 
 
-__all__ = ["CallPairing", "CallReturn", "GpuAttacher", "GpuLibraries", "GpuMonitor", "GpuProbe", "ProcessEvent", "StackCache", "UsdtProbe",
+__all__ = ["CallPairing", "CallReturn", "GpuAttacher", "GpuLibraries", "GpuMonitor", "GpuProbe", "ProcessEvent",
+           "StackCache", "UsdtProbe",
            "decode", "maps_gpu_library", "native_stack", "parse_usdt_args", "read_usdt_probes"]

@@ -54,7 +54,7 @@ class HttpRedReader:
                 maximum = max(v.max_ns for v in per_cpu)
                 reports.append(self._report(now, key, count - before_count, sum_ns - before_sum, moved,
                                             minimum, maximum))
-                self._totals[raw_key] = (count, sum_ns, tuple(map(sum, zip(before_buckets, moved))))
+                self._totals[raw_key] = (count, sum_ns, tuple(map(sum, zip(before_buckets, moved, strict=True))))
             if key.tgid in self._exited:
                 finished.append(key)
         for key in finished:
@@ -83,7 +83,7 @@ def reported_moves(current: tuple[int, ...], reported: tuple[int, ...]) -> tuple
     lose a request that another gains. A delta histogram cannot say so (its counts are unsigned),
     so the move waits, its gain held back against the loss, until new requests fill the bucket it
     left; counts are exact meanwhile, and the buckets once the move is reported."""
-    deltas = [now - before for now, before in zip(current, reported)]
+    deltas = [now - before for now, before in zip(current, reported, strict=True)]
     owed = -sum(d for d in deltas if d < 0)
     moves = [max(d, 0) for d in deltas]
     for i in reversed(range(len(moves))):  # the gains of moves are in the later buckets

@@ -19,15 +19,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from .. import procfs
-from ..containers import ContainerResolver
 from ..config import CaptureConfig, TargetsConfig
+from ..containers import ContainerResolver
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role, Transport
 from .addresses import endpoint
 from .http_red import HttpRedReader
-from .loading import close_program, compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
+from .loading import (
+    close_program,
+    compile_program,
+    inline_headers,
+    power_of_two_at_least,
+    ring_buffer_pages,
+    write_settings,
+)
 from .ringbuf import RingBufferReader
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
@@ -103,7 +111,7 @@ def _tls_symbols(path: str) -> set[str]:
 
     try:
         return {name.decode() for name, _ in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
-    except Exception:  # not an ELF file, or unreadable: no symbols
+    except Exception:  # noqa: BLE001 — not an ELF file, or unreadable: no symbols
         return set()
 
 
@@ -116,13 +124,13 @@ class _UprobeCloser:
         self._queue: queue.SimpleQueue[tuple[bytes, int] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def close(self, bpf: object, names: Iterable[bytes]) -> None:
+    def close(self, bpf: Any, names: Iterable[bytes]) -> None:
         """Take ``names`` (BCC uprobe event names) off ``bpf`` at once, close them soon."""
         for name in names:
-            fd = bpf.uprobe_fds.get(name)  # type: ignore[attr-defined]
+            fd = bpf.uprobe_fds.get(name)
             if fd is None:
                 continue
-            bpf._del_uprobe_fd(name)  # type: ignore[attr-defined]  # noqa: SLF001 — BCC's count of open probes
+            bpf._del_uprobe_fd(name)  # noqa: SLF001 — BCC's count of open probes
             self._queue.put((name, fd))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="uprobe-closer", daemon=True)
@@ -153,7 +161,7 @@ class SocketProbe:
         self._containers = containers
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
-        self._bpf = None
+        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._ring: RingBufferReader | None = None
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self._http_red: HttpRedReader | None = None
@@ -180,7 +188,8 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text())
+        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text()
+                                + bpf_dir.joinpath("tls_trace.c").read_text())
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         cflags = [
@@ -379,9 +388,7 @@ class SocketProbe:
                          endpoint(family, addr, port) if family in (2, 10) else None)
             )
         elif kind == EV_OPEN:
-            opened = self._conn_open(raw, ts, tgid, fd, generation)
-            if opened is not None:
-                self._events.append(opened)
+            self._conn_open(raw, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
         elif kind == EV_CLOSE:
             self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
         elif kind == EV_EXEC:

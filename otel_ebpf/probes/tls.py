@@ -138,7 +138,8 @@ class TLSAttacher:
         self._symbols = symbols
         self._attach = attach
         self._detach = detach
-        self._targets = targets
+        self._per_process = targets is not None
+        self._targets = targets or (lambda pid: True)
         self.max_attachments = max_attachments
         self.libraries = TLSLibraries()
         self._seen: set[Identity] = set()  # per file: every file looked at
@@ -153,7 +154,7 @@ class TLSAttacher:
     @property
     def per_process(self) -> bool:
         """Whether probes are attached per target process (else once per file, for all)."""
-        return self._targets is not None
+        return self._per_process
 
     @property
     def attachments(self) -> dict[int, set[str]]:
@@ -221,7 +222,7 @@ class TLSAttacher:
                 continue
             try:
                 self._attach_file(path, symbols, None)
-            except Exception as exc:  # BCC raises bare Exception naming the failure
+            except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
                 self.libraries.failed[path] = str(exc)
                 log.warning("TLS: cannot attach to %s: %s", path, exc)
                 continue
@@ -249,7 +250,7 @@ class TLSAttacher:
                 continue
             try:
                 handles = self._attach_file(path, symbols, pid)
-            except Exception as exc:  # BCC raises bare Exception naming the failure
+            except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
                 if not self._targets(pid) or not os.path.exists(f"/proc/{pid}"):
                     log.debug("TLS: process %d exited before its probes were attached", pid)
                     self.forget(pid)

@@ -23,14 +23,30 @@ LinkFor = Callable[[int, int], "Link | None"]
 class RawSampleLike(Protocol):
     """What the profiler reads of a sample (:class:`otel_ebpf.probes.cpu.RawSample`)."""
 
-    timestamp_ns: int
-    pid: int
-    tid: int
-    comm: str
-    user: tuple[int, ...]
-    kernel: tuple[int, ...]
-    py_status: int
-    py_frames: tuple[cpython.RawPyFrame, ...]
+    # read-only: a frozen dataclass satisfies only read-only protocol members
+    @property
+    def timestamp_ns(self) -> int: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def tid(self) -> int: ...
+
+    @property
+    def comm(self) -> str: ...
+
+    @property
+    def user(self) -> tuple[int, ...]: ...
+
+    @property
+    def kernel(self) -> tuple[int, ...]: ...
+
+    @property
+    def py_status(self) -> int: ...
+
+    @property
+    def py_frames(self) -> tuple[cpython.RawPyFrame, ...]: ...
 
 
 Resolved = tuple[RawSampleLike, Stack, Mapping[str, Any]]  # sample, merged stack, resource

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ebpf.profiles.model import Frame, FrameKind
-from otel_ebpf.profiles.symbols import ElfImage, ProcessMaps, elf_image
+from otel_ebpf.profiles.symbols import ElfImage, Mapping, ProcessMaps, elf_image
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _version_from_image(image: ElfImage, path: str) -> tuple[int, int] | None:
 
 def _interpreter_mapping(maps: ProcessMaps) -> tuple[str, ElfImage] | None:
     """The mapped ELF that defines ``_PyRuntime``: libpython if there is one, else the executable."""
-    candidates = {}
+    candidates: dict[str, Mapping] = {}
     for mapping in maps.mappings:
         name = os.path.basename(mapping.path)
         if mapping.path.startswith("/") and (_INTERPRETER_FILE.search(name) or name.startswith("python")):
@@ -246,10 +246,10 @@ def detect(pid: int) -> PythonProcess | None:
             layout = layout_from_debug_offsets(raw)
         except ValueError:
             return None
+    elif version in LAYOUTS:
+        layout = LAYOUTS[version]
     else:
-        layout = LAYOUTS.get(version)
-        if layout is None:
-            return None
+        return None
     process = PythonProcess(pid, version, path, runtime, layout)
     return process
 

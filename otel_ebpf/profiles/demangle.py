@@ -27,7 +27,7 @@ def _cxa_demangle() -> tuple[Any, Any] | None:
     except OSError as exc:
         log.warning("no libstdc++ (%s): C++ frames keep their mangled names", exc)
         return None
-    demangle = runtime.__cxa_demangle
+    demangle = runtime["__cxa_demangle"]
     # char *__cxa_demangle(const char *mangled, char *buffer, size_t *length, int *status)
     demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     demangle.restype = ctypes.c_void_p  # malloc'd: read, then freed here

@@ -22,6 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otel_ebpf.exporters.appendfile import AppendOnlyFile
 from otel_ebpf.exporters.delivery import EXPORTED
@@ -30,6 +31,9 @@ from otel_ebpf.exporters.otlp import PROFILES, OTLPExporter, otlp_exporter
 from otel_ebpf.profiles import flamegraph, otlp, pprof
 from otel_ebpf.profiles.model import Profile
 from otel_ebpf.selfmetrics import SelfMetrics
+
+if TYPE_CHECKING:  # config imports the profile settings from this package
+    from otel_ebpf.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ class ProfileDestination(ABC):
     def export(self, profiles: Sequence[Profile]) -> None:
         """Send one interval's profiles; raise on failure."""
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:  # noqa: B027 — optional: most hold nothing
         """Release what the destination holds (files, connections) within ``timeout_s``; nothing by
         default."""
 
@@ -156,7 +160,7 @@ def _label_value(value: str) -> str:
 
 
 def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310 — config allows http(s) only
     with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 -- configured URL
         response.read()
 
@@ -215,7 +219,7 @@ def _otlp_account(selfmetrics: SelfMetrics) -> Callable[[str, int], None]:
     return account
 
 
-def build_profile_sink(config, selfmetrics: SelfMetrics) -> ProfileSink:  # config: AgentConfig
+def build_profile_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> ProfileSink:
     """The destinations the configuration names: ``otlp`` and ``file`` exporters, and Pyroscope."""
     destinations: list[ProfileDestination] = []
     if not config.export.disabled:

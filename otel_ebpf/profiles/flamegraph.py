@@ -14,7 +14,7 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_ebpf.profiles.model import FrameKind, Profile
+from otel_ebpf.profiles.model import Frame, FrameKind, Profile
 
 WIDTH = 1200
 FRAME_HEIGHT = 16
@@ -23,7 +23,7 @@ MIN_WIDTH = 0.3  # px: narrower frames are left out (their parent still counts t
 _KIND_MARK = {FrameKind.PYTHON: "", FrameKind.NATIVE: "", FrameKind.KERNEL: "_[k]"}
 
 
-def _label(frame) -> str:
+def _label(frame: Frame) -> str:
     # ';' separates frames in the folded format; keep it out of names
     return (frame.label() + _KIND_MARK[frame.kind]).replace(";", ":").replace("\n", " ")
 
@@ -82,7 +82,7 @@ def render_svg(stacks: Mapping[str, int], title: str = "CPU flame graph", unit: 
     root = _tree(stacks)
     total = max(root.value, 1)
     scale = (WIDTH - 20) / total
-    rects: list[str] = []
+    rects: list[tuple[float, int, float, _Node]] = []
     depth_max = 0
 
     def walk(node: _Node, x: float, depth: int) -> None:
@@ -91,7 +91,7 @@ def render_svg(stacks: Mapping[str, int], title: str = "CPU flame graph", unit: 
         if width < MIN_WIDTH:
             return
         depth_max = max(depth_max, depth)
-        rects.append((x, depth, width, node))  # type: ignore[arg-type]
+        rects.append((x, depth, width, node))
         child_x = x
         for child in sorted(node.children.values(), key=lambda n: n.name):
             walk(child, child_x, depth + 1)
@@ -105,7 +105,7 @@ def render_svg(stacks: Mapping[str, int], title: str = "CPU flame graph", unit: 
         f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#f8f8f8"/>',
         f'<text x="{WIDTH // 2}" y="24" text-anchor="middle" font-size="16">{html.escape(title)}</text>',
     ]
-    for x, depth, width, node in rects:  # type: ignore[misc]
+    for x, depth, width, node in rects:
         y = height - 20 - (depth + 1) * FRAME_HEIGHT
         share = 100.0 * node.value / total
         name = html.escape(node.name)

@@ -33,7 +33,7 @@ def python_groups(frames: Sequence[Frame], entries: Sequence[bool]) -> list[list
     """Python frames (leaf first) cut into one group per ``_PyEval_EvalFrameDefault`` call."""
     groups: list[list[Frame]] = []
     current: list[Frame] = []
-    for frame, entry in zip(frames, entries):
+    for frame, entry in zip(frames, entries, strict=True):
         current.append(frame)
         if entry:
             groups.append(current)

@@ -238,7 +238,7 @@ def encode(profiles: Iterable[Profile], scope_name: str = SCOPE_NAME) -> ExportP
             scope = by_resource[rkey] = resource_profiles.scope_profiles.add(
                 scope=InstrumentationScope(name=scope_name, version=__version__)
             )
-        for index, sample_type in enumerate(profile.sample_types):
+        for index in range(len(profile.sample_types)):
             single = profile if len(profile.sample_types) == 1 else _only(profile, index)
             encoder.profile(single, scope.profiles.add())
     request.dictionary.CopyFrom(encoder.dictionary)
@@ -269,7 +269,7 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         if known is not None:
             return known
         location = d.location_table[li]
-        kind = _KINDS.get(attributes(location.attribute_indices).get(FRAME_TYPE), FrameKind.NATIVE)
+        kind = _KINDS.get(attributes(location.attribute_indices).get(FRAME_TYPE, ""), FrameKind.NATIVE)
         line = location.lines[-1] if location.lines else pb.Line()
         function = d.function_table[line.function_index]
         mapping = d.mapping_table[location.mapping_index]

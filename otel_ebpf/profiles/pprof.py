@@ -200,7 +200,7 @@ def decode(data: bytes, resource: dict | None = None) -> Profile:
         m = _message(raw)
         ids = [i for wire, v in m.get(1, []) for i in _ints(wire, v)]
         values = [v for wire, raw_v in m.get(2, []) for v in _ints(wire, raw_v)]
-        labels = {st(one(_message(l), 1)): st(one(_message(l), 2)) for _, l in m.get(3, [])}
+        labels = {st(one(_message(label), 1)): st(one(_message(label), 2)) for _, label in m.get(3, [])}
         link = None
         if "span_id" in labels and "trace_id" in labels:
             link = (int(labels["trace_id"], 16), int(labels["span_id"], 16))

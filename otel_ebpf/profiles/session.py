@@ -14,8 +14,8 @@ from otel_ebpf.config import AgentConfig
 from otel_ebpf.containers import ContainerResolver
 from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
 from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
-from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.resources import ProcessResources
+from otel_ebpf.selfmetrics import SelfMetrics
 
 log = logging.getLogger(__name__)
 

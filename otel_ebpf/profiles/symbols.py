@@ -102,6 +102,7 @@ class ElfImage:
     def __init__(self, path: str) -> None:
         from elftools.common.exceptions import ELFError  # noqa: PLC0415 -- heavy import, only when used
         from elftools.elf.elffile import ELFFile  # noqa: PLC0415
+        from elftools.elf.segments import NoteSegment  # noqa: PLC0415
 
         self.path = path
         self.build_id = ""
@@ -116,7 +117,7 @@ class ElfImage:
                         self.segments.append(
                             (segment["p_offset"], segment["p_filesz"], segment["p_vaddr"], segment["p_memsz"])
                         )
-                    elif segment["p_type"] == "PT_NOTE":
+                    elif isinstance(segment, NoteSegment):  # PT_NOTE
                         for note in segment.iter_notes():
                             if note["n_type"] == "NT_GNU_BUILD_ID":
                                 self.build_id = note["n_desc"]
@@ -293,7 +294,7 @@ class Symbolizer:
         module = os.path.basename(mapping.path)
         file_offset = address - mapping.start + mapping.offset
         vaddr = image.file_offset_to_vaddr(file_offset) if image is not None else None
-        if vaddr is None:
+        if image is None or vaddr is None:
             return Frame(f"{module}+0x{file_offset:x}", module=mapping.path, kind=FrameKind.NATIVE,
                          address=file_offset, resolved=False)
         found = image.function_at(vaddr)

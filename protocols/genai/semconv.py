@@ -36,7 +36,6 @@ from otel_ebpf.protocol import (
     SpanDescription,
     StatusCode,
 )
-
 from otel_ebpf.redaction import redact_command_line
 
 from .types import GenAIRequest, GenAIResponse
@@ -179,7 +178,8 @@ class GenAICall:
         points = [MetricPoint("gen_ai.client.operation.duration", duration, attributes)]
         for kind, count in (("input", self.input_tokens), ("output", self.output_tokens)):
             if count is not None:
-                points.append(MetricPoint("gen_ai.client.token.usage", count, {**attributes, "gen_ai.token.type": kind}))
+                points.append(MetricPoint("gen_ai.client.token.usage", count,
+                                          {**attributes, "gen_ai.token.type": kind}))
         if self.ttft_s is not None:
             points.append(MetricPoint("gen_ai.client.operation.time_to_first_chunk", self.ttft_s, attributes))
             points.extend(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from otel_ebpf.protocol import Direction, RequestStart, SessionOutput
@@ -101,11 +102,11 @@ def _parse_section(block: bytes) -> _Section | None:
     text = block.decode("latin-1")
     lines = text.split("\n")
     del lines[-1]  # what follows the last LF is not a whole line
-    fields = tuple(map(_field, lines))
-    if None in fields:  # folded or malformed: a folded line continues the field before it,
-        fields = _parse_fields_by_line(text)  # which no line tells on its own
-        if fields is None:
-            return None
+    parsed = tuple(field for field in map(_field, lines) if field is not None)
+    # folded or malformed: a folded line continues the field before it, which no line tells on its own
+    fields = parsed if len(parsed) == len(lines) else _parse_fields_by_line(text)
+    if fields is None:
+        return None
     return (fields, *_body_framing(fields))
 
 
@@ -558,16 +559,14 @@ class _Parser(ABC):
     def _could_start(self, buf: bytes | bytearray, pos: int) -> bool:
         """Whether the bytes at ``pos``, not yet a whole line, may still begin a start line."""
 
-    @staticmethod
-    @abstractmethod
-    def _parse_start_line(line: bytes) -> tuple | None:
-        """The start line (ending in LF) as a tuple, or ``None`` if invalid."""
+    # The start line (ending in LF) as a tuple, or ``None`` if invalid: each parser's line function.
+    _parse_start_line: Callable[[bytes], tuple | None]
 
     @abstractmethod
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         """Offset of the first plausible start line at or after ``pos``, or -1."""
 
-    def _head_parsed(self, out: list[SessionOutput]) -> None:
+    def _head_parsed(self, out: list[SessionOutput]) -> None:  # noqa: B027 — optional hook
         """The head of the current message is complete (its body may follow)."""
 
     @abstractmethod

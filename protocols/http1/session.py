@@ -32,7 +32,7 @@ class HTTP1Session(Session):
         return self._requests.parse_errors + self._responses.parse_errors
 
     @property
-    def buffered(self) -> int:
+    def buffered(self) -> int:  # type: ignore[override]
         """Bytes held for an unfinished head or line: at most ``MAX_HEAD`` per direction."""
         return self._requests.buffered + self._responses.buffered
 

@@ -100,6 +100,7 @@ class HTTP1Exchange(Exchange):
 
     def _to_transaction(self) -> HttpTransaction:
         request, response = self.request, self.response
+        response_headers: Headers
         if response is None:
             version, status, response_headers, response_body_size = request.version, None, (), None
             error = None

@@ -24,7 +24,7 @@ import struct
 from typing import Protocol as Interface
 
 from hyperframe.exceptions import HyperframeError
-from hyperframe.frame import FRAMES, Frame, HeadersFrame
+from hyperframe.frame import FRAMES, ContinuationFrame, Frame, HeadersFrame, PushPromiseFrame
 
 from .hpack_context import HpackContext
 
@@ -349,7 +349,7 @@ class FrameReader:
             self.parse_errors += 1
             self._lost_frame(ts)
             return
-        if frame_type in _HEADER_BLOCKS:
+        if isinstance(frame, (HeadersFrame, ContinuationFrame, PushPromiseFrame)):  # _HEADER_BLOCKS
             self._sink.on_block(frame_type, stream, flags, frame.data, self._start_ns, ts)
         else:
             self._sink.on_frame(frame, self._start_ns, ts)

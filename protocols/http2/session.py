@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hyperframe.frame import Frame, SettingsFrame
+from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame, SettingsFrame
 
 from otel_ebpf.protocol import Direction, RequestStart, Role, Session, SessionOutput
 
@@ -44,12 +44,9 @@ from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
     END_HEADERS,
     END_STREAM,
-    GOAWAY,
     MAX_FRAME_SIZE,
     PREFACE,
     PUSH_PROMISE,
-    RST_STREAM,
-    SETTINGS,
     FrameReader,
 )
 from .grpc_framing import MessageCounter
@@ -164,7 +161,7 @@ class HTTP2Session(Session):
         return errors + (self._http1.parse_errors if self._http1 is not None else 0)
 
     @property
-    def buffered(self) -> int:
+    def buffered(self) -> int:  # type: ignore[override]
         """Bytes held for unfinished frames, header blocks and the upgrade handshake."""
         held = sum(reader.buffered for reader in self._readers.values())
         held += sum(len(block.data or b"") for block in self._blocks.values())
@@ -314,16 +311,16 @@ class HTTP2Session(Session):
         return stream_id in self._streams or stream_id <= max(self._last_stream, _FRESH_STREAMS) + MAX_STREAMS
 
     def on_frame(self, frame: Frame, start_ns: int, end_ns: int) -> None:
-        if frame.type == RST_STREAM:
+        if isinstance(frame, RstStreamFrame):
             stream = self._streams.get(frame.stream_id)
             if stream is not None:
                 self._finish(stream, end_ns, reset=frame.error_code)
-        elif frame.type == SETTINGS:
+        elif isinstance(frame, SettingsFrame):
             size = frame.settings.get(SettingsFrame.MAX_FRAME_SIZE)
             if size is not None:  # what the sender accepts: what the other direction may send
                 other = self._readers[self._direction.reverse()]
                 other.max_frame = min(max(size, DEFAULT_MAX_FRAME_SIZE), MAX_FRAME_SIZE)
-        elif frame.type == GOAWAY and self._direction is self._responses:
+        elif isinstance(frame, GoAwayFrame) and self._direction is self._responses:
             # the server will not process streams above last_stream_id: they were refused
             for stream in [s for s in self._streams.values() if s.id > frame.last_stream_id and s.id & 1]:
                 self._finish(stream, end_ns, reset=REFUSED_STREAM)

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from otel_ebpf.protocol import Direction, Message, RequestStart, Role, Session, SessionOutput, Stitcher
+from otel_ebpf.protocol import Direction, Message, RequestStart, Session, SessionOutput, Stitcher
 
 from .discovery import (
     SEDP_PUBLICATIONS_WRITER,

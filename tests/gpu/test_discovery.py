@@ -28,7 +28,8 @@ def standin() -> Path:
 def _dynamic_functions(path: Path) -> set[str]:
     with open(path, "rb") as f:
         table = ELFFile(f).get_section_by_name(".dynsym")
-        return {s.name for s in table.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] == "STT_FUNC"}
+        return {s.name for s in table.iter_symbols()
+                if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] == "STT_FUNC"}
 
 
 def test_standins_define_the_real_symbol_names(standin: Path) -> None:
@@ -59,7 +60,8 @@ def test_the_real_wheels_define_what_we_hook() -> None:
 @pytest.mark.parametrize(("text", "expected"), [
     ("8@%rax", [probe.UsdtArg(8, 1, 0)]),
     ("-4@%r12d 8@%rbx", [probe.UsdtArg(-4, 1, 12), probe.UsdtArg(8, 1, 1)]),
-    ("8@-24(%rbp) 4@(%rsp) -8@$5", [probe.UsdtArg(8, 2, 6, -24), probe.UsdtArg(4, 2, 7, 0), probe.UsdtArg(-8, 3, 0, 5)]),
+    ("8@-24(%rbp) 4@(%rsp) -8@$5",
+     [probe.UsdtArg(8, 2, 6, -24), probe.UsdtArg(4, 2, 7, 0), probe.UsdtArg(-8, 3, 0, 5)]),
     ("8@16(%r13)", [probe.UsdtArg(8, 2, 13, 16)]),
 ])
 def test_usdt_argument_locations(text: str, expected: list) -> None:
@@ -81,7 +83,8 @@ def test_pytorch_allocator_probes_and_semaphores_are_read_from_the_notes(standin
     with open(path, "rb") as f:
         elf = ELFFile(f)
         symbols = {s.name: s["st_value"] for s in elf.get_section_by_name(".symtab").iter_symbols()}
-        segments = [(s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        segments = [(s["p_vaddr"], s["p_memsz"], s["p_offset"])
+                    for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
         data = path.read_bytes()
 
     def offset(vaddr: int) -> int:

@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import BinaryIO
 
 KEEPALIVE_REQUESTS = 200
 EARLY_REQUESTS = 3  # on a connection opened before the agent started
@@ -71,7 +72,7 @@ def _report(method: str, path: str, status: int) -> None:
     print(json.dumps({"method": method, "path": path, "status": status}), flush=True)
 
 
-def _read_response(stream) -> int:
+def _read_response(stream: BinaryIO) -> int:
     """Read one Content-Length response from a raw socket file; return its status."""
     status = int(stream.readline().split()[1])
     length = 0

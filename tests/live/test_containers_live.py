@@ -29,15 +29,15 @@ from tests.otlp_receiver import OTLPReceiver, _attributes
 pytestmark = pytest.mark.bpf
 
 CALLS = 6
-CLIENT = """
+CLIENT = f"""
 import sys, urllib.request
 print("ready", flush=True)
 sys.stdin.readline()
 for port in sys.argv[1:]:
-    for i in range({calls}):
+    for i in range({CALLS}):
         path = "/work" if port == sys.argv[1] else f"/items/{{i}}"
         urllib.request.urlopen(f"http://127.0.0.1:{{port}}{{path}}").read()
-""".format(calls=CALLS)
+"""
 
 
 def _cgroup2_root() -> Path:

@@ -69,7 +69,8 @@ def _points(run: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 def _histogram_count(run: dict[str, Any], name: str, **attributes: Any) -> int:
-    return sum(p["count"] for p in _points(run, name) if all(p["attributes"].get(k) == v for k, v in attributes.items()))
+    return sum(p["count"] for p in _points(run, name)
+               if all(p["attributes"].get(k) == v for k, v in attributes.items()))
 
 
 @pytest.mark.parametrize("kind", ["SERVER", "CLIENT"])
@@ -94,7 +95,7 @@ def test_every_call_is_one_genai_span_per_side(run: dict[str, Any], kind: str) -
 def test_streams_give_ttft_tpot_and_exact_tokens(run: dict[str, Any], kind: str) -> None:
     spans = _llm_spans(run, kind)
     streamed = [spans[0], spans[1], spans[4], spans[5], spans[6]]
-    for span, name in zip(streamed, STREAMED):
+    for span, name in zip(streamed, STREAMED, strict=True):
         a = span["attributes"]
         seen = run["calls"][name]
         assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.30, abs=0.03), name

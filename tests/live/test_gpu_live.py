@@ -176,7 +176,8 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     assert all(r["event_name"] == "cuda.memory.leak" and r["resource"]["process.pid"] == pid for r in logs)
     counts = [r["attributes"]["cuda.memory.leak.allocations"] for r in logs]
     assert counts == sorted(counts) and len(set(counts)) == len(counts) and 2 <= counts[-1] <= summary["leaks"]
-    assert all(r["attributes"]["cuda.memory.leak.size"] == c * summary["leak_size"] for r, c in zip(logs, counts))
+    assert all(r["attributes"]["cuda.memory.leak.size"] == c * summary["leak_size"]
+               for r, c in zip(logs, counts, strict=True))
     assert "leaky_batch_cache" in logs[-1]["body"] and "cudaMalloc" in logs[-1]["attributes"]["code.stacktrace"]
 
     # profiles: explicit sample and period types; the leak's bytes sit on its stack

@@ -30,7 +30,8 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> s
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         if proc.poll() is not None:
-            raise AssertionError(f"process exited early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+            stderr = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"process exited early ({proc.returncode}): {stderr}")
         time.sleep(0.05)
     raise AssertionError(f"{path} did not appear within {timeout}s")
 
@@ -111,7 +112,7 @@ def _request_key(span: dict) -> tuple[str, str, int]:
 IN_FLIGHT_AT_ATTACH = ("GET", "/items/early-0", 200)
 
 
-def test_one_server_and_one_client_span_per_request(live) -> None:
+def test_one_server_and_one_client_span_per_request(live: tuple) -> None:
     run, spans, _ = live
     expected = Counter((r["method"], r["path"], r["status"]) for r in run.requests)
     assert len(run.requests) == 3 + 200 + 5 + 3 + 2
@@ -121,7 +122,7 @@ def test_one_server_and_one_client_span_per_request(live) -> None:
         assert got == want, f"{kind}: missing {want - got}, unexpected {got - want}"
 
 
-def test_span_names_statuses_and_resources(live) -> None:
+def test_span_names_statuses_and_resources(live: tuple) -> None:
     run, spans, _ = live
     server = _by_kind(spans, "SERVER")
     names = Counter(s["name"] for s in server)
@@ -146,7 +147,7 @@ def test_span_names_statuses_and_resources(live) -> None:
         assert s["attributes"]["network.peer.port"] != run.port
 
 
-def test_body_sizes_past_the_capture_cap(live) -> None:
+def test_body_sizes_past_the_capture_cap(live: tuple) -> None:
     from tests.live.http_workload import LARGE_BODY, UPLOAD_BODY
 
     _, spans, _ = live
@@ -156,7 +157,7 @@ def test_body_sizes_past_the_capture_cap(live) -> None:
     assert server["GET /chunked"]["http.response.body.size"] == len(b"hello chunked world")
 
 
-def test_timing_order_client_encloses_server(live) -> None:
+def test_timing_order_client_encloses_server(live: tuple) -> None:
     _, spans, _ = live
     servers: dict[tuple, list[dict]] = {}
     for s in _by_kind(spans, "SERVER"):
@@ -179,7 +180,7 @@ def _latest_points(points: list[dict]) -> list[dict]:
     return list(latest.values())
 
 
-def test_duration_histograms_count_every_request(live) -> None:
+def test_duration_histograms_count_every_request(live: tuple) -> None:
     """The kernel counts every request (bpf/http1_summary.h), one per response it sees start: on
     the client, the responses to the three requests pipelined in one write may come back in one
     read and then count once."""
@@ -201,14 +202,14 @@ def test_duration_histograms_count_every_request(live) -> None:
         assert all(p["explicit_bounds"][:2] == [0.005, 0.01] for p in points)
 
 
-def test_file_exporter_got_the_same_spans(live) -> None:
+def test_file_exporter_got_the_same_spans(live: tuple) -> None:
     run, spans, _ = live
     from_file = load_file_spans(run.tmp / "out" / "traces.jsonl")
     key = lambda s: (s["trace_id"], s["span_id"])  # noqa: E731
     assert sorted(from_file, key=key) == sorted(spans, key=key)
 
 
-def test_replay_reproduces_the_live_spans(live, tmp_path: Path) -> None:
+def test_replay_reproduces_the_live_spans(live: tuple, tmp_path: Path) -> None:
     run, spans, _ = live
     result = subprocess.run(
         [*AGENT, "replay", str(run.tmp / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path)],

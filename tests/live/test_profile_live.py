@@ -15,7 +15,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from email import policy
 from email.parser import BytesParser
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.profiles import flamegraph, otlp, pprof
-from otel_ebpf.profiles.model import FrameKind, Profile
+from otel_ebpf.profiles.model import Frame, FrameKind, Profile
 from otel_ebpf.profiles.render import load_profiles
 from tests.conftest import AGENT, REPO
 from tests.otlp_receiver import OTLPReceiver
@@ -63,7 +63,7 @@ class PyroscopeStandIn:
             def log_message(self, *args: object) -> None:
                 return
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 url = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(url.query))
@@ -142,7 +142,7 @@ def _process_profiles(profiles: list[Profile], pid: int) -> list[Profile]:
     return [p for p in profiles if p.resource.get("process.pid") == pid]
 
 
-def _python_functions(stack) -> list[str]:
+def _python_functions(stack: Iterable[Frame]) -> list[str]:
     return [f.function for f in stack if f.kind is FrameKind.PYTHON]
 
 

@@ -97,13 +97,13 @@ def live(tmp_path_factory: pytest.TempPathFactory):
         yield server, client, receiver.spans(), receiver.metrics()
 
 
-def test_plugin_installed_by_pip_is_what_the_agent_loaded(live) -> None:
+def test_plugin_installed_by_pip_is_what_the_agent_loaded(live: tuple) -> None:
     _, _, spans, _ = live
     assert spans and all(s["attributes"]["db.system.name"] == "redis" for s in spans)
 
 
 @pytest.mark.parametrize("kind", ["CLIENT", "SERVER"])
-def test_one_span_per_command_on_each_side(live, kind: str) -> None:
+def test_one_span_per_command_on_each_side(live: tuple, kind: str) -> None:
     server, client, spans, _ = live
     side = [s for s in spans if s["kind"] == kind]
     got = Counter(_key(s) for s in side if not _is_handshake(s))
@@ -122,7 +122,7 @@ def test_one_span_per_command_on_each_side(live, kind: str) -> None:
         assert a.get("error.type") == a.get("db.response.status_code")
 
 
-def test_client_operation_duration(live) -> None:
+def test_client_operation_duration(live: tuple) -> None:
     """The histogram counts every client command once (cumulative: the last export of each
     attribute set holds the totals)."""
     server, _, spans, metrics = live

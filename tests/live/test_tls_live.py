@@ -136,7 +136,8 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
     assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert "ringbuf_full" in {p["attributes"]["reason"] for p in metrics["otel_ebpf.kernel.drops"]}
-    assert latest_total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
+    # both ends of the keep-alive connection and of two curls
+    assert latest_total(metrics, "otel_ebpf.connections.tls") == 6
     # same-node hops: every server span's parent is the client span of the same request
     by_id = {s["span_id"]: s for s in spans}
     for server_span in (s for s in spans if s["kind"] == "SERVER"):

@@ -143,7 +143,8 @@ class PrivateLibssl:
         self.path = str(directory / Path(_libssl()).name)
         self._holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f"mount -t tmpfs otel-ebpf-test {directory} && cp {_libssl()} {directory}/ && echo ready && exec sleep 3600"],
+             f"mount -t tmpfs otel-ebpf-test {directory} && cp {_libssl()} {directory}/ "
+             "&& echo ready && exec sleep 3600"],
             stdout=subprocess.PIPE, text=True)
         assert self._holder.stdout.readline() == "ready\n"
         assert not os.path.exists(self.path)  # not from here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from otel_ebpf.profiles.merge import merge, python_groups
 from otel_ebpf.profiles.model import Frame, FrameKind
 
@@ -20,7 +22,7 @@ EVAL = native("_PyEval_EvalFrameDefault", LIBPY)
 KERNEL = Frame("do_syscall_64", module="[kernel.kallsyms]", kind=FrameKind.KERNEL)
 
 
-def names(stack) -> list[str]:
+def names(stack: Iterable[Frame]) -> list[str]:
     return [f.function for f in stack]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import threading
 import urllib.parse
+from collections.abc import Sequence
 from email import policy
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +27,15 @@ from otel_ebpf.profiles.exporter import (
     PyroscopeProfiles,
     build_profile_sink,
 )
-from otel_ebpf.profiles.model import CPU_NANOSECONDS, SAMPLES_COUNT, Frame, FrameKind, ProfileBuilder, ValueType
+from otel_ebpf.profiles.model import (
+    CPU_NANOSECONDS,
+    SAMPLES_COUNT,
+    Frame,
+    FrameKind,
+    Profile,
+    ProfileBuilder,
+    ValueType,
+)
 from otel_ebpf.profiles.render import load_profiles
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.otlp_receiver import OTLPReceiver
@@ -146,7 +155,7 @@ def test_failures_and_a_full_queue_are_counted() -> None:
         def __init__(self) -> None:
             self.release = threading.Event()
 
-        def export(self, profiles) -> None:
+        def export(self, profiles: Sequence[Profile]) -> None:
             self.release.wait(5)
             raise OSError("backend down")
 
@@ -158,7 +167,7 @@ def test_failures_and_a_full_queue_are_counted() -> None:
         sink.export(profiles)
     failing.release.set()
     sink.shutdown()
-    failed = metrics._observe("otel_ebpf.profiles.export.failed")
+    failed = metrics.observe("otel_ebpf.profiles.export.failed")
     by_exporter = {o.attributes["exporter"]: o.value for o in failed}
     assert by_exporter["queue"] >= 1 and by_exporter["failing"] >= 1
     assert by_exporter["queue"] + by_exporter["failing"] == 20
@@ -170,7 +179,7 @@ class _Ingest(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         return
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         message = BytesParser(policy=policy.HTTP).parsebytes(
             b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body)
@@ -283,7 +292,7 @@ def test_a_bad_frame_does_not_cost_the_batch(tmp_path: Path) -> None:
     assert metrics.total("otel_ebpf.profiles.export.failed") == 0
     (profile, _) = load_profiles(tmp_path / "profiles.jsonl")
     assert profile.total() == 3 + 7 + 4 + 1
-    invalid = {o.attributes["action"]: o.value for o in metrics._observe("otel_ebpf.profiles.invalid")}
+    invalid = {o.attributes["action"]: o.value for o in metrics.observe("otel_ebpf.profiles.invalid")}
     assert invalid == {"frame_replaced": 1, "sample_dropped": 1, "link_dropped": 1}
 
 

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_parse_maps() -> None:
         ("/usr/bin/x", True, 0x1000), ("[stack]", False, 0), ("", False, 0)]
 
 
-def test_kernel_symbols(tmp_path) -> None:
+def test_kernel_symbols(tmp_path: Path) -> None:
     fake = tmp_path / "kallsyms"
     fake.write_text("ffffffff81000000 T _stext\nffffffff81000100 t do_thing\nffffffff81000200 D data\n"
                     "ffffffffc0000000 t mod_func [mymod]\n")

@@ -83,20 +83,20 @@ def serve_grpc(port_file: str, stubs: str) -> None:
     pb2, pb2_grpc = generate_stubs(Path(stubs))
 
     class Echo(pb2_grpc.EchoServicer):
-        def Unary(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def Unary(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 — the method name in the .proto
             if request.text == MISSING:
                 context.abort(grpc.StatusCode.NOT_FOUND, NOT_FOUND_MESSAGE)
             return pb2.Note(text=request.text, count=1, blob=request.blob)
 
-        def ServerStream(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def ServerStream(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802 — the method name in the .proto
             for i in range(request.count):
                 yield pb2.Note(text=f"{request.text}-{i}", count=i)
 
-        def ClientStream(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        def ClientStream(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:  # noqa: N802 — the method name in the .proto
             notes = list(requests)
             return pb2.Note(text=",".join(n.text for n in notes), count=len(notes))
 
-        def Bidi(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        def Bidi(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802 — the method name in the .proto
             for note in requests:
                 yield pb2.Note(text=note.text.upper(), count=note.count)
 

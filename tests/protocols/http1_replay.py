@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
-
 from otel_ebpf.protocol import Direction, Message, RequestStart, Role
 
 # the shared helpers, for the HTTP/1 tests to import from here
@@ -20,6 +18,7 @@ from otel_ebpf.protocol_testing import (  # noqa: F401
     load_recording,
 )
 from otel_ebpf.protocol_testing import replay as replay_with
+from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange, HTTP1Session
 
 DATA = Path(__file__).parent / "data"
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
@@ -46,7 +45,7 @@ def check_starts(run: Replay) -> None:
     announced = [(s.start_ns, s.carrier) for s in run.starts]
     assert announced == [(r.start_ns, r.headers) for r in requests if (r.start_ns, r.headers) in announced]
     assert all((r.start_ns, r.headers) in announced for r in requests if r.incomplete is None)
-    assert all(s.direction is run.session._requests.direction for s in run.starts)
+    assert all(s.direction is run.session._requests.direction for s in run.starts)  # noqa: SLF001
 
 
 def messages(session: HTTP1Session, direction: Direction, data: bytes, timestamp_ns: int) -> list[Message]:

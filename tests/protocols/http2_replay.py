@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
-from otel_ebpf.protocols.http2.types import pseudo
-
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
 from otel_ebpf.protocol_testing import Chunk, Replay, as_role, load_recording
 from otel_ebpf.protocol_testing import replay as replay_with
+from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
+from otel_ebpf.protocols.http2.types import pseudo
 
 DATA = Path(__file__).parent / "data" / "http2"
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))

@@ -39,7 +39,7 @@ def filter_recording(src: Path, dst: Path) -> tuple[int, int]:
     events = [json.loads(line) for line in lines[1:]]
     bound = {e["local"][1] for e in events if e["type"] == "ConnOpen" and e.get("local")}
     kept = [lines[0]]
-    for line, event in zip(lines[1:], events):
+    for line, event in zip(lines[1:], events, strict=True):
         if (event["type"] == "ConnData" and event["direction"] == 0 and event.get("peer")
                 and event["peer"][1] not in bound and _spdp_only(base64.b64decode(event["data"]))):
             continue

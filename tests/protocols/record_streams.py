@@ -47,7 +47,7 @@ ETAG = '"v1"'
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — the name BaseHTTPRequestHandler gives it
         """Keep the recorder quiet."""
 
     def _send(
@@ -144,7 +144,7 @@ def _errors(base: str) -> None:
 
 
 def _read_until_close(base: str) -> None:
-    with urllib.request.urlopen(base + "/stream", timeout=10) as response:
+    with urllib.request.urlopen(base + "/stream", timeout=10) as response:  # noqa: S310 — http:// on loopback
         response.read()
 
 

@@ -22,13 +22,12 @@ from hypothesis import strategies as st
 
 from otel_ebpf.events import ConnData, ConnOpen
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role, StatusCode
+from otel_ebpf.protocol_testing import Chunk, capped, every_split, mutate, replay
 from otel_ebpf.protocols.genai import Api, GenAICall, RequestBody, ResponseBody, Route, genai_option
 from otel_ebpf.protocols.genai.framing import MAX_EVENT, NDJSONDecoder, SSEDecoder
 from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange
 from otel_ebpf.protocols.http2 import HTTP2
 from otel_ebpf.recording import read_recording
-
-from otel_ebpf.protocol_testing import Chunk, capped, every_split, mutate, replay
 
 RECORDING = Path(__file__).parents[1] / "data" / "genai_events.jsonl"
 TOKENS = 25
@@ -147,7 +146,8 @@ def test_chunk_boundaries_anywhere_across_sse_events(data: st.DataObject, crlf: 
     response = _chunked_response(content, data.draw(st.lists(st.integers(0, len(content)), max_size=40)))
     start = request[-1].t_ns
     syscalls = [Chunk(Direction.INGRESS, start + 300_000_000 + i * 40_000_000, piece)
-                for i, piece in enumerate(_cut(response, data.draw(st.lists(st.integers(0, len(response)), max_size=30))))]
+                for i, piece in enumerate(
+                    _cut(response, data.draw(st.lists(st.integers(0, len(response)), max_size=30))))]
     span = _span(Role.CLIENT, request + syscalls)
     assert span["gen_ai.usage.output_tokens"] == TOKENS
     assert span["otel_ebpf.gen_ai.output_chunks"] == TOKENS
@@ -157,7 +157,7 @@ def test_chunk_boundaries_anywhere_across_sse_events(data: st.DataObject, crlf: 
 
 def _cut(data: bytes, offsets: list[int]) -> list[bytes]:
     bounds = sorted({0, len(data), *(o for o in offsets if 0 < o < len(data))})
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from http1_replay import Chunk, load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
+from otel_ebpf.protocol_testing import mutate
 from otel_ebpf.protocols.http1 import HTTP1
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING
-
-from http1_replay import Chunk, load
-from otel_ebpf.protocol_testing import mutate
 
 RECORDINGS = [
     "keepalive",

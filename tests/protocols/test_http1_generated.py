@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from http1_replay import Chunk, cut, replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_ebpf.protocol import Direction, Role
-
-from http1_replay import Chunk, cut, replay
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "PURGE", "PROPFIND"]
 HEADER_NAMES = ["Accept", "User-Agent", "X-Request-Id", "traceparent", "Cache-Control", "X-Custom"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from http1_replay import Chunk, messages, replay
 
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Message, Role, Sniff
+from otel_ebpf.protocol_testing import Replay
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING, parse_fields
 from otel_ebpf.protocols.http1.types import CAPTURE_GAP, MALFORMED
 from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
-
-from http1_replay import Chunk, messages, replay
 
 IN, OUT = Direction.INGRESS, Direction.EGRESS
 GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
@@ -28,7 +28,7 @@ def chunks(*items: tuple[Direction, bytes] | tuple[Direction, bytes, int]) -> li
     ]
 
 
-def brief(run) -> list[tuple]:
+def brief(run: Replay) -> list[tuple]:
     return [
         (
             e.request.method,
@@ -280,14 +280,14 @@ def test_invalid_content_length_keeps_the_fifo_aligned() -> None:
 
 
 def test_matching_content_length_duplicates_are_accepted() -> None:
-    (request,) = messages(HTTP1Session(Role.SERVER), 
+    (request,) = messages(HTTP1Session(Role.SERVER),
         IN, b"POST /a HTTP/1.1\r\nContent-Length: 2, 2\r\ncontent-length: 2\r\n\r\nab", 1
     )
     assert request.body_size == 2
 
 
 def test_transfer_encoding_wins_over_content_length() -> None:
-    (request,) = messages(HTTP1Session(Role.SERVER), 
+    (request,) = messages(HTTP1Session(Role.SERVER),
         IN,
         b"POST /a HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
         b"2\r\nab\r\n0\r\n\r\n",
@@ -420,7 +420,7 @@ def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None
     session = HTTP1Session(Role.SERVER)
     assert messages(session, IN, b"\x00garbage\xffGE", 1) == []
     assert messages(session, IN, b"T /a HTTP/1.1\r\nHost:", 2) == []
-    (request,) = messages(session, IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + messages(session, 
+    (request,) = messages(session, IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + messages(session,
         IN, b"y", 4
     )
     assert (request.start_ns, request.end_ns, request.body_size) == (1, 4, 2)
@@ -429,7 +429,7 @@ def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None
 
 def test_pipelined_messages_start_in_the_feed_that_carries_them() -> None:
     session = HTTP1Session(Role.CLIENT)
-    first, second = messages(session, IN, ok(b"1") + ok(b"22")[:20], 5) + messages(session, 
+    first, second = messages(session, IN, ok(b"1") + ok(b"22")[:20], 5) + messages(session,
         IN, ok(b"22")[20:], 6
     )
     assert (first.start_ns, first.end_ns, second.start_ns, second.end_ns) == (5, 5, 5, 6)

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from otel_ebpf.protocol import Role
-from otel_ebpf.protocols.http1 import HTTP1
-
 from http1_replay import (
     RECORDINGS,
     Chunk,
@@ -18,7 +12,12 @@ from http1_replay import (
     replay,
     summary,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_ebpf.protocol import ConnectionInfo, Endpoint, Role, load_protocols
 from otel_ebpf.protocol_testing import byte_by_byte, every_split, rechunked
+from otel_ebpf.protocols.http1 import HTTP1
 
 # Per exchange: method, target, request body size, status, response body size, and the indices of
 # the chunks carrying the request's first and last byte and the response's first and last byte.
@@ -151,8 +150,6 @@ def test_capture_starting_at_any_byte(name: str) -> None:
 
 
 def test_recordings_through_the_entry_point() -> None:
-    from otel_ebpf.protocol import load_protocols
-
     (protocol,) = load_protocols(["http1"], {"http1": {"capture_headers": ["content-type"]}})
     assert isinstance(protocol, HTTP1)
     run = replay(load("keepalive"), protocol=protocol)
@@ -160,7 +157,5 @@ def test_recordings_through_the_entry_point() -> None:
     assert span.attributes["http.response.header.content-type"] == ("application/json",)
 
 
-def _server_conn():
-    from otel_ebpf.protocol import ConnectionInfo, Endpoint
-
+def _server_conn() -> ConnectionInfo:
     return ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 8080), Endpoint("127.0.0.1", 50000))

@@ -4,8 +4,7 @@ blocks. Nothing raises, state stays bounded, and whatever comes out can be descr
 from __future__ import annotations
 
 from hpack import Encoder
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from http2_replay import RECORDINGS, conn, load
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -18,15 +17,15 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_ebpf.protocol import Direction, RequestStart, Role
+from otel_ebpf.protocol_testing import Chunk, mutate, replay
 from otel_ebpf.protocols.http2 import HTTP2
 from otel_ebpf.protocols.http2.frames import PREFACE
 from otel_ebpf.protocols.http2.hpack_context import HpackContext
 from otel_ebpf.protocols.http2.session import MAX_STREAMS
-
-from otel_ebpf.protocol_testing import Chunk, mutate, replay
-from http2_replay import RECORDINGS, conn, load
 
 PROTOCOLS = [HTTP2({"capture_headers": ["content-type", "authorization"], "semconv_stability_opt_in": mode})
              for mode in ("", "rpc/dup")]
@@ -118,8 +117,9 @@ def frame_streams(draw: st.DrawFn) -> list[Chunk]:
         elif kind == "goaway":
             frame = GoAwayFrame(0, last_stream_id=draw(streams), error_code=draw(st.integers(0, 20)))
         elif kind == "settings":
-            frame = SettingsFrame(0, settings={SettingsFrame.HEADER_TABLE_SIZE: draw(st.sampled_from([0, 100, 4096, 2**20])),
-                                               SettingsFrame.MAX_FRAME_SIZE: draw(st.sampled_from([16384, 2**24 - 1]))})
+            frame = SettingsFrame(0, settings={
+                SettingsFrame.HEADER_TABLE_SIZE: draw(st.sampled_from([0, 100, 4096, 2**20])),
+                SettingsFrame.MAX_FRAME_SIZE: draw(st.sampled_from([16384, 2**24 - 1]))})
         elif kind == "ping":
             frame = PingFrame(0, b"12345678")
         elif kind == "priority":

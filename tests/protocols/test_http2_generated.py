@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpack import Encoder
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from http2_replay import conn, replay, summary
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -20,13 +19,13 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_ebpf.protocol import Direction, Role
+from otel_ebpf.protocol_testing import Chunk, as_client, cut
 from otel_ebpf.protocols.http2.frames import PREFACE
 from otel_ebpf.protocols.http2.types import REFUSED_STREAM
-
-from otel_ebpf.protocol_testing import Chunk, as_client, cut
-from http2_replay import conn, replay, summary
 
 CLIENT, SERVER = Direction.INGRESS, Direction.EGRESS  # seen from the server
 SAFE = "abcdefghijklmnopqrstuvwxyz0123456789-._~"
@@ -193,7 +192,8 @@ def expected(all_streams: list[Stream], chunks: list[Chunk]) -> list[tuple]:
 
 @settings(max_examples=200, deadline=None)
 @given(conversations(), st.booleans(), st.data())
-def test_generated_conversations(conversation: tuple[list[Chunk], list[Stream]], client: bool, data: st.DataObject) -> None:
+def test_generated_conversations(conversation: tuple[list[Chunk], list[Stream]], client: bool,
+                                 data: st.DataObject) -> None:
     chunks, all_streams = conversation
     role = Role.CLIENT if client else Role.SERVER
     if data.draw(st.booleans()):  # and cut anywhere

@@ -5,6 +5,7 @@ client span, by the request starts the session announces."""
 from __future__ import annotations
 
 from hpack import Encoder
+from http2_replay import load
 from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
@@ -13,12 +14,10 @@ from otel_ebpf.connections import ConnectionTracker
 from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.pipeline import Pipeline
 from otel_ebpf.protocol import Direction, Endpoint, Role, load_protocols
+from otel_ebpf.protocol_testing import Chunk, as_client
 from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
-
-from http2_replay import load
-from otel_ebpf.protocol_testing import Chunk, as_client
 
 CLIENT_PID, SERVER_PID = 100, 200
 CLIENT_END, SERVER_END = Endpoint("10.0.0.2", 51000), Endpoint("10.0.0.1", 50051)
@@ -35,7 +34,7 @@ def both_ends(chunks: list[Chunk]) -> list[Event]:
         ConnOpen(T0, CLIENT_PID, 3, 1, Role.CLIENT, CLIENT_END, SERVER_END),
         ConnOpen(T0, SERVER_PID, 4, 1, Role.SERVER, SERVER_END, CLIENT_END),
     ]
-    for server_chunk, client_chunk in zip(chunks, as_client(chunks)):
+    for server_chunk, client_chunk in zip(chunks, as_client(chunks), strict=True):
         t = T0 + server_chunk.t_ns
         writer_first = server_chunk.direction is Direction.EGRESS  # the server wrote it
         server_at, client_at = (t, t + 10_000) if writer_first else (t + 10_000, t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hpack import Encoder
+from http2_replay import RECORDINGS, conn, load, replay, summary
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -20,6 +21,7 @@ from hyperframe.frame import (
 from otel_ebpf.connections import ConnectionTracker
 from otel_ebpf.events import ConnData, ConnOpen
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Endpoint, Role, SpanKind, StatusCode, Transport
+from otel_ebpf.protocol_testing import Chunk
 from otel_ebpf.protocols import grpc_semconv
 from otel_ebpf.protocols.grpc_semconv import GrpcCall, Semconv, semconv_from_opt_in
 from otel_ebpf.protocols.http1 import HTTP1
@@ -27,9 +29,6 @@ from otel_ebpf.protocols.http2 import HTTP2
 from otel_ebpf.protocols.http2.grpc_framing import MessageCounter
 from otel_ebpf.protocols.http2.hpack_context import MAX_TABLE_SIZE, HpackContext
 from otel_ebpf.selfmetrics import SelfMetrics
-
-from otel_ebpf.protocol_testing import Chunk
-from http2_replay import RECORDINGS, conn, load, replay, summary
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 IN, OUT = Direction.INGRESS, Direction.EGRESS
@@ -56,7 +55,8 @@ class Conversation:
         self.chunks.append(Chunk(direction, 1000 * len(self.chunks), wire(*frames), gap))
         return self
 
-    def headers(self, direction: Direction, stream: int, fields: list, end_stream: bool = False, **kwargs) -> HeadersFrame:
+    def headers(self, direction: Direction, stream: int, fields: list, end_stream: bool = False,
+                **kwargs) -> HeadersFrame:
         flags = ["END_HEADERS"] + (["END_STREAM"] if end_stream else [])
         return HeadersFrame(stream, self.encoders[direction].encode(fields), flags=flags, **kwargs)
 
@@ -116,7 +116,8 @@ def test_sniff_rejects_other_protocols(data: bytes) -> None:
 
 def test_sniff_h2c_upgrade_request() -> None:
     http2 = HTTP2()
-    head = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n"
+    head = (b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
     assert http2.sniff(IN, head).role is Role.SERVER
     assert http2.sniff(IN, head[:40]) == NEED_MORE
     assert http2.sniff(IN, head.replace(b"h2c", b"websocket")) == NO_MATCH
@@ -146,7 +147,8 @@ def test_h2c_upgrade_goes_to_the_plugin_tried_first(order: str, claims: str) -> 
     tracker.open(ConnOpen(0, *key, Role.SERVER, Endpoint("127.0.0.1", 80), Endpoint("127.0.0.1", 5000), Transport.TCP))
     outcomes = []
     for chunk in load("h2_curl_upgrade"):
-        outcomes += tracker.data(ConnData(chunk.t_ns, *key[:1], 1, *key[1:], chunk.direction, len(chunk.data), chunk.data))
+        outcomes += tracker.data(ConnData(chunk.t_ns, *key[:1], 1, *key[1:], chunk.direction, len(chunk.data),
+                                          chunk.data))
     conn_state = tracker._table[key]  # noqa: SLF001 -- which plugin got the connection
     assert conn_state.protocol.name == claims
     exchanges = [outcome for _, outcome, _ in outcomes if hasattr(outcome, "span")]

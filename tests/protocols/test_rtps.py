@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, defaultdict
 
+import rtps_bytes as rb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf.connections import ConnectionTracker
 from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
@@ -20,8 +22,6 @@ from otel_ebpf.protocols.rtps.wire import Data, parse_message
 from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
-
-import rtps_bytes as rb
 
 CHATTER, BIG_SIZE, FRAMES, CALLS = 60, 200012, 10, 5
 PREFIX_A, PREFIX_B = bytes.fromhex("0110aaaa0000000000000001"), bytes.fromhex("0110bbbb0000000000000002")
@@ -111,7 +111,7 @@ def test_big_endian_traffic_gives_the_same_telemetry() -> None:
     assert selfmetrics.snapshot()["otel_ebpf.parse.errors"] == 0
     _check_scenarios(big, pids)
 
-    def view(span) -> tuple:
+    def view(span: ReadableSpan) -> tuple:
         attributes = dict(span.attributes)
         return (span.name, span.kind.name, span.context.span_id, span.parent and span.parent.span_id, span.start_time,
                 span.end_time, tuple(sorted(attributes.items())))
@@ -119,7 +119,7 @@ def test_big_endian_traffic_gives_the_same_telemetry() -> None:
     assert sorted(map(view, big)) == sorted(map(view, little))
 
 
-def _project(sub) -> tuple:
+def _project(sub: object) -> tuple:
     if isinstance(sub, Data):
         return ("DATA", sub.writer_guid, sub.reader_id, sub.sn, sub.sample_size, sub.payload_size,
                 sub.fragment_start, sub.fragments, sub.fragment_size, sub.key_only, tuple(sorted(sub.inline_qos)))
@@ -163,7 +163,8 @@ def test_discovery_learns_ros2_names_across_processes() -> None:
 def test_ros2_names() -> None:
     assert ros_names("rt/robot/cmd_vel", "geometry_msgs::msg::dds_::Twist_") == (
         "/robot/cmd_vel", "topic", "geometry_msgs/msg/Twist")
-    assert ros_names("rr/set_modeReply", "pkg::srv::dds_::SetMode_Response_") == ("/set_mode", "reply", "pkg/srv/SetMode")
+    assert ros_names("rr/set_modeReply", "pkg::srv::dds_::SetMode_Response_") == (
+        "/set_mode", "reply", "pkg/srv/SetMode")
     assert ros_names("ChatterDDS", "Foo") == (None, None, None)
 
 
@@ -179,7 +180,8 @@ def _udp_events(datagrams: list[tuple[int, Direction, bytes]]) -> list[Event]:
 
 def test_crafted_big_endian_discovery_then_sample() -> None:
     for little in (True, False):
-        announce = rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, WRITER, "rt/scan", "sensor_msgs::msg::dds_::LaserScan_", little)
+        announce = rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, WRITER, "rt/scan",
+                                                             "sensor_msgs::msg::dds_::LaserScan_", little)
         payload = (b"\x00\x01" if little else b"\x00\x00") + b"\x00\x00" + bytes(40)
         sample = rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, 7, payload, little)
         spans, _, selfmetrics = replay(_udp_events([(1, Direction.INGRESS, announce), (2, Direction.EGRESS, sample)]))
@@ -270,7 +272,8 @@ def test_service_reply_for_another_client_is_ignored() -> None:
     req_writer, rep_writer = bytes.fromhex("00000203"), bytes.fromhex("00000303")
     table = state.discovery
     for entity, topic in ((req_writer, "rq/xRequest"), (rep_writer, "rr/xReply")):
-        (data,) = parse_message(rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, entity, topic, "p::srv::dds_::X_Request_")).submessages
+        announce = rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, entity, topic, "p::srv::dds_::X_Request_")
+        (data,) = parse_message(announce).submessages
         table.learn(data.writer_guid[12:], PREFIX_A, data.payload, data.inline_qos)
     body = b"\x00\x01\x00\x00" + (42).to_bytes(8, "little") + (1).to_bytes(8, "little")
     client, other = RTPSSession(state, 10), RTPSSession(state, 11)

@@ -8,14 +8,14 @@ import os
 import socket
 from pathlib import Path
 
+import rtps_bytes as rb
+
 from otel_ebpf import procfs
 from otel_ebpf.connections import ConnectionTracker
 from otel_ebpf.events import ConnData, ConnOpen
 from otel_ebpf.protocol import Direction, Endpoint, Transport, load_protocols
 from otel_ebpf.recording import RecordingHeader, RecordingWriter, decode_event, encode_event, read_recording
 from otel_ebpf.selfmetrics import SelfMetrics
-
-import rtps_bytes as rb
 
 UDP_TABLE = """\
    sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops

@@ -12,6 +12,7 @@ from otel_ebpf_redis.resp import MAX_LINE
 
 from otel_ebpf.protocol import ConnectionInfo, Endpoint, Role, SpanKind, StatusCode
 from otel_ebpf.protocol_testing import (
+    Replay,
     as_role,
     assert_every_split,
     assert_survives_gaps,
@@ -157,7 +158,7 @@ def test_gaps_anywhere(name: str) -> None:
     unknown_db = [(*row[:4], None, *row[5:]) for row in want]
     unknown_name = [(None, None, *row[2:]) for row in want + unknown_db]
 
-    def check(index: int, at: int, role: Role, run) -> None:
+    def check(index: int, at: int, role: Role, run: Replay) -> None:
         got = [summary(e) for e in run.exchanges]
         if name == "pipeline" and index in (4, 7):
             return
