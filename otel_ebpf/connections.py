@@ -290,8 +290,13 @@ class ConnectionTracker:
         self._metrics.add("otel_ebpf.protocol.failures", 1, {"protocol": name})
         if name not in self._failed:
             self._failed.add(name)
-            log.warning("protocol %s raised on a connection of process %d; connection left alone (counted in "
-                        "otel_ebpf.protocol.failures, later failures not logged)", name, conn.key[0], exc_info=exc)
+            log.warning(
+                "protocol %s raised on a connection of process %d; connection left alone (counted in "
+                "otel_ebpf.protocol.failures, later failures not logged)",
+                name,
+                conn.key[0],
+                exc_info=exc,
+            )
         conn.unknown = True
         conn.session = conn.stitcher = None
         conn.pending.clear()

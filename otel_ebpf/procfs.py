@@ -69,8 +69,9 @@ def process_info(pid: int, timestamp_ns: int, containers: ContainerResolver, pro
     ident = process_identity(pid, proc)
     if ident is None:
         return None
-    return ProcessInfo(timestamp_ns, pid, ident.executable, ident.command_line, ident.environment,
-                       containers.attributes(ident.cgroup))
+    return ProcessInfo(
+        timestamp_ns, pid, ident.executable, ident.command_line, ident.environment, containers.attributes(ident.cgroup)
+    )
 
 
 def iter_pids(proc: str = "/proc") -> Iterator[int]:

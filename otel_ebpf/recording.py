@@ -114,5 +114,6 @@ def read_recording(stream: IO[str]) -> tuple[RecordingHeader, Iterator[Event]]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise RecordingError(f"line {number}: {exc}") from exc
 
-    return RecordingHeader(header.get("host_name", ""), header.get("agent_version", ""),
-                           bool(header.get("kernel_http_metrics", False))), events()
+    return RecordingHeader(
+        header.get("host_name", ""), header.get("agent_version", ""), bool(header.get("kernel_http_metrics", False))
+    ), events()

@@ -23,8 +23,13 @@ class ProcessResources:
     """Resource attributes by pid, read from ``/proc`` on first use; at most ``max_processes``
     remembered, least recently used forgotten (a forgotten process is read again)."""
 
-    def __init__(self, extra: Mapping[str, object], host_name: str, containers: ContainerResolver,
-                 max_processes: int = MAX_PROCESSES) -> None:
+    def __init__(
+        self,
+        extra: Mapping[str, object],
+        host_name: str,
+        containers: ContainerResolver,
+        max_processes: int = MAX_PROCESSES,
+    ) -> None:
         self._extra = dict(extra)
         self._host_name = host_name
         self._containers = containers

@@ -67,8 +67,7 @@ def _fail_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     reason = reason.removeprefix("Skipped: ")
     report.outcome = "failed"
-    report.longrepr = (f"skipped under CI=true, where a test may skip only if {SKIP_ALLOWLIST.name} "
-                       f"lists it: {reason}")
+    report.longrepr = f"skipped under CI=true, where a test may skip only if {SKIP_ALLOWLIST.name} lists it: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -88,7 +87,9 @@ def agent_cmd() -> list[str]:
     return list(AGENT)
 
 
-def run_agent_command(*args: str, env: dict[str, str] | None = None,
-                      timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*AGENT, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=REPO)
+def run_agent_command(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*AGENT, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+    )

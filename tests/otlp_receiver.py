@@ -166,8 +166,13 @@ class OTLPReceiver:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def answer(self, http_status: int = 200, grpc_code: grpc.StatusCode | None = None,
-               retry_after_s: int | None = None, hang_s: float = 0.0) -> None:
+    def answer(
+        self,
+        http_status: int = 200,
+        grpc_code: grpc.StatusCode | None = None,
+        retry_after_s: int | None = None,
+        hang_s: float = 0.0,
+    ) -> None:
         """Answer every request from now on like this (no arguments: accept everything again)."""
         if hang_s and http_status == 200 and grpc_code is None:
             http_status, grpc_code = 504, grpc.StatusCode.UNAVAILABLE
@@ -243,10 +248,12 @@ class OTLPReceiver:
                 if answer.grpc_code is not None:
                     if answer.retry_after_s is not None:
                         detail = AnyProto()
-                        detail.Pack(error_details_pb2.RetryInfo(
-                            retry_delay=duration_pb2.Duration(seconds=answer.retry_after_s)))
-                        status = status_pb2.Status(code=answer.grpc_code.value[0], message="test receiver",
-                                                   details=[detail])
+                        detail.Pack(
+                            error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=answer.retry_after_s))
+                        )
+                        status = status_pb2.Status(
+                            code=answer.grpc_code.value[0], message="test receiver", details=[detail]
+                        )
                         context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
                     context.abort(answer.grpc_code, "test receiver")
                 headers = {key.lower(): value for key, value in context.invocation_metadata()}

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SUITE = '''
+SUITE = """
 import pytest
 
 def test_passes():
@@ -47,7 +47,7 @@ def missing():
 
 def test_fixture_skips(missing):
     pass
-'''
+"""
 
 ALLOWLIST = """# comment
 tests/test_suite.py::test_allowed | it cannot be installed here
@@ -64,40 +64,73 @@ def _run(tmp_path: Path, allowlist: str, ci: bool, module_skip: bool = False) ->
     (tests / "test_suite.py").write_text(SUITE)
     if module_skip:
         (tests / "test_module_skip.py").write_text(
-            'import pytest\npytest.skip("whole module", allow_module_level=True)\n')
+            'import pytest\npytest.skip("whole module", allow_module_level=True)\n'
+        )
     env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": "true"} if ci else {})
     junit = tmp_path / "junit.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           f"--junitxml={junit}", "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            f"--junitxml={junit}",
+            "tests",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     outcomes: dict[str, str] = {}
     if junit.exists():
         for case in ET.parse(junit).getroot().iter("testcase"):
             kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-            outcomes[case.get("name", "")] = "failed" if {"failure", "error"} & set(kinds) else \
-                "skipped" if kinds else "passed"
+            outcomes[case.get("name", "")] = (
+                "failed" if {"failure", "error"} & set(kinds) else "skipped" if kinds else "passed"
+            )
     return proc.returncode, outcomes, proc.stdout + proc.stderr
 
 
 def test_outside_ci_a_skip_is_a_skip(tmp_path: Path) -> None:
     rc, outcomes, output = _run(tmp_path, ALLOWLIST, ci=False)
     assert rc == 0, output
-    assert outcomes == {"test_passes": "passed", "test_skips": "skipped", "test_skipif": "skipped",
-                        "test_allowed": "skipped", "test_param[1]": "skipped", "test_param[2]": "skipped",
-                        "test_wildcard_one": "skipped", "test_xfail": "skipped",
-                        "test_fixture_skips": "skipped"}, output
+    assert outcomes == {
+        "test_passes": "passed",
+        "test_skips": "skipped",
+        "test_skipif": "skipped",
+        "test_allowed": "skipped",
+        "test_param[1]": "skipped",
+        "test_param[2]": "skipped",
+        "test_wildcard_one": "skipped",
+        "test_xfail": "skipped",
+        "test_fixture_skips": "skipped",
+    }, output
 
 
 def test_under_ci_only_the_allow_list_skips(tmp_path: Path) -> None:
     rc, outcomes, output = _run(tmp_path, ALLOWLIST, ci=True)
     assert rc == 1, output
     # an expected failure is no skip: it stays as it is
-    assert outcomes == {"test_passes": "passed", "test_skips": "failed", "test_skipif": "failed",
-                        "test_allowed": "skipped", "test_param[1]": "skipped", "test_param[2]": "failed",
-                        "test_wildcard_one": "skipped", "test_xfail": "skipped",
-                        "test_fixture_skips": "failed"}, output
-    assert "skipped under CI=true, where a test may skip only if skip_allowlist.txt lists it: a tool is missing" \
-        in output
+    assert outcomes == {
+        "test_passes": "passed",
+        "test_skips": "failed",
+        "test_skipif": "failed",
+        "test_allowed": "skipped",
+        "test_param[1]": "skipped",
+        "test_param[2]": "failed",
+        "test_wildcard_one": "skipped",
+        "test_xfail": "skipped",
+        "test_fixture_skips": "failed",
+    }, output
+    assert (
+        "skipped under CI=true, where a test may skip only if skip_allowlist.txt lists it: a tool is missing" in output
+    )
 
 
 def test_under_ci_a_module_skip_fails_collection(tmp_path: Path) -> None:

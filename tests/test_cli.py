@@ -76,10 +76,14 @@ def test_a_pid_that_does_not_exist_is_refused(tmp_path: Path) -> None:
 def test_an_unwritable_ready_file_is_refused(tmp_path: Path, where: str) -> None:
     (tmp_path / "file").write_text("")
     (tmp_path / "dir").mkdir()
-    ready = {"under-a-file": tmp_path / "file" / "ready", "a-directory": tmp_path / "dir",
-             "missing-directory": tmp_path / "missing" / "ready"}[where]
-    result = _run_briefly("run", "--pid", str(os.getpid()), "--output", str(tmp_path / "out"),
-                          "--ready-file", str(ready))
+    ready = {
+        "under-a-file": tmp_path / "file" / "ready",
+        "a-directory": tmp_path / "dir",
+        "missing-directory": tmp_path / "missing" / "ready",
+    }[where]
+    result = _run_briefly(
+        "run", "--pid", str(os.getpid()), "--output", str(tmp_path / "out"), "--ready-file", str(ready)
+    )
     _assert_refused(result, "otel-ebpf: run.ready_file (--ready-file): ", str(ready))
 
 

@@ -35,15 +35,23 @@ from tests.otlp_receiver import OTLPReceiver, load_file_metrics, load_file_spans
 from tests.test_exporters import counters, make_metrics, named_spans
 
 PROTOCOLS = {"grpc": "grpc_endpoint", "http/protobuf": "http_endpoint"}
-FAST_RETRY = {"OTEL_EBPF_OTLP_RETRY_INITIAL": "0.05", "OTEL_EBPF_OTLP_RETRY_MAX": "0.3",
-              "OTEL_BSP_SCHEDULE_DELAY": "20", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10",
-              "OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
+FAST_RETRY = {
+    "OTEL_EBPF_OTLP_RETRY_INITIAL": "0.05",
+    "OTEL_EBPF_OTLP_RETRY_MAX": "0.3",
+    "OTEL_BSP_SCHEDULE_DELAY": "20",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "2000",
+}
 
 
 def otlp_config(rx: OTLPReceiver, protocol: str, tmp_path: Path, **env: Any) -> AgentConfig:
     return load_config(
-        {"exporter": ["otlp"], "otlp_endpoint": getattr(rx, PROTOCOLS[protocol]), "otlp_protocol": protocol,
-         "output": str(tmp_path / "out")},
+        {
+            "exporter": ["otlp"],
+            "otlp_endpoint": getattr(rx, PROTOCOLS[protocol]),
+            "otlp_protocol": protocol,
+            "output": str(tmp_path / "out"),
+        },
         {**FAST_RETRY, **{key: str(value) for key, value in env.items()}},
     )
 
@@ -156,7 +164,7 @@ def test_an_outage_window_loses_nothing_and_export_resumes_in_order(
     else:
         receiver.answer(**OUTAGES[outage])
     for start in range(10, 50, 10):  # spans keep coming during the outage
-        sink.export_spans(spans[start:start + 10])
+        sink.export_spans(spans[start : start + 10])
         time.sleep(0.2)
     deadline = time.monotonic() + 15
     while selfmetrics.total("otel_ebpf.export.attempts.failed") < 2 and time.monotonic() < deadline:
@@ -171,8 +179,11 @@ def test_an_outage_window_loses_nothing_and_export_resumes_in_order(
     assert names(receiver) == [span.name for span in spans]  # all of them, once, in order
     assert selfmetrics.total("otel_ebpf.spans.exported") == 60
     assert dropped(selfmetrics) == {}
-    failed = {dict(attributes)["reason"] for (name, attributes) in counters(selfmetrics)
-              if name == "otel_ebpf.export.attempts.failed"}
+    failed = {
+        dict(attributes)["reason"]
+        for (name, attributes) in counters(selfmetrics)
+        if name == "otel_ebpf.export.attempts.failed"
+    }
     assert failed and all(reason.startswith(("http_", "grpc_", "connection", "timeout")) for reason in failed)
 
 
@@ -206,14 +217,22 @@ def test_a_rejected_batch_is_dropped_and_counted_and_the_next_one_goes_through(
     sink.shutdown(2)
     assert dropped(selfmetrics) == {"non_retryable": 5}
     reason = "http_400" if protocol == "http/protobuf" else "grpc_invalid_argument"
-    assert counters(selfmetrics)[("otel_ebpf.export.attempts.failed",
-                                  frozenset({("signal", "traces"), ("reason", reason)}))] == 1
+    assert (
+        counters(selfmetrics)[
+            ("otel_ebpf.export.attempts.failed", frozenset({("signal", "traces"), ("reason", reason)}))
+        ]
+        == 1
+    )
 
 
 def test_a_full_queue_and_an_expired_batch_are_counted_in_their_unit(tmp_path: Path, receiver: OTLPReceiver) -> None:
     selfmetrics = SelfMetrics()
-    sink = build_sink(otlp_config(receiver, "grpc", tmp_path, OTEL_EBPF_OTLP_QUEUE_MAX_BATCHES=2,
-                                  OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED=1.5), selfmetrics)
+    sink = build_sink(
+        otlp_config(
+            receiver, "grpc", tmp_path, OTEL_EBPF_OTLP_QUEUE_MAX_BATCHES=2, OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED=1.5
+        ),
+        selfmetrics,
+    )
     receiver.stop()
     for start in range(0, 50, 10):
         sink.export_spans(named_spans(10, f"b{start}-"))
@@ -274,8 +293,12 @@ def test_the_spool_survives_a_killed_agent_and_the_next_one_sends_it_first(
 ) -> None:
     endpoint = receiver.grpc_endpoint
     receiver.stop()
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, endpoint, str(tmp_path / "spool" / "")],
-                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, endpoint, str(tmp_path / "spool" / "")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "spooled"
     finally:
@@ -373,8 +396,10 @@ def test_a_full_spool_drops_the_oldest_segment_first_and_says_how_much(tmp_path:
 def test_spool_full_is_counted_in_spans(tmp_path: Path, receiver: OTLPReceiver) -> None:
     selfmetrics = SelfMetrics()
     receiver.stop()
-    sink = build_sink(spool_config(receiver, tmp_path, OTEL_EBPF_OTLP_SPOOL_MAX_BYTES=1 << 20,
-                                   OTEL_BSP_MAX_EXPORT_BATCH_SIZE=500), selfmetrics)
+    sink = build_sink(
+        spool_config(receiver, tmp_path, OTEL_EBPF_OTLP_SPOOL_MAX_BYTES=1 << 20, OTEL_BSP_MAX_EXPORT_BATCH_SIZE=500),
+        selfmetrics,
+    )
     spans = named_spans(500, "x" * 200)
     for _ in range(30):  # ~30 batches of ~60 KiB each: about twice the spool
         sink.export_spans(spans)
@@ -405,8 +430,10 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_full_disk_never_leaves_a_partial_line_and_writing_resumes(small_tmpfs: Path) -> None:
     out = small_tmpfs / "out"
-    config = load_config({"exporter": ["file"], "output": str(out)}, {"OTEL_BSP_SCHEDULE_DELAY": "10",
-                                                                      "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "50"})
+    config = load_config(
+        {"exporter": ["file"], "output": str(out)},
+        {"OTEL_BSP_SCHEDULE_DELAY": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "50"},
+    )
     selfmetrics = SelfMetrics()
     sink = build_sink(config, selfmetrics)
     filler = small_tmpfs / "filler"

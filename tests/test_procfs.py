@@ -44,16 +44,23 @@ def test_socket_tuples_ipv6_and_non_sockets() -> None:
 
 
 def test_process_identity_reads_only_resource_variables() -> None:
-    env = {"PATH": os.environ["PATH"], "OTEL_SERVICE_NAME": "checkout", "SECRET_TOKEN": "x",
-           "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
-    child = subprocess.Popen([sys.executable, "-c", "print(flush=True); import time; time.sleep(30)"],
-                             env=env, stdout=subprocess.PIPE)
+    env = {
+        "PATH": os.environ["PATH"],
+        "OTEL_SERVICE_NAME": "checkout",
+        "SECRET_TOKEN": "x",
+        "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import time; time.sleep(30)"], env=env, stdout=subprocess.PIPE
+    )
     try:
         child.stdout.readline()  # exec has completed
         ident = procfs.process_identity(child.pid)
         assert ident is not None
-        assert ident.environment == {"OTEL_SERVICE_NAME": "checkout",
-                                     "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
+        assert ident.environment == {
+            "OTEL_SERVICE_NAME": "checkout",
+            "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod",
+        }
         assert ident.executable == os.path.realpath(sys.executable)
         assert ident.command_line == f"{sys.executable} -c print(flush=True); import time; time.sleep(30)"
         assert procfs.executable_matches(child.pid, ["python3*"])

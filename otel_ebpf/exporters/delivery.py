@@ -122,8 +122,11 @@ class Delivery:
         self._transport.close()
         if self._queue.durable:
             if len(self._queue):
-                _logger.warning("OTLP %s: %d batches left in the spool; the next start sends them first",
-                                self.signal, len(self._queue))
+                _logger.warning(
+                    "OTLP %s: %d batches left in the spool; the next start sends them first",
+                    self.signal,
+                    len(self._queue),
+                )
         else:
             self._lose(SHUTDOWN, sum(batch.count for batch in self._queue.drain()))
         self._queue.close()
@@ -159,23 +162,25 @@ class Delivery:
                     return
             if result.ok:
                 if self._failures:
-                    _logger.warning("OTLP %s export recovered after %d failed attempts", self.signal,
-                                    self._failures)
+                    _logger.warning("OTLP %s export recovered after %d failed attempts", self.signal, self._failures)
                 self._settle(batch, EXPORTED)
                 if self._failures or not len(self._queue):  # the outage, or the backlog, is over
                     self._logged.clear()
                 self._failures = 0
                 continue
-            self._selfmetrics.add("otel_ebpf.export.attempts.failed", 1,
-                                  {"signal": self.signal, "reason": result.reason})
+            self._selfmetrics.add(
+                "otel_ebpf.export.attempts.failed", 1, {"signal": self.signal, "reason": result.reason}
+            )
             if not result.retryable:
                 self._note(f"OTLP {self.signal} export rejected ({result.reason}): batch dropped, not retried")
                 self._settle(batch, NON_RETRYABLE)
                 continue
             delay = self._backoff.delay(self._failures, result.retry_after_s)
             self._failures += 1
-            self._note(f"OTLP {self.signal} export failing ({result.reason}); retrying with backoff, "
-                       f"newer batches wait in the queue")
+            self._note(
+                f"OTLP {self.signal} export failing ({result.reason}); retrying with backoff, "
+                f"newer batches wait in the queue"
+            )
             with self._cond:
                 self._next_attempt = time.monotonic() + delay
                 self._cond.notify_all()

@@ -122,8 +122,11 @@ class _JsonLinesFile:
             except OSError as exc:
                 if not self._failing:
                     self._failing = True
-                    _logger.error("file exporter: cannot write %s: %s; batches are dropped and counted until "
-                                  "a write succeeds", self.path, exc.strerror or exc)
+                    _logger.error(
+                        "file exporter: cannot write %s: %s; batches are dropped and counted until a write succeeds",
+                        self.path,
+                        exc.strerror or exc,
+                    )
                 return False
             if self._failing:
                 self._failing = False

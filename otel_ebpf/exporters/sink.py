@@ -307,8 +307,9 @@ class TelemetrySink:
         deadline = time.monotonic() + timeout_s
         workers: list[_ExportWorker[Any]] = [*self._span_workers.values(), *self._metric_workers.values()]
         queued = all([worker.flush(deadline - time.monotonic()) for worker in workers])
-        deliveries = [e for e in [*self._span_exporters.values(), *self._metric_exporters.values()]
-                      if isinstance(e, OTLPExporter)]
+        deliveries = [
+            e for e in [*self._span_exporters.values(), *self._metric_exporters.values()] if isinstance(e, OTLPExporter)
+        ]
         return all([queued, *[e.force_flush(max(0.0, deadline - time.monotonic())) for e in deliveries]])
 
     def shutdown(self, timeout_s: float) -> None:
@@ -413,8 +414,9 @@ def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
         for name in config.exporters:
             if name == "otlp":
                 span_exporters[name] = otlp_exporter(config.otlp, TRACES, _span_account(selfmetrics, name), selfmetrics)
-                metric_exporters[name] = otlp_exporter(config.otlp, METRICS, _point_account(selfmetrics, name),
-                                                       selfmetrics)
+                metric_exporters[name] = otlp_exporter(
+                    config.otlp, METRICS, _point_account(selfmetrics, name), selfmetrics
+                )
             else:
                 span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
     return TelemetrySink(

@@ -72,8 +72,10 @@ def decode_header(header: bytes) -> tuple[int, int, float, int] | None:
 
 
 def body_matches(length: int, count: int, created: float, crc: int, body: bytes) -> bool:
-    return len(body) == length and zlib.crc32(body, zlib.crc32(struct.pack("<I", length) + _CHECKED.pack(
-        count, created))) == crc
+    return (
+        len(body) == length
+        and zlib.crc32(body, zlib.crc32(struct.pack("<I", length) + _CHECKED.pack(count, created))) == crc
+    )
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,12 @@ class Spool(BatchQueue):
             else:
                 path.unlink(missing_ok=True)
         if self._entries:
-            _logger.info("spool %s: %d batches (%d items) left by an earlier run are sent first",
-                         self.directory, len(self._entries), sum(e.count for e in self._entries))
+            _logger.info(
+                "spool %s: %d batches (%d items) left by an earlier run are sent first",
+                self.directory,
+                len(self._entries),
+                sum(e.count for e in self._entries),
+            )
 
     def _read_head(self) -> tuple[int, int] | None:
         try:
@@ -159,8 +165,9 @@ class Spool(BatchQueue):
                 body = file.read(fields[0]) if fields is not None else b""
                 if fields is None or len(body) != fields[0]:
                     # Torn (killed mid-write) or unreadable: nothing after it can be trusted.
-                    _logger.warning("spool %s: torn or corrupt record at byte %d, rest of the segment skipped",
-                                    path, offset)
+                    _logger.warning(
+                        "spool %s: torn or corrupt record at byte %d, rest of the segment skipped", path, offset
+                    )
                     self._on_corrupt(1)
                     break
                 length, count, created, crc = fields
@@ -268,8 +275,11 @@ class Spool(BatchQueue):
         self._write_head()
 
     def _write_head(self) -> None:
-        head = ((self._entries[0].segment, self._entries[0].offset) if self._entries
-                else (self._tail, self._sizes.get(self._tail, 0)))
+        head = (
+            (self._entries[0].segment, self._entries[0].offset)
+            if self._entries
+            else (self._tail, self._sizes.get(self._tail, 0))
+        )
         if head == self._head_written:
             return
         temporary = self.directory / "HEAD.tmp"

@@ -54,13 +54,24 @@ def _read(variable: str) -> bytes | None:
 
 
 class GrpcTransport(Transport):
-    def __init__(self, endpoint: str, method: str, *, insecure: bool, headers: Mapping[str, str],
-                 gzip_body: bool, max_reconnect_s: float) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        method: str,
+        *,
+        insecure: bool,
+        headers: Mapping[str, str],
+        gzip_body: bool,
+        max_reconnect_s: float,
+    ) -> None:
         target = urllib.parse.urlsplit(endpoint).netloc or endpoint
         # gRPC's own reconnect backoff grows to 2 minutes by default; a channel still waiting to
         # reconnect fails every call at once, which would outlast our backoff after a long outage.
-        options = [("grpc.max_reconnect_backoff_ms", max(100, int(max_reconnect_s * 1000))),
-                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100)]
+        options = [
+            ("grpc.max_reconnect_backoff_ms", max(100, int(max_reconnect_s * 1000))),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+        ]
         if insecure:
             self._channel = grpc.insecure_channel(target, options)
         else:
@@ -108,8 +119,9 @@ class HttpTransport(Transport):
 
     def send(self, body: bytes, timeout_s: float) -> SendResult:
         try:
-            response = self._session.post(self._url, data=gzip.compress(body) if self._gzip else body,
-                                          timeout=timeout_s)
+            response = self._session.post(
+                self._url, data=gzip.compress(body) if self._gzip else body, timeout=timeout_s
+            )
         except requests.Timeout:
             return retryable("timeout")
         except requests.RequestException:  # refused, reset, DNS: the backend may be back later
@@ -127,6 +139,12 @@ def build_transport(config: OTLPConfig, signal: str) -> Transport:
     endpoint = config.signal_endpoint(signal)
     gzip_body = config.compression == "gzip"
     if config.protocol == "grpc":
-        return GrpcTransport(endpoint, GRPC_METHODS[signal], insecure=config.insecure, headers=config.headers,
-                             gzip_body=gzip_body, max_reconnect_s=config.retry_max_s)
+        return GrpcTransport(
+            endpoint,
+            GRPC_METHODS[signal],
+            insecure=config.insecure,
+            headers=config.headers,
+            gzip_body=gzip_body,
+            max_reconnect_s=config.retry_max_s,
+        )
     return HttpTransport(endpoint, headers=config.headers, gzip_body=gzip_body)

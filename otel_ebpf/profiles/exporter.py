@@ -148,9 +148,13 @@ class PyroscopeProfiles(ProfileDestination):
             query["sampleRate"] = str(hz)
         boundary = uuid.uuid4().hex
         body = (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n"
-            f"Content-Type: application/octet-stream\r\n\r\n"
-        ).encode() + gzip.compress(pprof.encode(profile)) + f"\r\n--{boundary}--\r\n".encode()
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="profile"; filename="profile.pprof"\r\n'
+                f"Content-Type: application/octet-stream\r\n\r\n"
+            ).encode()
+            + gzip.compress(pprof.encode(profile))
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
         headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", **self.headers}
         _post(f"{self.url}/ingest?{urllib.parse.urlencode(query)}", body, headers, self.timeout_s)
 
@@ -226,8 +230,9 @@ def build_profile_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> Profile
         if "file" in config.exporters:
             destinations.append(FileProfiles(config.file.output_dir, config.profiling.flamegraphs))
         if "otlp" in config.exporters:
-            destinations.append(OTLPProfiles(otlp_exporter(config.otlp, PROFILES, _otlp_account(selfmetrics),
-                                                           selfmetrics)))
+            destinations.append(
+                OTLPProfiles(otlp_exporter(config.otlp, PROFILES, _otlp_account(selfmetrics), selfmetrics))
+            )
         if config.profiling.pyroscope_url:
             destinations.append(PyroscopeProfiles(config.profiling.pyroscope_url, config.otlp.timeout_s))
     return ProfileSink(destinations, selfmetrics)

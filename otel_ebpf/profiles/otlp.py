@@ -65,8 +65,9 @@ def in_range(profiles: Iterable[Profile]) -> tuple[list[Profile], Counter[str]]:
             problems["profile_dropped"] += 1
             continue
         bad_frames = {f for key in profile.samples for f in key.stack if not _frame_fits(f)}
-        bad_samples = {key for key, values in profile.samples.items()
-                       if not _numbers_fit(values, profile.timestamps.get(key, ()))}
+        bad_samples = {
+            key for key, values in profile.samples.items() if not _numbers_fit(values, profile.timestamps.get(key, ()))
+        }
         bad_links = {key for key in profile.samples if not _link_fits(key.link)} - bad_samples
         if not (bad_frames or bad_samples or bad_links):
             result.append(profile)
@@ -77,9 +78,12 @@ def in_range(profiles: Iterable[Profile]) -> tuple[list[Profile], Counter[str]]:
         for key, values in profile.samples.items():
             if key in bad_samples:
                 continue
-            stack = tuple(replace(f, address=f.address if _unsigned(f.address) else 0,
-                                  line=f.line if _signed64(f.line) else 0) if f in bad_frames else f
-                          for f in key.stack)
+            stack = tuple(
+                replace(f, address=f.address if _unsigned(f.address) else 0, line=f.line if _signed64(f.line) else 0)
+                if f in bad_frames
+                else f
+                for f in key.stack
+            )
             fixed = SampleKey(stack, None if key in bad_links else key.link, key.attributes)
             known = samples.get(fixed)  # two frames may differ only by what was replaced
             samples[fixed] = list(values) if known is None else [a + b for a, b in zip(known, values, strict=True)]
@@ -166,8 +170,9 @@ class _Encoder:
         i, new = self._functions.add((name, filename))
         if new:
             n = self.string(name)
-            self.dictionary.function_table.add(name_strindex=n, system_name_strindex=n,
-                                               filename_strindex=self.string(filename))
+            self.dictionary.function_table.add(
+                name_strindex=n, system_name_strindex=n, filename_strindex=self.string(filename)
+            )
         return i
 
     def mapping(self, module: str, build_id: str) -> int:
@@ -246,9 +251,16 @@ def encode(profiles: Iterable[Profile], scope_name: str = SCOPE_NAME) -> ExportP
 
 
 def _only(profile: Profile, index: int) -> Profile:
-    return Profile(profile.resource, (profile.sample_types[index],), profile.period_type, profile.period,
-                   profile.start_ns, profile.end_ns,
-                   {k: [v[index]] for k, v in profile.samples.items()}, profile.timestamps)
+    return Profile(
+        profile.resource,
+        (profile.sample_types[index],),
+        profile.period_type,
+        profile.period,
+        profile.start_ns,
+        profile.end_ns,
+        {k: [v[index]] for k, v in profile.samples.items()},
+        profile.timestamps,
+    )
 
 
 def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
@@ -275,9 +287,12 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         mapping = d.mapping_table[location.mapping_index]
         filename = text(function.filename_strindex)
         frames[li] = known = Frame(
-            text(function.name_strindex), file=filename if kind is FrameKind.PYTHON else "", line=line.line,
+            text(function.name_strindex),
+            file=filename if kind is FrameKind.PYTHON else "",
+            line=line.line,
             module=text(mapping.filename_strindex) or (filename if kind is not FrameKind.PYTHON else ""),
-            kind=kind, address=location.address,
+            kind=kind,
+            address=location.address,
             build_id=str(attributes(mapping.attribute_indices).get(BUILD_ID, "")),
         )
         return known
@@ -290,8 +305,14 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         resource = {kv.key: plain_value(kv.value) for kv in resource_profiles.resource.attributes}
         for scope in resource_profiles.scope_profiles:
             for p in scope.profiles:
-                profile = Profile(resource, (value_type(p.sample_type),), value_type(p.period_type), p.period,
-                                  p.time_unix_nano, p.time_unix_nano + p.duration_nano)
+                profile = Profile(
+                    resource,
+                    (value_type(p.sample_type),),
+                    value_type(p.period_type),
+                    p.period,
+                    p.time_unix_nano,
+                    p.time_unix_nano + p.duration_nano,
+                )
                 for sample in p.samples:
                     stack = tuple(frame(i) for i in d.stack_table[sample.stack_index].location_indices)
                     link = None

@@ -16,9 +16,23 @@ def start_file_agent(tmp: Path, pid: int, config_yaml: str, timeout: float = 90)
     config.write_text(config_yaml)
     ready = tmp / "ready"
     agent = subprocess.Popen(
-        [*AGENT, "run", "--config", str(config), "--pid", str(pid), "--exporter", "file",
-         "--output", str(tmp / "out"), "--ready-file", str(ready)],
-        cwd=REPO, stderr=subprocess.PIPE, text=True,
+        [
+            *AGENT,
+            "run",
+            "--config",
+            str(config),
+            "--pid",
+            str(pid),
+            "--exporter",
+            "file",
+            "--output",
+            str(tmp / "out"),
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + timeout
     while not (ready.exists() and ready.read_text().strip()):

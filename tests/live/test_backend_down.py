@@ -44,18 +44,38 @@ def test_backend_down_capture_continues_and_drops_are_counted(tmp_path: Path) ->
         port = int(_wait_for_file(tmp_path / "port", server))
         ready = tmp_path / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--port", str(port),
-             "--exporter", "otlp", "--otlp-endpoint", f"http://127.0.0.1:{_closed_port()}",
-             "--exporter", "file", "--output", str(tmp_path / "out"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "300", "OTEL_BSP_SCHEDULE_DELAY": "200",
-                 "OTEL_EBPF_PAYLOAD_CAP": "32768"},
+            [
+                *AGENT,
+                "run",
+                "--port",
+                str(port),
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                f"http://127.0.0.1:{_closed_port()}",
+                "--exporter",
+                "file",
+                "--output",
+                str(tmp_path / "out"),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "300",
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+                "OTEL_EBPF_PAYLOAD_CAP": "32768",
+            },
         )
         _wait_for_file(ready, agent)
         started = time.monotonic()
         for i in range(REQUESTS):
-            subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"],
-                           check=True, timeout=30)
+            subprocess.run(
+                ["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"], check=True, timeout=30
+            )
         subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/large"], check=True, timeout=30)
         assert time.monotonic() - started < 20  # the dead backend did not slow the traced programs
         agent.send_signal(signal.SIGINT)
@@ -84,8 +104,8 @@ def _spooled_spans(directory: Path) -> list[dict]:
     for segment in sorted(directory.glob("*.seg")):
         data = segment.read_bytes()
         offset = 0
-        while (fields := decode_header(data[offset:offset + HEADER_SIZE])) is not None:
-            body = data[offset + HEADER_SIZE:offset + HEADER_SIZE + fields[0]]
+        while (fields := decode_header(data[offset : offset + HEADER_SIZE])) is not None:
+            body = data[offset + HEADER_SIZE : offset + HEADER_SIZE + fields[0]]
             if len(body) < fields[0]:
                 break  # being written
             requests.append(ExportTraceServiceRequest.FromString(body))
@@ -99,15 +119,35 @@ def test_spans_spooled_by_a_killed_agent_are_sent_by_the_next_one(tmp_path: Path
     receiver.start()
     receiver.stop()  # the backend is down; its port is kept for the restart
     spool = tmp_path / "spool"
-    env = {**os.environ, "OTEL_EBPF_OTLP_SPOOL_DIR": str(spool), "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "OTEL_EBPF_OTLP_RETRY_INITIAL": "0.2", "OTEL_EBPF_OTLP_RETRY_MAX": "1"}
+    env = {
+        **os.environ,
+        "OTEL_EBPF_OTLP_SPOOL_DIR": str(spool),
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_EBPF_OTLP_RETRY_INITIAL": "0.2",
+        "OTEL_EBPF_OTLP_RETRY_MAX": "1",
+    }
     agents: list[subprocess.Popen] = []
 
     def start_agent(name: str) -> subprocess.Popen:
         ready = tmp_path / f"ready-{name}"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--port", str(port), "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
-             "--ready-file", str(ready)], cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                *AGENT,
+                "run",
+                "--port",
+                str(port),
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                receiver.grpc_endpoint,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         agents.append(agent)
         _wait_for_file(ready, agent)
         return agent
@@ -116,8 +156,9 @@ def test_spans_spooled_by_a_killed_agent_are_sent_by_the_next_one(tmp_path: Path
         port = int(_wait_for_file(tmp_path / "port", server))
         first = start_agent("first")
         for i in range(REQUESTS):
-            subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"],
-                           check=True, timeout=30)
+            subprocess.run(
+                ["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"], check=True, timeout=30
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if len([s for s in _spooled_spans(spool / "traces") if s["kind"] == "SERVER"]) == REQUESTS:
@@ -143,6 +184,6 @@ def test_spans_spooled_by_a_killed_agent_are_sent_by_the_next_one(tmp_path: Path
         server.wait()
         receiver.stop()
     received = receiver.spans()
-    assert [s["span_id"] for s in received[:len(spooled)]] == [s["span_id"] for s in spooled]  # first, in order
+    assert [s["span_id"] for s in received[: len(spooled)]] == [s["span_id"] for s in spooled]  # first, in order
     paths = [s["attributes"]["url.path"] for s in received if s["kind"] == "SERVER"]
     assert paths == [f"/items/{i}" for i in range(REQUESTS)]

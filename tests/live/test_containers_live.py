@@ -60,15 +60,18 @@ def pods(tmp_path: Path) -> Iterator[dict[str, dict[str, str]]]:
     top = _cgroup2_root() / f"otel-ebpf-test-{uuid.uuid4().hex[:8]}"
     containerd_uid, crio_uid = str(uuid.uuid4()), str(uuid.uuid4())
     containerd_id, crio_id = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+    underscored = containerd_uid.replace("-", "_")  # the systemd driver's slice names
     layout = {
         "containerd": {
-            "cgroup": f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{containerd_uid.replace('-', '_')}"
-                      f".slice/cri-containerd-{containerd_id}.scope",
-            "container.id": containerd_id, "k8s.pod.uid": containerd_uid,
+            "cgroup": f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{underscored}.slice"
+            f"/cri-containerd-{containerd_id}.scope",
+            "container.id": containerd_id,
+            "k8s.pod.uid": containerd_uid,
         },
         "cri-o": {
             "cgroup": f"kubepods/besteffort/pod{crio_uid}/crio-{crio_id}",
-            "container.id": crio_id, "k8s.pod.uid": crio_uid,
+            "container.id": crio_id,
+            "k8s.pod.uid": crio_uid,
         },
     }
     for pod in layout.values():
@@ -76,13 +79,20 @@ def pods(tmp_path: Path) -> Iterator[dict[str, dict[str, str]]]:
         pod["procs"] = str(top / pod["cgroup"] / "cgroup.procs")
     bundle = tmp_path / "node" / f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{containerd_id}/config.json"
     bundle.parent.mkdir(parents=True)
-    bundle.write_text(json.dumps({"ociVersion": "1.1.0", "annotations": {
-        "io.kubernetes.cri.container-type": "container",
-        "io.kubernetes.cri.container-name": "model-server",
-        "io.kubernetes.cri.sandbox-name": "llm-7f9c-abcde",
-        "io.kubernetes.cri.sandbox-namespace": "serving",
-        "io.kubernetes.cri.sandbox-uid": containerd_uid,
-    }}))
+    bundle.write_text(
+        json.dumps(
+            {
+                "ociVersion": "1.1.0",
+                "annotations": {
+                    "io.kubernetes.cri.container-type": "container",
+                    "io.kubernetes.cri.container-name": "model-server",
+                    "io.kubernetes.cri.sandbox-name": "llm-7f9c-abcde",
+                    "io.kubernetes.cri.sandbox-namespace": "serving",
+                    "io.kubernetes.cri.sandbox-uid": containerd_uid,
+                },
+            }
+        )
+    )
     try:
         yield layout
     finally:
@@ -96,22 +106,55 @@ def _in_cgroup(procs: str, *command: str) -> list[str]:
 
 def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, dict[str, str]]) -> None:
     containerd, crio = pods["containerd"], pods["cri-o"]
-    heavy = subprocess.Popen(_in_cgroup(containerd["procs"], sys.executable, str(REPO / "examples" / "cpu_heavy.py"),
-                                        "serve", str(tmp_path / "heavy.port"), "--work-ms", "100"))
-    plain = subprocess.Popen(_in_cgroup(crio["procs"], sys.executable, str(REPO / "tests" / "live" / "http_workload.py"),
-                                        "serve", str(tmp_path / "plain.port")))
+    heavy = subprocess.Popen(
+        _in_cgroup(
+            containerd["procs"],
+            sys.executable,
+            str(REPO / "examples" / "cpu_heavy.py"),
+            "serve",
+            str(tmp_path / "heavy.port"),
+            "--work-ms",
+            "100",
+        )
+    )
+    plain = subprocess.Popen(
+        _in_cgroup(
+            crio["procs"],
+            sys.executable,
+            str(REPO / "tests" / "live" / "http_workload.py"),
+            "serve",
+            str(tmp_path / "plain.port"),
+        )
+    )
     try:
         ports = [_wait_for_file(tmp_path / "heavy.port", heavy), _wait_for_file(tmp_path / "plain.port", plain)]
-        client = subprocess.Popen([sys.executable, "-c", CLIENT, *ports], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, *ports], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert client.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             ready = tmp_path / "agent.ready"
             agent = subprocess.Popen(
-                [*AGENT, "run", "--pid", str(heavy.pid), "--pid", str(plain.pid), "--pid", str(client.pid),
-                 "--profile", "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
-                 "--ready-file", str(ready)],
-                cwd=REPO, stderr=subprocess.PIPE, text=True,
+                [
+                    *AGENT,
+                    "run",
+                    "--pid",
+                    str(heavy.pid),
+                    "--pid",
+                    str(plain.pid),
+                    "--pid",
+                    str(client.pid),
+                    "--profile",
+                    "--exporter",
+                    "otlp",
+                    "--otlp-endpoint",
+                    receiver.grpc_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
                 env={**os.environ, "OTEL_EBPF_HOST_ROOT": str(tmp_path / "node")},
             )
             _wait_for_file(ready, agent)
@@ -128,17 +171,25 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
     by_pid: dict[int, list[dict]] = {}
     for span in spans:
         by_pid.setdefault(span["resource"]["process.pid"], []).append(span)
-    assert {pid: len(found) for pid, found in by_pid.items()} == {heavy.pid: CALLS, plain.pid: CALLS,
-                                                                  client.pid: 2 * CALLS}
+    assert {pid: len(found) for pid, found in by_pid.items()} == {
+        heavy.pid: CALLS,
+        plain.pid: CALLS,
+        client.pid: 2 * CALLS,
+    }
     heavy_resource = by_pid[heavy.pid][0]["resource"]
     assert {k: v for k, v in heavy_resource.items() if k.startswith(("container.", "k8s."))} == {
-        "container.id": containerd["container.id"], "container.runtime.name": "containerd",
-        "k8s.pod.uid": containerd["k8s.pod.uid"], "k8s.pod.name": "llm-7f9c-abcde",
-        "k8s.namespace.name": "serving", "k8s.container.name": "model-server",
+        "container.id": containerd["container.id"],
+        "container.runtime.name": "containerd",
+        "k8s.pod.uid": containerd["k8s.pod.uid"],
+        "k8s.pod.name": "llm-7f9c-abcde",
+        "k8s.namespace.name": "serving",
+        "k8s.container.name": "model-server",
     }
     # no runtime state file for this one: what the cgroup path says, nothing guessed
     assert {k: v for k, v in by_pid[plain.pid][0]["resource"].items() if k.startswith(("container.", "k8s."))} == {
-        "container.id": crio["container.id"], "container.runtime.name": "cri-o", "k8s.pod.uid": crio["k8s.pod.uid"],
+        "container.id": crio["container.id"],
+        "container.runtime.name": "cri-o",
+        "k8s.pod.uid": crio["k8s.pod.uid"],
     }
     assert not any(k.startswith(("container.", "k8s.")) for span in by_pid[client.pid] for k in span["resource"])
 
@@ -146,5 +197,7 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
     resources = [_attributes(rp.resource.attributes) for request in profiles for rp in request.resource_profiles]
     heavy_profiles = [r for r in resources if r.get("process.pid") == heavy.pid]
     assert heavy_profiles
-    assert all(r["container.id"] == containerd["container.id"] and r["k8s.pod.name"] == "llm-7f9c-abcde"
-               for r in heavy_profiles)
+    assert all(
+        r["container.id"] == containerd["container.id"] and r["k8s.pod.name"] == "llm-7f9c-abcde"
+        for r in heavy_profiles
+    )

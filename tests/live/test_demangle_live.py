@@ -46,17 +46,29 @@ int main(void) {
 def test_cxx_frames_are_demangled_in_otlp_profiles(tmp_path: Path) -> None:
     (tmp_path / "model.c").write_text(SOURCE)
     binary = tmp_path / "model"
-    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-o", str(binary), str(tmp_path / "model.c")],
-                   check=True)
+    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-o", str(binary), str(tmp_path / "model.c")], check=True)
     workload = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
     try:
         assert workload.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             ready = tmp_path / "agent.ready"
             agent = subprocess.Popen(
-                [*AGENT, "run", "--pid", str(workload.pid), "--profile", "--exporter", "otlp",
-                 "--otlp-endpoint", receiver.grpc_endpoint, "--ready-file", str(ready)],
-                cwd=REPO, stderr=subprocess.PIPE, text=True,
+                [
+                    *AGENT,
+                    "run",
+                    "--pid",
+                    str(workload.pid),
+                    "--profile",
+                    "--exporter",
+                    "otlp",
+                    "--otlp-endpoint",
+                    receiver.grpc_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
                 env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "2"},
             )
             _wait_for_file(ready, agent, timeout=180)  # two BPF programs to compile on a busy machine

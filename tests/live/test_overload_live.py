@@ -41,8 +41,9 @@ def _client(port: int, statuses: list[int]) -> None:
 @pytest.fixture(scope="module")
 def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("overload")
-    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "http_service.py"), "--port", "0"],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "http_service.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[1])
         agent = start_file_agent(
@@ -60,8 +61,13 @@ def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
         stderr = agent.communicate(timeout=60)[1]
         exit_s = time.monotonic() - stopped
         assert agent.returncode == 0, stderr
-        return {"statuses": statuses, "spans": load_file_spans(tmp / "out"), "metrics": load_file_metrics(tmp / "out"),
-                "exit_s": exit_s, "server_pid": server.pid}
+        return {
+            "statuses": statuses,
+            "spans": load_file_spans(tmp / "out"),
+            "metrics": load_file_metrics(tmp / "out"),
+            "exit_s": exit_s,
+            "server_pid": server.pid,
+        }
     finally:
         server.kill()
         server.wait()

@@ -32,16 +32,18 @@ from redis_server import RedisServer  # noqa: E402
 # last three answered ERR by Debian's Redis 7.0): those are checked to match between the two sides,
 # not against a list.
 HANDSHAKE = ("HELLO", "CLIENT ", "AUTH")
-EXPECTED = Counter({
-    ("SET", "SET ? ?", None, None): 2,
-    ("GET", "GET ?", None, None): 2,
-    ("INCRBY", "INCRBY ? ?", None, None): 2,
-    ("HSET", "HSET ? ? ?", None, None): 1,
-    ("DEL", "DEL ?", None, None): 1,
-    ("LPUSH", "LPUSH ? ?", "WRONGTYPE", None): 1,
-    ("SELECT", "SELECT ?", None, None): 1,
-    ("SET", "SET ? ?", None, "1"): 1,
-})
+EXPECTED = Counter(
+    {
+        ("SET", "SET ? ?", None, None): 2,
+        ("GET", "GET ?", None, None): 2,
+        ("INCRBY", "INCRBY ? ?", None, None): 2,
+        ("HSET", "HSET ? ? ?", None, None): 1,
+        ("DEL", "DEL ?", None, None): 1,
+        ("LPUSH", "LPUSH ? ?", "WRONGTYPE", None): 1,
+        ("SELECT", "SELECT ?", None, None): 1,
+        ("SET", "SET ? ?", None, "1"): 1,
+    }
+)
 
 
 def _is_handshake(span: dict) -> bool:
@@ -68,20 +70,54 @@ def live(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("live-redis")
     site = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(PLUGIN)],
-        check=True, timeout=300, cwd=tmp,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(PLUGIN),
+        ],
+        check=True,
+        timeout=300,
+        cwd=tmp,
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     with OTLPReceiver() as receiver, RedisServer(tmp) as server:
-        client = subprocess.Popen([*WORKLOAD, str(server.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
+        client = subprocess.Popen(
+            [*WORKLOAD, str(server.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert client.stdout.readline() == "ready\n"
         ready = tmp / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--pid", str(client.pid), "--pid", str(server.proc.pid), "--port", str(server.port),
-             "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint, "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True, env={**env, "OTEL_EBPF_PROTOCOLS": "redis"},
+            [
+                *AGENT,
+                "run",
+                "--pid",
+                str(client.pid),
+                "--pid",
+                str(server.proc.pid),
+                "--port",
+                str(server.port),
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                receiver.grpc_endpoint,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "OTEL_EBPF_PROTOCOLS": "redis"},
         )
         try:
             _wait_for(ready, agent)
@@ -108,7 +144,9 @@ def test_one_span_per_command_on_each_side(live: tuple, kind: str) -> None:
     side = [s for s in spans if s["kind"] == kind]
     got = Counter(_key(s) for s in side if not _is_handshake(s))
     assert got == EXPECTED, f"{kind}: missing {EXPECTED - got}, unexpected {got - EXPECTED}"
-    handshakes = {k: Counter(_key(s) for s in spans if s["kind"] == k and _is_handshake(s)) for k in ("CLIENT", "SERVER")}
+    handshakes = {
+        k: Counter(_key(s) for s in spans if s["kind"] == k and _is_handshake(s)) for k in ("CLIENT", "SERVER")
+    }
     assert handshakes["CLIENT"] == handshakes["SERVER"]
     pid = client.pid if kind == "CLIENT" else server.proc.pid
     assert {s["resource"]["process.pid"] for s in side} == {pid}

@@ -24,9 +24,21 @@ def test_stale_ready_file_goes_first_and_a_target_gone_during_start_up_stops_the
     ready.write_text("424242\n")  # what a killed agent left behind
     target = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     agent = subprocess.Popen(
-        [*AGENT, "run", "--pid", str(target.pid), "--exporter", "file", "--output", str(tmp_path / "out"),
-         "--ready-file", str(ready)],
-        cwd=REPO, stderr=subprocess.PIPE, text=True,
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(target.pid),
+            "--exporter",
+            "file",
+            "--output",
+            str(tmp_path / "out"),
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60

@@ -82,8 +82,9 @@ def tunnel(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_tunnelled_requests_are_not_spans(tunnel: dict) -> None:
     server = [s for s in tunnel["spans"] if s["kind"] == "SERVER"]
-    got = Counter((s["attributes"]["http.request.method"], s["attributes"]["http.response.status_code"])
-                  for s in server)
+    got = Counter(
+        (s["attributes"]["http.request.method"], s["attributes"]["http.response.status_code"]) for s in server
+    )
     assert got == Counter({("GET", 200): 1, ("CONNECT", 200): 1})
 
 

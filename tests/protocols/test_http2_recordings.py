@@ -258,8 +258,9 @@ def test_mid_stream_grpc_channel_is_partial_not_wrong() -> None:
 
 
 def test_recordings_through_the_entry_point() -> None:
-    (protocol,) = load_protocols(["http2"],
-                                 {"http2": {"capture_headers": ["content-type"], "semconv_stability_opt_in": "rpc"}})
+    (protocol,) = load_protocols(
+        ["http2"], {"http2": {"capture_headers": ["content-type"], "semconv_stability_opt_in": "rpc"}}
+    )
     assert isinstance(protocol, HTTP2)
     run = replay(load("grpc_unary"), protocol=protocol)
     span = run.exchanges[0].span(conn(Role.SERVER))

@@ -110,7 +110,10 @@ def _inline(port: int) -> None:
 
 
 SCENARIOS: dict[str, tuple[str, Callable[[int], None]]] = {
-    "commands": ("redis-py RESP2: SET, GET, a miss, INCR, a WRONGTYPE error, SELECT 1 and two commands in db 1", _commands),
+    "commands": (
+        "redis-py RESP2: SET, GET, a miss, INCR, a WRONGTYPE error, SELECT 1 and two commands in db 1",
+        _commands,
+    ),
     "pipeline": ("redis-py RESP2: a 6-command pipeline with a 20 KiB value set and read back, then an ERR", _pipeline),
     "resp3": ("redis-py RESP3: HELLO 3, a map, a set, a double, a null, a boolean, a verbatim string", _resp3),
     "pubsub_resp2": ("redis-py RESP2: SUBSCRIBE to two channels, two messages, PING, UNSUBSCRIBE", _pubsub(2)),

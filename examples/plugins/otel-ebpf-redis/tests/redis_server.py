@@ -26,14 +26,30 @@ class RedisServer:
 
     def __enter__(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+                raise RuntimeError(
+                    f"redis-server exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                     s.sendall(b"PING\r\n")

@@ -22,7 +22,10 @@ from otel_ebpf.protocol_testing import (
 )
 
 DATA = Path(__file__).parent / "data"
-SETINFO = [("CLIENT SETINFO", "CLIENT SETINFO ? ?", "-", "ERR", None, 0, 1), ("CLIENT SETINFO", "CLIENT SETINFO ? ?", "-", "ERR", None, 2, 3)]
+SETINFO = [
+    ("CLIENT SETINFO", "CLIENT SETINFO ? ?", "-", "ERR", None, 0, 1),
+    ("CLIENT SETINFO", "CLIENT SETINFO ? ?", "-", "ERR", None, 2, 3),
+]
 HELLO3 = [
     ("HELLO", "HELLO ?", "%", None, None, 0, 1),
     ("CLIENT MAINT_NOTIFICATIONS", "CLIENT MAINT_NOTIFICATIONS ? ? ?", "-", "ERR", None, 2, 3),
@@ -104,8 +107,13 @@ def summary(exchange: RedisExchange) -> tuple:
     span = exchange.span(conn(Role.CLIENT))
     a = span.attributes
     return (
-        a.get("db.operation.name"), a.get("db.query.text"), exchange.reply.kind, a.get("db.response.status_code"),
-        a.get("db.namespace"), span.start_ns, span.end_ns,
+        a.get("db.operation.name"),
+        a.get("db.query.text"),
+        exchange.reply.kind,
+        a.get("db.response.status_code"),
+        a.get("db.namespace"),
+        span.start_ns,
+        span.end_ns,
     )
 
 
@@ -175,11 +183,17 @@ def test_span_and_metric_for_each_side() -> None:
     server = wrongtype.span(conn(Role.SERVER))
     assert server.name == "LPUSH" and server.kind is SpanKind.SERVER and server.status is StatusCode.ERROR
     assert server.attributes == {
-        "db.system.name": "redis", "db.operation.name": "LPUSH", "db.query.text": "LPUSH ? ?",
-        "db.response.status_code": "WRONGTYPE", "error.type": "WRONGTYPE",
-        "server.address": "127.0.0.1", "server.port": 6379,
-        "client.address": "127.0.0.1", "client.port": 40000,
-        "network.peer.address": "127.0.0.1", "network.peer.port": 40000,
+        "db.system.name": "redis",
+        "db.operation.name": "LPUSH",
+        "db.query.text": "LPUSH ? ?",
+        "db.response.status_code": "WRONGTYPE",
+        "error.type": "WRONGTYPE",
+        "server.address": "127.0.0.1",
+        "server.port": 6379,
+        "client.address": "127.0.0.1",
+        "client.port": 40000,
+        "network.peer.address": "127.0.0.1",
+        "network.peer.port": 40000,
     }
     assert list(wrongtype.metric_points(conn(Role.SERVER))) == []  # no server-side db metric exists
     client = run.exchanges[8].span(conn(Role.CLIENT))
@@ -189,8 +203,11 @@ def test_span_and_metric_for_each_side() -> None:
     assert point.instrument == "db.client.operation.duration"
     assert point.value == (client.end_ns - client.start_ns) / 1e9
     assert point.attributes == {
-        "db.system.name": "redis", "db.operation.name": "SET", "db.namespace": "1",
-        "server.address": "127.0.0.1", "server.port": 6379,
+        "db.system.name": "redis",
+        "db.operation.name": "SET",
+        "db.namespace": "1",
+        "server.address": "127.0.0.1",
+        "server.port": 6379,
     }
 
 

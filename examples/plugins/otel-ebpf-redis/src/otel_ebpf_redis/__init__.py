@@ -37,10 +37,14 @@ __all__ = ["Command", "Lost", "Redis", "RedisExchange", "RedisSession", "RedisSt
 
 # A command as clients send it: an array whose first bulk string is a command name.
 _COMMAND = re.compile(rb"\*([1-9][0-9]{0,5})\r\n\$([1-9][0-9]?)\r\n([A-Za-z][A-Za-z0-9._|-]*)\r\n")
-_COMMAND_PREFIX = re.compile(rb"\*(?:[1-9][0-9]{0,5}(?:\r(?:\n(?:\$(?:[1-9][0-9]?(?:\r(?:\n[A-Za-z][A-Za-z0-9._|-]*\r?)?)?)?)?)?)?)?\Z")
+_COMMAND_PREFIX = re.compile(
+    rb"\*(?:[1-9][0-9]{0,5}(?:\r(?:\n(?:\$(?:[1-9][0-9]?(?:\r(?:\n[A-Za-z][A-Za-z0-9._|-]*\r?)?)?)?)?)?)?)?\Z"
+)
 # Inline commands (redis-cli's, telnet's) are claimed only for commands that need no argument or
 # are common enough to be worth it; any text line would do otherwise.
-_INLINE = re.compile(rb"(?i:PING|HELLO|INFO|DBSIZE|TIME|QUIT|(?:GET|SET|DEL|EXISTS|INCR|SELECT|AUTH|ECHO|KEYS) [^\r\n]*)\r?\n")
+_INLINE = re.compile(
+    rb"(?i:PING|HELLO|INFO|DBSIZE|TIME|QUIT|(?:GET|SET|DEL|EXISTS|INCR|SELECT|AUTH|ECHO|KEYS) [^\r\n]*)\r?\n"
+)
 
 
 class Redis(Protocol):

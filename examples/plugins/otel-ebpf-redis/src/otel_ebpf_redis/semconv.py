@@ -37,8 +37,23 @@ INSTRUMENTS = (
 # Commands whose first argument names the operation (CLIENT SETINFO, CONFIG GET): it is part of
 # the operation name, not a value.
 CONTAINERS = frozenset(
-    {"ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "FUNCTION", "LATENCY", "MEMORY", "MODULE", "OBJECT",
-     "PUBSUB", "SCRIPT", "SLOWLOG", "XGROUP", "XINFO"}
+    {
+        "ACL",
+        "CLIENT",
+        "CLUSTER",
+        "COMMAND",
+        "CONFIG",
+        "FUNCTION",
+        "LATENCY",
+        "MEMORY",
+        "MODULE",
+        "OBJECT",
+        "PUBSUB",
+        "SCRIPT",
+        "SLOWLOG",
+        "XGROUP",
+        "XINFO",
+    }
 )
 MAX_NAME = 64
 
