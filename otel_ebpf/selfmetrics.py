@@ -80,6 +80,11 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
     "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
     "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
+    "otel_ebpf.prometheus.series": ("{series}", "Series the Prometheus exporter holds for /metrics", True),
+    "otel_ebpf.prometheus.series.dropped": (
+        "{series}", "Series the Prometheus exporter forgot or refused, by reason: not updated for "
+        "prometheus.series_ttl_s (stale), past prometheus.max_series (max_series), a name seen as two kinds "
+        "(type_conflict), exponential histograms (unsupported)", False),
 }
 
 

@@ -48,6 +48,7 @@ from otel_ebpf.config import AgentConfig
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter
 from otel_ebpf.exporters.otlp import otlp_metric_exporter, otlp_span_exporter
+from otel_ebpf.exporters.prometheus import PrometheusMetricExporter
 from otel_ebpf.selfmetrics import SelfMetrics
 
 _logger = logging.getLogger(__name__)
@@ -275,6 +276,10 @@ class TelemetrySink:
     def exporters(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._span_exporters, *self._metric_exporters]))
 
+    def metric_exporter(self, name: str) -> MetricExporter | None:
+        """The metric exporter configured as ``name``, if any (the HTTP server serves Prometheus's)."""
+        return self._metric_exporters.get(name)
+
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Queue ``spans`` for every exporter; never blocks on I/O. Overflow is dropped and counted."""
         for worker in self._span_workers.values():
@@ -348,19 +353,28 @@ def _shutdown_quietly(name: str, shutdown: Callable[[], None]) -> None:
         _logger.exception("exporter %s failed to shut down", name)
 
 
-def _otlp(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+Exporters = tuple[SpanExporter | None, MetricExporter]  # None: the exporter takes no spans
+
+
+def _otlp(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
     return otlp_span_exporter(config.otlp), otlp_metric_exporter(config.otlp, temporality)
 
 
-def _file(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+def _file(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
     return FileSpanExporter(config.file.output_dir), FileMetricExporter(config.file.output_dir, temporality)
 
 
-def _console(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+def _console(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
     return ConsoleSpanExporter(), ConsoleMetricExporter(preferred_temporality=temporality)
 
 
-_FACTORIES = {"otlp": _otlp, "file": _file, "console": _console}
+def _prometheus(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
+    return None, PrometheusMetricExporter(selfmetrics, max_series=config.prometheus.max_series,
+                                          series_ttl_s=config.prometheus.series_ttl_s,
+                                          preferred_temporality=temporality)
+
+
+_FACTORIES = {"otlp": _otlp, "file": _file, "console": _console, "prometheus": _prometheus}
 
 
 def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
@@ -375,7 +389,9 @@ def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
         _logger.info("OTEL_SDK_DISABLED is set: exporting nothing (self-metrics are still counted)")
     else:
         for name in config.exporters:
-            span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
+            span_exporter, metric_exporters[name] = _FACTORIES[name](config, temporality, selfmetrics)
+            if span_exporter is not None:
+                span_exporters[name] = span_exporter
     return TelemetrySink(
         selfmetrics,
         span_exporters,
