@@ -40,7 +40,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self) -> None:  # noqa: N802 — the name http.server dispatches to
+    def do_GET(self) -> None:  # the name http.server dispatches to
         path = self.path.split("?", 1)[0]
         if path == "/metrics" and self.server.registry is not None:
             encode, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -58,7 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 — the base class's signature
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's signature
         """Scrapes and probes every few seconds would flood the log."""
 
 

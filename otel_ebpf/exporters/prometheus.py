@@ -53,7 +53,12 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 from opentelemetry.sdk.resources import Resource
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -118,12 +123,9 @@ def metric_name(name: str, unit: str, kind: str) -> str:
 
 
 def label_name(key: str) -> str:
+    """Runs of ``_`` collapse, so no label comes out with the ``__`` Prometheus reserves."""
     result = _sanitize(key, _INVALID_LABEL)
-    if result[:1].isdigit():
-        return "key_" + result
-    if result.startswith("__"):  # reserved for Prometheus's own labels
-        return "key" + result
-    return result
+    return "key_" + result if result[:1].isdigit() else result
 
 
 def label_value(value: Any) -> str:
@@ -262,8 +264,8 @@ class PrometheusMetricExporter(MetricExporter):
             targets = [labels for labels, _ in self._targets.values()]
         if targets:
             info = GaugeMetricFamily("target_info", "Target metadata: the resource attributes of each job/instance")
-            for labels in targets:
-                info.add_sample("target_info", dict(labels), 1)
+            for target in targets:
+                info.add_sample("target_info", dict(target), 1)
             yield info
         for name, kind, help_text, series in families:
             # Series of one family may carry different label names (error.type only on failures):
