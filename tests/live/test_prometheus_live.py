@@ -195,3 +195,19 @@ def test_self_metrics_and_probes(scraped: Scraped) -> None:
     assert sum(scraped.query('otel_ebpf_prometheus_series{job="otel-ebpf"}').values()) > 0
     assert sum(scraped.query('otel_ebpf_events_lost_total{job="otel-ebpf"}').values()) == 0
     assert scraped.health == {"/healthz": 200, "/readyz": 200}
+
+
+def test_a_taken_port_stops_the_agent_before_attaching() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [*AGENT, "run", "--exporter", "prometheus", "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(port), "--duration", "30"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+    assert result.returncode == 1
+    assert (f"otel-ebpf: cannot listen on 127.0.0.1:{port} for /metrics, /healthz, /readyz: the port is "
+            "already in use; choose another with prometheus.port") in result.stderr
+    assert "probes attached" not in result.stderr
