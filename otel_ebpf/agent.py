@@ -27,6 +27,7 @@ from .config import AgentConfig
 from .connections import ConnectionTracker
 from .events import Event
 from .exporters import build_sink
+from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
 from .metrics import DELTA_KINDS
@@ -191,7 +192,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     budget = CpuBudget(config.capture.cpu_budget)
     health = Health()
     # Listening before the attach: a taken port fails at once, and /healthz answers while BPF compiles.
-    servers = start_servers(config, health, agent.sink.metric_exporter("prometheus") if agent else None)
+    servers = start_servers(config, health, agent.sink.metric_exporter(PrometheusMetricExporter) if agent else None)
 
     def take(events: list[Event], now_ns: int | None) -> None:
         if recorder is not None:

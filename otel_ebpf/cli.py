@@ -36,7 +36,8 @@ def _add_export_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default per OTEL_* variables)")
     g.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP transport")
     g.add_argument("--prometheus-host", metavar="HOST", help="prometheus exporter: listen address (default localhost)")
-    g.add_argument("--prometheus-port", type=int, metavar="PORT", help="prometheus exporter: /metrics port (default 9464)")
+    g.add_argument("--prometheus-port", type=int, metavar="PORT",
+                   help="prometheus exporter: /metrics port (default 9464)")
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:

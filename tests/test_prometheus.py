@@ -238,13 +238,18 @@ def test_a_name_seen_as_two_kinds_and_exponential_histograms_are_dropped_and_cou
         (("reason", "type_conflict"),): 1, (("reason", "unsupported"),): 1}
 
 
-def test_build_sink_serves_metrics_only() -> None:
+def test_build_sink_serves_metrics_only(tmp_path) -> None:
     selfmetrics = SelfMetrics()
     sink = build_sink(load_config({"exporter": ["prometheus"]}, {}), selfmetrics)
     try:
-        assert isinstance(sink.metric_exporter("prometheus"), PrometheusMetricExporter)
+        assert isinstance(sink.metric_exporter(PrometheusMetricExporter), PrometheusMetricExporter)
+        assert sink.exporters == ("prometheus",)
         assert sink.pending_spans() == {}  # no span worker: Prometheus takes no spans
-        assert sink.metric_exporter("otlp") is None
+    finally:
+        sink.shutdown(1)
+    sink = build_sink(load_config({"exporter": ["file"], "output": str(tmp_path)}, {}), selfmetrics)
+    try:
+        assert sink.metric_exporter(PrometheusMetricExporter) is None
     finally:
         sink.shutdown(1)
 

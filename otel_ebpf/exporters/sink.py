@@ -54,6 +54,7 @@ from otel_ebpf.selfmetrics import SelfMetrics
 _logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+E = TypeVar("E", bound=MetricExporter)
 
 # What became of items handed to a worker; everything but EXPORTED is a drop ``reason``.
 EXPORTED = "exported"
@@ -276,9 +277,9 @@ class TelemetrySink:
     def exporters(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._span_exporters, *self._metric_exporters]))
 
-    def metric_exporter(self, name: str) -> MetricExporter | None:
-        """The metric exporter configured as ``name``, if any (the HTTP server serves Prometheus's)."""
-        return self._metric_exporters.get(name)
+    def metric_exporter(self, kind: type[E]) -> E | None:
+        """The configured metric exporter of type ``kind``, if any (the HTTP server serves Prometheus's)."""
+        return next((e for e in self._metric_exporters.values() if isinstance(e, kind)), None)
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Queue ``spans`` for every exporter; never blocks on I/O. Overflow is dropped and counted."""
