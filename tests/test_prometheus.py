@@ -49,8 +49,16 @@ from tests.conftest import run_agent_command
 DELTA = AggregationTemporality.DELTA
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 SCOPE = InstrumentationScope("otel-ebpf.http1", "0.1.0")
-API = Resource({"service.name": "api", "service.namespace": "shop", "service.instance.id": "node-1/101",
-                "process.pid": 101, "process.command_line": "python3 api.py", "host.name": "node-1"})
+API = Resource(
+    {
+        "service.name": "api",
+        "service.namespace": "shop",
+        "service.instance.id": "node-1/101",
+        "process.pid": 101,
+        "process.command_line": "python3 api.py",
+        "host.name": "node-1",
+    }
+)
 DB = Resource({"service.name": "db", "service.instance.id": "node-1/202", "process.pid": 202})
 BOUNDS = [0.005, 0.1, 1.0]
 
@@ -86,8 +94,9 @@ def test_label_names_and_values() -> None:
     }
 
 
-def _sum(name: str, unit: str, points: Sequence[NumberDataPoint], temporality: AggregationTemporality,
-         monotonic: bool = True) -> Metric:
+def _sum(
+    name: str, unit: str, points: Sequence[NumberDataPoint], temporality: AggregationTemporality, monotonic: bool = True
+) -> Metric:
     return Metric(name, f"{name} help", unit, Sum(list(points), temporality, monotonic))
 
 
@@ -104,8 +113,9 @@ def _hist_point(buckets: list[int], total: float, **attributes: object) -> Histo
 
 
 def _data(*by_resource: tuple[Resource, Sequence[Metric]]) -> MetricsData:
-    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(SCOPE, list(metrics), "")], "")
-                        for resource, metrics in by_resource])
+    return MetricsData(
+        [ResourceMetrics(resource, [ScopeMetrics(SCOPE, list(metrics), "")], "") for resource, metrics in by_resource]
+    )
 
 
 class Clock:
@@ -143,19 +153,30 @@ def scrape(exporter: PrometheusMetricExporter) -> dict[tuple[str, tuple], float]
 
 
 def _labels(**extra: str) -> tuple:
-    base = {"job": "shop/api", "instance": "node-1/101", "otel_scope_name": "otel-ebpf.http1",
-            "otel_scope_version": "0.1.0"}
+    base = {
+        "job": "shop/api",
+        "instance": "node-1/101",
+        "otel_scope_name": "otel-ebpf.http1",
+        "otel_scope_version": "0.1.0",
+    }
     return tuple(sorted({**base, **extra}.items()))
 
 
 def test_delta_points_accumulate_cumulative_points_replace(selfmetrics: SelfMetrics, clock: Clock) -> None:
     exporter = _exporter(selfmetrics, clock)
     for value in (3, 4):
-        exporter.export(_data((API, [
-            _sum("requests", "{request}", [_number(value, **{"http.route": "/a"})], DELTA),
-            _sum("bytes.sent", "By", [_number(value * 100)], CUMULATIVE),
-            _sum("inflight", "{request}", [_number(value)], DELTA, monotonic=False),
-        ])))
+        exporter.export(
+            _data(
+                (
+                    API,
+                    [
+                        _sum("requests", "{request}", [_number(value, **{"http.route": "/a"})], DELTA),
+                        _sum("bytes.sent", "By", [_number(value * 100)], CUMULATIVE),
+                        _sum("inflight", "{request}", [_number(value)], DELTA, monotonic=False),
+                    ],
+                )
+            )
+        )
     got = scrape(exporter)
     assert got[("requests_total", _labels(http_route="/a"))] == 7
     assert got[("bytes_sent_bytes_total", _labels())] == 400
@@ -180,31 +201,47 @@ def test_histograms_are_cumulative_buckets(selfmetrics: SelfMetrics, clock: Cloc
 
 def test_resources_become_job_instance_and_target_info(selfmetrics: SelfMetrics, clock: Clock) -> None:
     exporter = _exporter(selfmetrics, clock)
-    exporter.export(_data((API, [_sum("requests", "", [_number(1)], DELTA)]),
-                          (DB, [_sum("requests", "", [_number(2)], DELTA)])))
+    exporter.export(
+        _data((API, [_sum("requests", "", [_number(1)], DELTA)]), (DB, [_sum("requests", "", [_number(2)], DELTA)]))
+    )
     got = scrape(exporter)
     info = {labels: value for (name, labels), value in got.items() if name == "target_info"}
     assert info == {
-        (("host_name", "node-1"), ("instance", "node-1/101"), ("job", "shop/api"),
-         ("process_command_line", "python3 api.py"), ("process_pid", "101")): 1,
+        (
+            ("host_name", "node-1"),
+            ("instance", "node-1/101"),
+            ("job", "shop/api"),
+            ("process_command_line", "python3 api.py"),
+            ("process_pid", "101"),
+        ): 1,
         (("instance", "node-1/202"), ("job", "db"), ("process_pid", "202")): 1,
     }
-    db_labels = (("instance", "node-1/202"), ("job", "db"), ("otel_scope_name", "otel-ebpf.http1"),
-                 ("otel_scope_version", "0.1.0"))
+    db_labels = (
+        ("instance", "node-1/202"),
+        ("job", "db"),
+        ("otel_scope_name", "otel-ebpf.http1"),
+        ("otel_scope_version", "0.1.0"),
+    )
     assert got[("requests_total", db_labels)] == 2
     assert got[("requests_total", _labels())] == 1
 
 
 def test_stale_series_are_forgotten_and_counted(selfmetrics: SelfMetrics, clock: Clock) -> None:
     exporter = _exporter(selfmetrics, clock)
-    exporter.export(_data((API, [_sum("requests", "", [_number(1)], DELTA)]),
-                          (DB, [_sum("requests", "", [_number(2)], DELTA)])))
+    exporter.export(
+        _data((API, [_sum("requests", "", [_number(1)], DELTA)]), (DB, [_sum("requests", "", [_number(2)], DELTA)]))
+    )
     clock.now += 61  # the api process exited: only db reports from now on
     exporter.export(_data((DB, [_sum("requests", "", [_number(2)], DELTA)])))
     got = scrape(exporter)
     assert {labels for (name, labels) in got if name == "requests_total"} == {
-        (("instance", "node-1/202"), ("job", "db"), ("otel_scope_name", "otel-ebpf.http1"),
-         ("otel_scope_version", "0.1.0"))}
+        (
+            ("instance", "node-1/202"),
+            ("job", "db"),
+            ("otel_scope_name", "otel-ebpf.http1"),
+            ("otel_scope_version", "0.1.0"),
+        )
+    }
     assert not any(dict(labels).get("job") == "shop/api" for (_, labels) in got)  # target_info gone too
     assert selfmetrics.snapshot()["otel_ebpf.prometheus.series.dropped"] == 1
     assert selfmetrics.snapshot()["otel_ebpf.prometheus.series"] == 1
@@ -217,7 +254,10 @@ def test_series_past_the_cap_are_refused_and_counted(selfmetrics: SelfMetrics, c
     exporter.export(_data((API, [_sum("requests", "", points, DELTA)])))
     got = scrape(exporter)
     assert sorted(dict(labels)["http_route"] for (name, labels) in got if name == "requests_total") == [
-        "/r0", "/r1", "/r2"]
+        "/r0",
+        "/r1",
+        "/r2",
+    ]
     assert got[("requests_total", _labels(http_route="/r0"))] == 2
     assert selfmetrics.total("otel_ebpf.prometheus.series.dropped") == 4  # 2 points refused per export
 
@@ -226,16 +266,26 @@ def test_a_name_seen_as_two_kinds_and_exponential_histograms_are_dropped_and_cou
     selfmetrics: SelfMetrics, clock: Clock
 ) -> None:
     exporter = _exporter(selfmetrics, clock)
-    exponential = ExponentialHistogramDataPoint({}, 0, 1, 1, 1.0, 0, 0, ExponentialBuckets(0, [1]),
-                                                ExponentialBuckets(0, []), 0, 1.0, 1.0)
-    exporter.export(_data((API, [
-        _sum("queue", "", [_number(1)], DELTA),
-        Metric("queue", "", "", Gauge([_number(5)])),  # a gauge named like the counter "queue"
-        Metric("sizes", "", "By", ExponentialHistogram([exponential], DELTA)),
-    ])))
+    exponential = ExponentialHistogramDataPoint(
+        {}, 0, 1, 1, 1.0, 0, 0, ExponentialBuckets(0, [1]), ExponentialBuckets(0, []), 0, 1.0, 1.0
+    )
+    exporter.export(
+        _data(
+            (
+                API,
+                [
+                    _sum("queue", "", [_number(1)], DELTA),
+                    Metric("queue", "", "", Gauge([_number(5)])),  # a gauge named like the counter "queue"
+                    Metric("sizes", "", "By", ExponentialHistogram([exponential], DELTA)),
+                ],
+            )
+        )
+    )
     assert scrape(exporter)[("queue_total", _labels())] == 1
     assert selfmetrics._values["otel_ebpf.prometheus.series.dropped"] == {
-        (("reason", "type_conflict"),): 1, (("reason", "unsupported"),): 1}
+        (("reason", "type_conflict"),): 1,
+        (("reason", "unsupported"),): 1,
+    }
 
 
 def test_build_sink_serves_metrics_only(tmp_path) -> None:
@@ -314,8 +364,11 @@ def test_metrics_endpoint_in_both_exposition_formats(served: tuple[AgentHttpServ
 
 def test_a_taken_port_is_a_clear_error(served: tuple[AgentHttpServer, Health, Clock]) -> None:
     server, health, _ = served
-    with pytest.raises(ExporterSetupError, match=r"cannot listen on 127.0.0.1:\d+ for /healthz, /readyz: "
-                                                 r"the port is already in use; choose another with health.port"):
+    with pytest.raises(
+        ExporterSetupError,
+        match=r"cannot listen on 127.0.0.1:\d+ for /healthz, /readyz: "
+        r"the port is already in use; choose another with health.port",
+    ):
         AgentHttpServer("127.0.0.1", server.port, health, None, "health.port")
 
 
@@ -325,8 +378,11 @@ def test_start_servers_shares_or_splits_the_address() -> None:
         port = s.getsockname()[1]
     health = Health()
     exporter = PrometheusMetricExporter(SelfMetrics(), max_series=10, series_ttl_s=60)
-    env = {"OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1", "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
-           "OTEL_EBPF_HEALTH_HOST": "127.0.0.1"}
+    env = {
+        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+        "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+        "OTEL_EBPF_HEALTH_HOST": "127.0.0.1",
+    }
     for health_port, servers_wanted in ((None, 1), (port, 1), (0, 2)):
         extra = {} if health_port is None else {"OTEL_EBPF_HEALTH_PORT": str(health_port or port + 1)}
         servers = start_servers(load_config({}, {**env, **extra}), health, exporter)

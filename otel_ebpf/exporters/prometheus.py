@@ -76,11 +76,31 @@ SERIES = "otel_ebpf.prometheus.series"
 
 # Units as words (the specification's table of UCUM units), and the denominators of "x/y" units.
 _UNIT_WORDS = {
-    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
-    "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes", "MiBy": "mebibytes", "GiBy": "gibibytes",
-    "TiBy": "tebibytes", "KBy": "kilobytes", "MBy": "megabytes", "GBy": "gigabytes", "TBy": "terabytes",
-    "m": "meters", "V": "volts", "A": "amperes", "J": "joules", "W": "watts", "g": "grams", "Cel": "celsius",
-    "Hz": "hertz", "%": "percent",
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "TiBy": "tebibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "TBy": "terabytes",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
+    "J": "joules",
+    "W": "watts",
+    "g": "grams",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "%": "percent",
 }
 _PER_UNIT_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 _INVALID_NAME = re.compile(r"[^a-zA-Z0-9_:]+")
@@ -177,7 +197,11 @@ class PrometheusMetricExporter(MetricExporter):
     """Keeps cumulative series from every export and renders them on scrape (see the module doc)."""
 
     def __init__(
-        self, selfmetrics: SelfMetrics, *, max_series: int, series_ttl_s: float,
+        self,
+        selfmetrics: SelfMetrics,
+        *,
+        max_series: int,
+        series_ttl_s: float,
         preferred_temporality: dict[type, AggregationTemporality] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -198,8 +222,10 @@ class PrometheusMetricExporter(MetricExporter):
                 target = target_labels(resource_metrics.resource)
                 self._remember_target(resource_metrics.resource, target, now)
                 for scope_metrics in resource_metrics.scope_metrics:
-                    scope = {"otel_scope_name": scope_metrics.scope.name,
-                             "otel_scope_version": scope_metrics.scope.version or ""}
+                    scope = {
+                        "otel_scope_name": scope_metrics.scope.name,
+                        "otel_scope_version": scope_metrics.scope.version or "",
+                    }
                     for metric in scope_metrics.metrics:
                         self._merge(metric, {**scope, **target}, now)
             self._expire(now)
@@ -305,4 +331,3 @@ def _add_histogram(family: Metric, name: str, labels: dict[str, str], s: _Series
         family.add_sample(name + "_bucket", {**labels, "le": floatToGoString(bound)}, running)
     family.add_sample(name + "_count", labels, s.count)
     family.add_sample(name + "_sum", labels, s.value)
-

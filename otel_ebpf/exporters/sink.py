@@ -370,9 +370,12 @@ def _console(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -
 
 
 def _prometheus(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
-    return None, PrometheusMetricExporter(selfmetrics, max_series=config.prometheus.max_series,
-                                          series_ttl_s=config.prometheus.series_ttl_s,
-                                          preferred_temporality=temporality)
+    return None, PrometheusMetricExporter(
+        selfmetrics,
+        max_series=config.prometheus.max_series,
+        series_ttl_s=config.prometheus.series_ttl_s,
+        preferred_temporality=temporality,
+    )
 
 
 _FACTORIES = {"otlp": _otlp, "file": _file, "console": _console, "prometheus": _prometheus}

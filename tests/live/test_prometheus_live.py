@@ -75,9 +75,14 @@ def _start_prometheus(tmp: Path, agent_port: int) -> tuple[subprocess.Popen, str
         f"    static_configs: [{{targets: ['127.0.0.1:{agent_port}']}}]\n"
     )
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"),  # noqa: SIM115 — closed with the process
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "prometheus.log", "w"),  # noqa: SIM115 — closed with the process
     )
     return proc, f"http://127.0.0.1:{port}"
 
@@ -116,9 +121,23 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         agent_port = _free_port()
         ready = tmp / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--port", str(server_port), "--exporter", "prometheus",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(agent_port), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            [
+                *AGENT,
+                "run",
+                "--port",
+                str(server_port),
+                "--exporter",
+                "prometheus",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(agent_port),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "OTEL_METRIC_EXPORT_INTERVAL": "1000"},
         )
         _wait_for_file(ready, agent, timeout=120)
@@ -138,8 +157,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         total = sum(FAST.values()) + SLOW
         server_count = f'sum(http_server_request_duration_seconds_count{{instance="{HOST}/{server.pid}"}})'
         client_count = f'sum(http_client_request_duration_seconds_count{{instance="{HOST}/{os.getpid()}"}})'
-        _wait("Prometheus to scrape every request",
-              lambda: all(sum(query(q).values()) >= total for q in (server_count, client_count)))
+        _wait(
+            "Prometheus to scrape every request",
+            lambda: all(sum(query(q).values()) >= total for q in (server_count, client_count)),
+        )
         yield Scraped(query, server.pid, agent_port, health)
     finally:
         for proc in (prometheus, agent):
@@ -157,8 +178,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
 @pytest.mark.parametrize(("side", "pid"), [("server", "server"), ("client", "test")])
 def test_request_counts_by_status(scraped: Scraped, side: str, pid: str) -> None:
     instance = f"{HOST}/{scraped.server_pid if pid == 'server' else os.getpid()}"
-    got = scraped.query(f'sum by (http_response_status_code) '
-                        f'(http_{side}_request_duration_seconds_count{{instance="{instance}"}})')
+    got = scraped.query(
+        f'sum by (http_response_status_code) (http_{side}_request_duration_seconds_count{{instance="{instance}"}})'
+    )
     want = {**FAST, 200: FAST[200] + SLOW}
     assert {int(dict(labels)["http_response_status_code"]): value for labels, value in got.items()} == want
 
@@ -168,7 +190,8 @@ def test_request_counts_by_status(scraped: Scraped, side: str, pid: str) -> None
 # in the 0.05-0.075 s bucket (the server side is exact). Strict: once the kernel side is fixed
 # this fails until the mark is removed.
 KERNEL_CLIENT_BUCKET_BUG = pytest.mark.xfail(
-    strict=True, reason="kernel HTTP/1 counts: one slow client request lands in a fast bucket")
+    strict=True, reason="kernel HTTP/1 counts: one slow client request lands in a fast bucket"
+)
 
 
 @pytest.mark.parametrize("side", ["server", pytest.param("client", marks=KERNEL_CLIENT_BUCKET_BUG)])
@@ -204,11 +227,27 @@ def test_a_taken_port_stops_the_agent_before_attaching() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [*AGENT, "run", "--exporter", "prometheus", "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(port), "--duration", "30"],
-            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+            [
+                *AGENT,
+                "run",
+                "--exporter",
+                "prometheus",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(port),
+                "--duration",
+                "30",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert result.returncode == 1
-    assert (f"otel-ebpf: cannot listen on 127.0.0.1:{port} for /metrics, /healthz, /readyz: the port is "
-            "already in use; choose another with prometheus.port") in result.stderr
+    assert (
+        f"otel-ebpf: cannot listen on 127.0.0.1:{port} for /metrics, /healthz, /readyz: the port is "
+        "already in use; choose another with prometheus.port"
+    ) in result.stderr
     assert "probes attached" not in result.stderr
