@@ -27,6 +27,9 @@ from .connections import ConnectionTracker
 from .containers import ContainerResolver
 from .events import Event
 from .exporters import build_sink
+from .exporters.prometheus import PrometheusMetricExporter
+from .health import Health
+from .httpserver import start_servers
 from .metrics import DELTA_KINDS
 from .pipeline import Pipeline
 from .preflight import StartupError, exited, write_ready_file
@@ -199,6 +202,9 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)
     recorder = RecordingWriter(record_to, header) if record_to else None
     budget = CpuBudget(config.capture.cpu_budget)
+    health = Health()
+    # Listening before the attach: a taken port fails at once, and /healthz answers while BPF compiles.
+    servers = start_servers(config, health, agent.sink.metric_exporter(PrometheusMetricExporter) if agent else None)
 
     def take(events: list[Event], now_ns: int | None) -> None:
         if recorder is not None:
@@ -226,6 +232,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
         next_kernel_stats = 0.0
+        ready = False
         # What the budget weighs: the CPU that grows with traffic (reading the ring, the pipeline),
         # not start-up, /proc scans or symbolising profiles, which shedding could not reduce.
         capture_cpu = 0.0
@@ -245,6 +252,11 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 next_kernel_stats = now + KERNEL_STATS_S
                 kernel_summaries(time.time_ns())
                 probe.keep_exchanges(budget.update(capture_cpu, now))
+            health.beat()
+            if not ready:  # probes attached and one turn of the pipeline done
+                ready = True
+                health.ready_now()
+        health.stopping()
         # What the kernel handed over before the stop still counts: the ring as it stands now, at
         # most its size (MiBs: well under a second), however much traffic goes on.
         for events in probe.drain():
@@ -265,6 +277,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             agent.finish()
             log.info("stopped: %s", _summary(agent.selfmetrics))
         detaching.join()
+        for server in servers:
+            server.close()
     return 0
 
 

@@ -41,17 +41,27 @@ def _add_export_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--exporter",
         action="append",
-        choices=("otlp", "file", "console"),
+        choices=("otlp", "file", "console", "prometheus"),
         help="where telemetry goes (repeatable); default: otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set, else file",
     )
     g.add_argument("--output", metavar="DIR", help="file exporter directory (default ./otel-ebpf-data)")
     g.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default per OTEL_* variables)")
     g.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP transport")
+    g.add_argument("--prometheus-host", metavar="HOST", help="prometheus exporter: listen address (default localhost)")
+    g.add_argument(
+        "--prometheus-port", type=int, metavar="PORT", help="prometheus exporter: /metrics port (default 9464)"
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: until signalled)")
     p.add_argument("--ready-file", metavar="PATH", help="created once every probe is attached")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="serve /healthz and /readyz on this port (they also come with --exporter prometheus)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +156,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .recording import RecordingError, read_recording  # noqa: PLC0415
 
     config = _load_config(args)
+    if "prometheus" in config.exporters:
+        print(
+            "otel-ebpf: the prometheus exporter is scraped from a running agent; a replay ends before "
+            "any scrape: use the file, otlp or console exporter",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     check_outputs(config, None)
     try:
         with open(args.recording, encoding="utf-8") as stream:

@@ -33,7 +33,7 @@ import yaml
 
 from otel_ebpf.protocol import ENTRY_POINT_GROUP
 
-EXPORTER_NAMES = ("otlp", "file", "console")
+EXPORTER_NAMES = ("otlp", "file", "console", "prometheus")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _DEFAULT_OTLP_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
@@ -113,6 +113,24 @@ class OTLPConfig:
         if self.protocol == "grpc":
             return self.endpoint
         return f"{self.endpoint.rstrip('/')}/v1/{signal}"
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    """``/metrics`` for the ``prometheus`` exporter (docs/configuration.md, "Prometheus and health")."""
+
+    host: str = "localhost"  # the OTel specification's default; 0.0.0.0 or the pod IP in Kubernetes
+    port: int = 9464
+    max_series: int = 20000  # series kept (a histogram is one); points of new series past it: dropped, counted
+    series_ttl_s: float = 300.0  # a series not updated this long (its process exited) is forgotten
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """``/healthz`` and ``/readyz``: served with ``/metrics``, or on their own when ``port`` is set."""
+
+    host: str = "localhost"
+    port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +236,8 @@ class AgentConfig:
     exporters: tuple[str, ...] = ("file",)
     file: FileConfig = FileConfig()
     otlp: OTLPConfig = OTLPConfig()
+    prometheus: PrometheusConfig = PrometheusConfig()
+    health: HealthConfig = HealthConfig()
     resource: ResourceConfig = ResourceConfig()
     agent: AgentIdentity = AgentIdentity()
     capture: CaptureConfig = CaptureConfig()
@@ -478,6 +498,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp.retry_initial_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_INITIAL"),
     Setting("otlp.retry_max_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_MAX"),
     Setting("otlp.retry_max_elapsed_s", _positive_number, env="OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED"),
+    Setting("prometheus.host", _text, std_env="OTEL_EXPORTER_PROMETHEUS_HOST", flag="prometheus_host"),
+    Setting("prometheus.port", _integer(1, 65535), std_env="OTEL_EXPORTER_PROMETHEUS_PORT", flag="prometheus_port"),
+    Setting("prometheus.max_series", _integer(1), env="OTEL_EBPF_PROMETHEUS_MAX_SERIES"),
+    Setting("prometheus.series_ttl_s", _positive_number, env="OTEL_EBPF_PROMETHEUS_SERIES_TTL"),
+    Setting("health.host", _text, env="OTEL_EBPF_HEALTH_HOST"),
+    Setting("health.port", _integer(1, 65535), env="OTEL_EBPF_HEALTH_PORT", flag="health_port"),
     Setting(
         "resource.attributes",
         _mapping(_scalar, reserved=_RESOURCE_RESERVED),

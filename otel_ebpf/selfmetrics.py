@@ -163,6 +163,14 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     ),
     "otel_ebpf.export.queue.batches": ("{batch}", "Encoded batches waiting for the OTLP backend, by signal", True),
     "otel_ebpf.export.queue.bytes": ("By", "Bytes of the OTLP export queue (the spool's file bytes), by signal", True),
+    "otel_ebpf.prometheus.series": ("{series}", "Series the Prometheus exporter holds for /metrics", True),
+    "otel_ebpf.prometheus.series.dropped": (
+        "{series}",
+        "Series the Prometheus exporter forgot or refused, by reason: not updated for "
+        "prometheus.series_ttl_s (stale), past prometheus.max_series (max_series), a name seen as two kinds "
+        "(type_conflict), exponential histograms (unsupported)",
+        False,
+    ),
 }
 
 

@@ -174,6 +174,32 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         300.0,
         [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_OTLP_RETRY_MAX_ELAPSED", "3600", 3600.0)],
     ),
+    "prometheus.host": (
+        "localhost",
+        [
+            ("yaml", "", "0.0.0.0", "0.0.0.0"),
+            ("std", "OTEL_EXPORTER_PROMETHEUS_HOST", "10.0.0.7", "10.0.0.7"),
+            ("cli", "prometheus_host", "::", "::"),
+        ],
+    ),
+    "prometheus.port": (
+        9464,
+        [
+            ("yaml", "", 9000, 9000),
+            ("std", "OTEL_EXPORTER_PROMETHEUS_PORT", "9001", 9001),
+            ("cli", "prometheus_port", 9002, 9002),
+        ],
+    ),
+    "prometheus.max_series": (20000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_PROMETHEUS_MAX_SERIES", "20", 20)]),
+    "prometheus.series_ttl_s": (
+        300.0,
+        [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_PROMETHEUS_SERIES_TTL", "90", 90.0)],
+    ),
+    "health.host": ("localhost", [("yaml", "", "0.0.0.0", "0.0.0.0"), ("env", "OTEL_EBPF_HEALTH_HOST", "::1", "::1")]),
+    "health.port": (
+        None,
+        [("yaml", "", 9465, 9465), ("env", "OTEL_EBPF_HEALTH_PORT", "9466", 9466), ("cli", "health_port", 9467, 9467)],
+    ),
     "resource.attributes": (
         {},
         [
@@ -374,6 +400,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (config.export.max_queue_spans, config.export.max_batch) == (20000, 512)
     assert (config.export.interval_s, config.export.metric_interval_s) == (1.0, 10.0)
     assert config.agent.service_name == "otel-ebpf"
+    assert (config.prometheus.host, config.prometheus.port, config.health.port) == ("localhost", 9464, None)
     assert config.protocols.enabled is None and config.targets == TargetsConfig()
 
 
@@ -479,7 +506,13 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"targets.ports": [70000]}, "targets.ports", "1..65535"),
     ("yaml", {"targets.ports": ["http"]}, "targets.ports", "integer"),
     ("yaml", {"targets.executables": [""]}, "targets.executables", "non-empty"),
-    ("yaml", {"exporters": ["zipkin"]}, "exporters", "otlp, file, console"),
+    ("yaml", {"exporters": ["zipkin"]}, "exporters", "otlp, file, console, prometheus"),
+    ("yaml", {"prometheus.port": 0}, "prometheus.port", "1..65535"),
+    ("env", {"OTEL_EXPORTER_PROMETHEUS_PORT": "metrics"}, "OTEL_EXPORTER_PROMETHEUS_PORT", "integer"),
+    ("yaml", {"prometheus.host": ""}, "prometheus.host", "non-empty"),
+    ("yaml", {"prometheus.max_series": 0}, "prometheus.max_series", "out of range"),
+    ("yaml", {"prometheus.series_ttl_s": 0}, "prometheus.series_ttl_s", "greater than 0"),
+    ("cli", {"health_port": 70000}, "--health-port", "1..65535"),
     ("yaml", {"exporters": []}, "exporters", "at least one"),
     ("yaml", {"file.output_dir": 5}, "file.output_dir", "string"),
     ("yaml", {"otlp.endpoint": "localhost:4317"}, "otlp.endpoint", "http://"),

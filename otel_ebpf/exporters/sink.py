@@ -49,11 +49,13 @@ from otel_ebpf.config import AgentConfig
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter
 from otel_ebpf.exporters.otlp import METRICS, TRACES, OTLPExporter, otlp_exporter
+from otel_ebpf.exporters.prometheus import PrometheusMetricExporter
 from otel_ebpf.selfmetrics import SelfMetrics
 
 _logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+E = TypeVar("E", bound=MetricExporter)
 
 # What became of items handed to a worker; everything but EXPORTED is a drop ``reason``.
 EXPORTED = "exported"
@@ -287,6 +289,10 @@ class TelemetrySink:
     def exporters(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._span_exporters, *self._metric_exporters]))
 
+    def metric_exporter(self, kind: type[E]) -> E | None:
+        """The configured metric exporter of type ``kind``, if any (the HTTP server serves Prometheus's)."""
+        return next((e for e in self._metric_exporters.values() if isinstance(e, kind)), None)
+
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Queue ``spans`` for every exporter; never blocks on I/O. Overflow is dropped and counted."""
         for worker in self._span_workers.values():
@@ -389,15 +395,27 @@ def _shutdown_quietly(name: str, shutdown: Callable[[], None]) -> None:
         _logger.exception("exporter %s failed to shut down", name)
 
 
-def _file(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+Exporters = tuple[SpanExporter | None, MetricExporter]  # None: the exporter takes no spans
+
+
+def _file(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
     return FileSpanExporter(config.file.output_dir), FileMetricExporter(config.file.output_dir, temporality)
 
 
-def _console(config: AgentConfig, temporality: dict) -> tuple[SpanExporter, MetricExporter]:
+def _console(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
     return ConsoleSpanExporter(), ConsoleMetricExporter(preferred_temporality=temporality)
 
 
-_FACTORIES = {"file": _file, "console": _console}
+def _prometheus(config: AgentConfig, temporality: dict, selfmetrics: SelfMetrics) -> Exporters:
+    return None, PrometheusMetricExporter(
+        selfmetrics,
+        max_series=config.prometheus.max_series,
+        series_ttl_s=config.prometheus.series_ttl_s,
+        preferred_temporality=temporality,
+    )
+
+
+_FACTORIES = {"file": _file, "console": _console, "prometheus": _prometheus}
 
 
 def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
@@ -417,8 +435,10 @@ def build_sink(config: AgentConfig, selfmetrics: SelfMetrics) -> TelemetrySink:
                 metric_exporters[name] = otlp_exporter(
                     config.otlp, METRICS, _point_account(selfmetrics, name), selfmetrics
                 )
-            else:
-                span_exporters[name], metric_exporters[name] = _FACTORIES[name](config, temporality)
+                continue
+            span_exporter, metric_exporters[name] = _FACTORIES[name](config, temporality, selfmetrics)
+            if span_exporter is not None:
+                span_exporters[name] = span_exporter
     return TelemetrySink(
         selfmetrics,
         span_exporters,

@@ -14,6 +14,7 @@ import http.client
 import json
 import socket
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO
 
@@ -40,6 +41,9 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path.startswith("/items/"):
             self._send(200, json.dumps({"item": path.rsplit("/", 1)[1]}).encode())
+        elif path.startswith("/sleep/"):  # /sleep/<ms>: a request of known minimum duration
+            time.sleep(int(path.rsplit("/", 1)[1]) / 1000)
+            self._send(200, b"{}")
         elif path == "/boom":
             self._send(500, b'{"error": "boom"}')
         elif path == "/large":
