@@ -174,7 +174,7 @@ def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, now_ns: in
         "model_guard.decision": "denied" if event.denied else "allowed",
         "model_guard.allow_listed": event.allow_listed,
         "model_guard.mode": mode,
-        "model_guard.rules": [rule.pattern for index, rule in enumerate(rules) if event.rules & 1 << index],
+        "model_guard.rules": tuple(rule.pattern for index, rule in enumerate(rules) if event.rules & 1 << index),
         "model_guard.cgroup.id": event.cgroup_id,
         **process,
     }
