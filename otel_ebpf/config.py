@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 from otel_ebpf.model_guard import DEFAULT_PATHS as DEFAULT_MODEL_PATHS
-from otel_ebpf.model_guard import MAX_ALLOWED, MAX_RULES, parse_rule
+from otel_ebpf.model_guard import MAX_ALLOWED, MAX_RULES, MECHANISMS, parse_rule
 from otel_ebpf.protocol import ENTRY_POINT_GROUP
 
 EXPORTER_NAMES = ("otlp", "file", "console")
@@ -203,6 +203,7 @@ class ModelGuardConfig:
     """Model-file guard with BPF LSM (docs/model-guard.md)."""
 
     mode: str = "off"  # off | audit (report every open) | enforce (also deny opens outside the allow-list)
+    mechanism: str = "auto"  # auto (BPF LSM, else for audit syscall tracepoints) | lsm | tracepoints
     paths: tuple[str, ...] = DEFAULT_MODEL_PATHS  # '*.ext' or '/dir/**/*.ext'
     allow_executables: tuple[str, ...] = ()  # by inode of the file at start-up
     allow_uids: tuple[int, ...] = ()
@@ -528,6 +529,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.interval_s", _positive_number, env="OTEL_EBPF_GPU_INTERVAL"),
     Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
     Setting("model_guard.mode", _choice("off", "audit", "enforce"), env="OTEL_EBPF_MODEL_GUARD"),
+    Setting("model_guard.mechanism", _choice(*MECHANISMS), env="OTEL_EBPF_MODEL_GUARD_MECHANISM"),
     Setting("model_guard.paths", _at_most(MAX_RULES, _list(_model_path, non_empty="name at least one pattern")),
             env="OTEL_EBPF_MODEL_GUARD_PATHS"),
     Setting("model_guard.allow_executables", _at_most(MAX_ALLOWED, _list(_absolute_path)),
@@ -721,6 +723,8 @@ def _resolve(
         "export.max_queue_spans", ExportConfig.max_queue_spans
     ):
         raise layers.error("export.max_batch", "must not exceed export.max_queue_spans")
+    if values.get("model_guard.mode") == "enforce" and values.get("model_guard.mechanism") == "tracepoints":
+        raise layers.error("model_guard.mechanism", "tracepoints can only audit; enforce needs lsm (or auto)")
 
     missing = [name for name in values.get("protocols.enabled", ()) if name not in installed]
     if missing:

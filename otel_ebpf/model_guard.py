@@ -9,7 +9,9 @@ pattern says; anything richer is refused at start-up rather than enforced approx
 
 from __future__ import annotations
 
+import errno
 import os
+import posixpath
 import re
 import struct
 from collections.abc import Mapping, Sequence
@@ -115,8 +117,29 @@ def cgroup_id(path: str, root: Path | None = None) -> int:
 
 
 # struct open_record in bpf/model_guard.c
-RECORD = struct.Struct("<QQQIIIIIIIiBB2x16s")
+RECORD = struct.Struct("<QQQIIIIIIIiiiBB2x16s")
 D_DENIED = 1
+AT_FDCWD = -100
+MECHANISMS = ("auto", "lsm", "tracepoints")  # model_guard.mechanism
+LSM_REQUIREMENT = ("a kernel that loads BPF LSM programs: `bpf` in its lsm= list, BTF, and CAP_BPF + CAP_PERFMON + "
+                   "CAP_MAC_ADMIN (`otel-ebpf doctor`, \"BPF LSM program load\")")
+
+
+def choose_mechanism(mode: str, mechanism: str, lsm_refused: str | None) -> str:
+    """``lsm`` or ``tracepoints`` for a guard in ``mode``; ValueError when none can do it.
+    ``lsm_refused``: why a BPF LSM program cannot load here (None: it can)."""
+    if mechanism == "tracepoints" and mode != "enforce":
+        return "tracepoints"
+    if lsm_refused is None and mechanism != "tracepoints":
+        return "lsm"
+    if mode == "enforce":
+        why = lsm_refused or "model_guard.mechanism is tracepoints, which cannot deny"
+        raise ValueError(f"model_guard enforce needs BPF LSM: {why}. Enforcing needs {LSM_REQUIREMENT}; "
+                         "mode audit works without it, through syscall tracepoints")
+    if mechanism == "lsm":
+        raise ValueError(f"model_guard.mechanism lsm: {lsm_refused}. It needs {LSM_REQUIREMENT}; "
+                         "mechanism auto would audit through syscall tracepoints instead")
+    return "tracepoints"
 _ACCESS = {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read_write"}
 
 
@@ -136,7 +159,9 @@ class FileOpen:
     denied: bool
     allow_listed: bool
     comm: str
-    path: str  # as the opener's root sees it; '' when the kernel could not resolve it
+    path: str  # LSM: as the opener's root sees it, '' when unresolved; tracepoints: as passed to open
+    result: int = 0  # tracepoints: the syscall's return, fd or -errno
+    dirfd: int = AT_FDCWD  # tracepoints: what a relative path is relative to
 
     @property
     def access(self) -> str:
@@ -144,11 +169,38 @@ class FileOpen:
 
 
 def decode_open(raw: bytes) -> FileOpen:
-    (ts, cgroup, exe_ino, _dev, pid, tid, uid, gid, flags, rules, path_len, decision, listed,
+    (ts, cgroup, exe_ino, _dev, pid, tid, uid, gid, flags, rules, path_len, result, dirfd, decision, listed,
      comm) = RECORD.unpack_from(raw)
     path = raw[RECORD.size:RECORD.size + path_len - 1].decode(errors="replace") if path_len > 0 else ""
     return FileOpen(ts, cgroup, exe_ino, pid, tid, uid, gid, flags, rules, decision == D_DENIED, bool(listed),
-                    comm.split(b"\0", 1)[0].decode(errors="replace"), path)
+                    comm.split(b"\0", 1)[0].decode(errors="replace"), path, result, dirfd)
+
+
+def resolve_path(event: FileOpen, proc: str = "/proc") -> str | None:
+    """The absolute path of a path an open syscall was passed: a relative one joined with the
+    thread's cwd (or the dirfd's directory) as /proc shows it *now* — a thread that changed
+    directory since is not noticed — with ``.`` and ``..`` collapsed as text. None when /proc no
+    longer has it (the thread exited, the dirfd was closed)."""
+    if event.path.startswith("/"):
+        return event.path
+    base = (f"{proc}/{event.pid}/task/{event.tid}/cwd" if event.dirfd == AT_FDCWD
+            else f"{proc}/{event.pid}/fd/{event.dirfd}")
+    try:
+        directory = os.readlink(base).removesuffix(" (deleted)")
+    except OSError:
+        return None
+    return posixpath.normpath(posixpath.join(directory, event.path)) if directory.startswith("/") else None
+
+
+def match_rules(path: str | None, candidates: int, rules: Sequence[PathRule]) -> int:
+    """Of ``candidates`` (bit i: rule i), the rules ``path`` matches — what bpf/model_guard.c's
+    directory_rules does, for paths only user space can resolve. None: rules naming a directory
+    cannot match."""
+    matched = 0
+    for index, rule in enumerate(rules):
+        if candidates & 1 << index and (not rule.directory or (path is not None and path.startswith(rule.directory))):
+            matched |= 1 << index
+    return matched
 
 
 def container_id(cgroup_file: str) -> str | None:
@@ -160,10 +212,11 @@ def container_id(cgroup_file: str) -> str | None:
     return None
 
 
-def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, now_ns: int,
+def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, mechanism: str, now_ns: int,
                process: Mapping[str, object], resource: Resource) -> ReadableLogRecord:
     """The OTLP log record for one open. ``process``: what /proc still knew of the opener
-    (executable path, container id) when the record was read."""
+    (executable path, container id) when the record was read; ``mechanism``: lsm or tracepoints
+    (which also report the syscall's result)."""
     attributes: dict[str, object] = {
         "process.pid": event.pid,
         "process.executable.name": event.comm,
@@ -174,17 +227,24 @@ def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, now_ns: in
         "model_guard.decision": "denied" if event.denied else "allowed",
         "model_guard.allow_listed": event.allow_listed,
         "model_guard.mode": mode,
+        "model_guard.mechanism": mechanism,
         "model_guard.rules": tuple(rule.pattern for index, rule in enumerate(rules) if event.rules & 1 << index),
         "model_guard.cgroup.id": event.cgroup_id,
         **process,
     }
+    failed = ""
+    if mechanism == "tracepoints":
+        attributes["model_guard.result"] = event.result
+        if event.result < 0:
+            attributes["model_guard.errno"] = failed = errno.errorcode.get(-event.result, str(-event.result))
+            failed = f" (failed: {failed})"
     who = f"{process.get('process.executable.path') or event.comm} (pid {event.pid}, uid {event.uid})"
     if event.denied:
         body, severity = f"denied {event.access} open of {event.path} by {who}", SeverityNumber.WARN
     elif not event.allow_listed:
-        body, severity = f"{event.access} open of {event.path} by {who}, not in the allow-list", SeverityNumber.WARN
+        body, severity = f"{event.access} open of {event.path} by {who}, not in the allow-list{failed}", SeverityNumber.WARN
     else:
-        body, severity = f"{event.access} open of {event.path} by {who}", SeverityNumber.INFO
+        body, severity = f"{event.access} open of {event.path} by {who}{failed}", SeverityNumber.INFO
     record = LogRecord(timestamp=now_ns, observed_timestamp=now_ns, severity_text=severity.name,
                        severity_number=severity, body=body, attributes=attributes,
                        event_name="model_guard.file_open")

@@ -201,6 +201,8 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
     "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
     "model_guard.mode": ("off", [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")]),
+    "model_guard.mechanism": ("auto", [("yaml", "", "lsm", "lsm"),
+                                       ("env", "OTEL_EBPF_MODEL_GUARD_MECHANISM", "tracepoints", "tracepoints")]),
     "model_guard.paths": (
         ("*.safetensors", "*.pt", "*.pth", "*.gguf", "*.onnx", "/models/**/*.bin", "/root/.cache/huggingface/**/*.bin"),
         [("yaml", "", ["*.pt", "/srv/m/**/*.bin"], ("*.pt", "/srv/m/**/*.bin")),
@@ -456,6 +458,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("env", {"OTEL_EBPF_SOCKET_MODE": "kprobes"}, "OTEL_EBPF_SOCKET_MODE", "one of"),
     ("yaml", {"targets.pids": [-1]}, "targets.pids", "item 1"),
     ("env", {"OTEL_EBPF_MODEL_GUARD": "deny"}, "OTEL_EBPF_MODEL_GUARD", "one of"),
+    ("env", {"OTEL_EBPF_MODEL_GUARD_MECHANISM": "kprobes"}, "OTEL_EBPF_MODEL_GUARD_MECHANISM", "one of"),
     ("yaml", {"model_guard.paths": ["/models/*.bin"]}, "model_guard.paths", "use '*.ext' or '/dir/**/*.ext'"),
     ("yaml", {"model_guard.paths": []}, "model_guard.paths", "at least one"),
     ("yaml", {"model_guard.paths": [f"*.e{i}" for i in range(17)]}, "model_guard.paths", "at most 16"),
@@ -523,6 +526,8 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"otlp.endpoint": "https://c:4317", "otlp.insecure": True}, "otlp.insecure", "https"),
     ("env", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317/v1/traces"}, "OTEL_EXPORTER_OTLP_ENDPOINT", "no path"),
     ("cli", {"otlp_endpoint": "http://c:4318/v1"}, "--otlp-endpoint", "otlp.protocol"),
+    ("yaml", {"model_guard.mode": "enforce", "model_guard.mechanism": "tracepoints"}, "model_guard.mechanism",
+     "can only audit"),
 ]
 
 
