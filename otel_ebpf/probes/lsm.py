@@ -25,14 +25,24 @@ _RETURN_ZERO = (0xB7, 0x95)  # mov r0, 0; exit
 _LOG_SIZE = 4096
 
 
+class LoadNotTried(RuntimeError):
+    """The load could not be tried here: no BTF, no such hook, an architecture the check does not know."""
+
+
 def lsm_load_error(hook: str = "file_open", btf: Btf | None = None) -> str | None:
     """None when a BPF LSM program for ``hook`` loads here; otherwise why not, in words."""
-    if os.uname().machine != "x86_64":
-        return f"the load check knows the bpf() syscall number for x86-64 only, not {os.uname().machine}"
     try:
-        target = (btf or Btf.from_file()).func_id(f"bpf_lsm_{hook}")
-    except BtfError as exc:
+        return lsm_load_refusal(hook, btf)
+    except (LoadNotTried, BtfError) as exc:
         return str(exc)
+
+
+def lsm_load_refusal(hook: str = "file_open", btf: Btf | None = None) -> str | None:
+    """None when a BPF LSM program for ``hook`` loads here; otherwise the kernel's answer to the
+    load, in words. ``LoadNotTried`` or ``BtfError`` when it could not be tried."""
+    if os.uname().machine != "x86_64":
+        raise LoadNotTried(f"the load check knows the bpf() syscall number for x86-64 only, not {os.uname().machine}")
+    target = (btf or Btf.from_file()).func_id(f"bpf_lsm_{hook}")
     libc = ctypes.CDLL(None, use_errno=True)
     insns = (ctypes.c_uint64 * 2)(*_RETURN_ZERO)
     license_ = ctypes.create_string_buffer(b"GPL")
