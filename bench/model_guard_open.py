@@ -2,13 +2,12 @@
 
 A child process opens and closes one file in a loop and reports nanoseconds per open+close, for
 two files: ``notes.txt`` (not a model file: the hook's common path, an extension lookup) and
-``weights.gguf`` (a model file: path resolution, allow-list lookups, a report per open). Arms: no
-agent; the agent without the guard (``--pid`` of an idle ``sleep``); the agent with the guard in
-enforce mode, the looping process allow-listed by uid so that its opens succeed. Each round runs
-every arm once, in rotated order; reported: median ns per open+close per arm and file, and the
-ratio to the run without an agent.
-
-Needs a kernel that loads BPF LSM programs (``otel-ebpf doctor``, "BPF LSM program load").
+``weights.gguf`` (a model file: allow-list lookups, a report per open). Arms: no agent; the agent
+without the guard (``--pid`` of an idle ``sleep``); the agent with the guard auditing, through BPF
+LSM where it loads and through the open syscalls' tracepoints where it does not; and, where BPF LSM
+loads, the guard enforcing, the looping process allow-listed by uid so that its opens succeed.
+Each round runs every arm once, in rotated order; reported: median ns per open+close per arm and
+file, and the ratio to the run without an agent.
 
 Usage: ``python bench/model_guard_open.py [--duration S] [--rounds R] [--quick]`` (as root)
 """
@@ -42,7 +41,7 @@ while time.perf_counter_ns() < deadline:
     count += 1000
 print((time.perf_counter_ns() - start) / count)
 """
-ARMS = ("no agent", "agent, no guard", "agent + guard (enforce)")
+GUARD_MODES = {"agent + guard (audit)": "audit", "agent + guard (enforce)": "enforce"}
 
 
 def _loop_ns(path: Path, seconds: float) -> float:
@@ -51,24 +50,25 @@ def _loop_ns(path: Path, seconds: float) -> float:
     return float(out.stdout)
 
 
-def _agent(arm: str, tmp: Path, sleeper: int) -> Agent | nullcontext:
+def _agent(arm: str, index: int, tmp: Path, sleeper: int) -> Agent | nullcontext:
     if arm == "no agent":
         return nullcontext()
     env = dict(os.environ)
-    if arm == "agent + guard (enforce)":
-        env.update({"OTEL_EBPF_MODEL_GUARD": "enforce", "OTEL_EBPF_MODEL_GUARD_PATHS": f"{tmp}/**/*.gguf",
+    if arm in GUARD_MODES:
+        env.update({"OTEL_EBPF_MODEL_GUARD": GUARD_MODES[arm], "OTEL_EBPF_MODEL_GUARD_PATHS": f"{tmp}/**/*.gguf",
                     "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS": str(os.getuid())})
-    return Agent(["--pid", str(sleeper)], tmp / f"out-{ARMS.index(arm)}", env)
+    return Agent(["--pid", str(sleeper)], tmp / f"out-{index}", env)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args = parse_live_args(parser, duration=3.0, rounds=5, quick=(1.0, 1), tools=())
     refused = lsm_load_error("file_open")
-    if refused:
-        raise SystemExit(f"cannot measure the guard here: {refused}")
+    mechanism = "syscall tracepoints" if refused else "BPF LSM"
+    print(f"guard mechanism: {mechanism}" + (f" (BPF LSM unavailable: {refused}; no enforce arm)" if refused else ""))
+    arms = ("no agent", "agent, no guard", "agent + guard (audit)", *(() if refused else ("agent + guard (enforce)",)))
     files = ("notes.txt", "weights.gguf")
-    samples: dict[tuple[str, str], list[float]] = {(arm, name): [] for arm in ARMS for name in files}
+    samples: dict[tuple[str, str], list[float]] = {(arm, name): [] for arm in arms for name in files}
     with tempfile.TemporaryDirectory(prefix="model-guard-bench-") as name:
         tmp = Path(name)
         models = tmp / "models"
@@ -78,8 +78,8 @@ def main() -> int:
         sleeper = subprocess.Popen(["sleep", "infinity"])
         try:
             for round_ in range(args.rounds):
-                for arm in ARMS[round_ % len(ARMS):] + ARMS[:round_ % len(ARMS)]:
-                    agent = _agent(arm, tmp, sleeper.pid)
+                for arm in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
+                    agent = _agent(arm, arms.index(arm), tmp, sleeper.pid)
                     with agent:
                         for file in files:
                             samples[arm, file].append(_loop_ns(models / file, args.duration))
@@ -90,11 +90,12 @@ def main() -> int:
     rows = []
     for file in files:
         base = statistics.median(samples["no agent", file])
-        for arm in ARMS:
+        for arm in arms:
             ns = statistics.median(samples[arm, file])
             rows.append({"file": file, "arm": arm, "ns_per_open_close": round(ns, 1), "ratio": round(ns / base, 3)})
             print(f"{file:<14} {arm:<26} {ns:9.1f} ns/open+close  x{ns / base:.3f}")
-    write_result("model_guard_open", None, {"duration_s": args.duration, "rounds": args.rounds, "rows": rows})
+    write_result("model_guard_open", None, {"duration_s": args.duration, "rounds": args.rounds,
+                                            "mechanism": mechanism, "rows": rows})
     return 0
 
 

@@ -134,8 +134,9 @@ static __always_inline int read_tail(char *tail, const char *name, u32 len, u32 
     return bpf_probe_read_kernel(tail, *n & 31, name + (len - *n));
 }
 
-/* Of ``candidates``, the rules whose directory (if any) starts the path. */
-static __always_inline u32 directory_rules(u32 candidates, const char *path, int path_ok) {
+/* Of ``candidates``, the rules whose directory (if any) starts the path. A function of its own
+ * (a BPF-to-BPF call): inlined, its unrolled compares take the LSM program past 512 bytes of stack. */
+static noinline u32 directory_rules(u32 candidates, const char *path, int path_ok) {
     u32 matched = 0;
 #pragma unroll
     for (int r = 0; r < MAX_RULES; r++) {

@@ -465,6 +465,10 @@ def check_bpf_lsm() -> CheckResult:
     )
 
 
+LSM_LOADS = "a file_open LSM program loads (model_guard can audit and enforce)"
+LSM_REFUSED = "model_guard can audit, through syscall tracepoints, but not enforce; the rest of the agent is unaffected"
+
+
 def check_bpf_lsm_load(lsm_listed: bool) -> CheckResult:
     """The end-to-end LSM check: a trivial program for file_open loads (what model_guard needs)."""
     from .probes.lsm import lsm_load_error  # standard library only, like this module
@@ -477,8 +481,7 @@ def check_bpf_lsm_load(lsm_listed: bool) -> CheckResult:
     return CheckResult(
         name,
         error is None,
-        "a file_open LSM program loads (model_guard can run)" if error is None
-        else f"{error} (model_guard cannot run; the rest of the agent can)",
+        LSM_LOADS if error is None else f"{error} ({LSM_REFUSED})",
         "run as root or with CAP_BPF, CAP_PERFMON and CAP_MAC_ADMIN; if that is the case already, the "
         "kernel blocks BPF trampolines: use a kernel that allows fentry/LSM programs",
         required=False,

@@ -177,12 +177,12 @@ def decode_open(raw: bytes) -> FileOpen:
 
 
 def resolve_path(event: FileOpen, proc: str = "/proc") -> str | None:
-    """The absolute path of a path an open syscall was passed: a relative one joined with the
-    thread's cwd (or the dirfd's directory) as /proc shows it *now* — a thread that changed
-    directory since is not noticed — with ``.`` and ``..`` collapsed as text. None when /proc no
-    longer has it (the thread exited, the dirfd was closed)."""
+    """The absolute path of a path an open syscall was passed, ``.`` and ``..`` collapsed as text
+    (symbolic links are not followed): a relative one joined with the thread's cwd (or the dirfd's
+    directory) as /proc shows it *now* — a thread that changed directory since is not noticed.
+    None when /proc no longer has it (the thread exited, the dirfd was closed)."""
     if event.path.startswith("/"):
-        return event.path
+        return posixpath.normpath(event.path)
     base = (f"{proc}/{event.pid}/task/{event.tid}/cwd" if event.dirfd == AT_FDCWD
             else f"{proc}/{event.pid}/fd/{event.dirfd}")
     try:

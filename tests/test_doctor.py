@@ -122,5 +122,4 @@ def test_bpf_lsm_load_check_reports_what_the_kernel_said() -> None:
     result = doctor.check_bpf_lsm_load(True)
     error = lsm_load_error("file_open")
     assert result.ok == (error is None) and not result.required
-    assert result.detail == ("a file_open LSM program loads (model_guard can run)" if error is None
-                             else f"{error} (model_guard cannot run; the rest of the agent can)")
+    assert result.detail == (doctor.LSM_LOADS if error is None else f"{error} ({doctor.LSM_REFUSED})")

@@ -117,7 +117,7 @@ def test_paths_passed_to_open_are_resolved_against_cwd_or_dirfd(tmp_path: Path) 
     def resolve(path: bytes, dirfd: int = mg.AT_FDCWD) -> str | None:
         return mg.resolve_path(mg.decode_open(_record(path, dirfd=dirfd)), proc)
 
-    assert resolve(b"/abs/../m.gguf", dirfd=7) == "/abs/../m.gguf"  # absolute: as passed, dirfd ignored
+    assert resolve(b"/models/../m.gguf", dirfd=7) == "/m.gguf"  # absolute: dirfd ignored
     assert resolve(b"w.gguf") == "/srv/work/w.gguf"
     assert resolve(b"../../models/./w.bin") == "/models/w.bin"
     assert resolve(b"sub/w.bin", dirfd=7) == "/models/llama/sub/w.bin"
