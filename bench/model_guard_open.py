@@ -45,8 +45,13 @@ GUARD_MODES = {"agent + guard (audit)": "audit", "agent + guard (enforce)": "enf
 
 
 def _loop_ns(path: Path, seconds: float) -> float:
-    out = subprocess.run([sys.executable, "-c", LOOP, str(path), str(seconds)], capture_output=True, text=True,
-                         check=True, timeout=seconds * 10 + 60)
+    out = subprocess.run(
+        [sys.executable, "-c", LOOP, str(path), str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds * 10 + 60,
+    )
     return float(out.stdout)
 
 
@@ -55,8 +60,13 @@ def _agent(arm: str, index: int, tmp: Path, sleeper: int) -> Agent | nullcontext
         return nullcontext()
     env = dict(os.environ)
     if arm in GUARD_MODES:
-        env.update({"OTEL_EBPF_MODEL_GUARD": GUARD_MODES[arm], "OTEL_EBPF_MODEL_GUARD_PATHS": f"{tmp}/**/*.gguf",
-                    "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS": str(os.getuid())})
+        env.update(
+            {
+                "OTEL_EBPF_MODEL_GUARD": GUARD_MODES[arm],
+                "OTEL_EBPF_MODEL_GUARD_PATHS": f"{tmp}/**/*.gguf",
+                "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS": str(os.getuid()),
+            }
+        )
     return Agent(["--pid", str(sleeper)], tmp / f"out-{index}", env)
 
 
@@ -78,7 +88,7 @@ def main() -> int:
         sleeper = subprocess.Popen(["sleep", "infinity"])
         try:
             for round_ in range(args.rounds):
-                for arm in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:
+                for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
                     agent = _agent(arm, arms.index(arm), tmp, sleeper.pid)
                     with agent:
                         for file in files:
@@ -94,8 +104,11 @@ def main() -> int:
             ns = statistics.median(samples[arm, file])
             rows.append({"file": file, "arm": arm, "ns_per_open_close": round(ns, 1), "ratio": round(ns / base, 3)})
             print(f"{file:<14} {arm:<26} {ns:9.1f} ns/open+close  x{ns / base:.3f}")
-    write_result("model_guard_open", None, {"duration_s": args.duration, "rounds": args.rounds,
-                                            "mechanism": mechanism, "rows": rows})
+    write_result(
+        "model_guard_open",
+        None,
+        {"duration_s": args.duration, "rounds": args.rounds, "mechanism": mechanism, "rows": rows},
+    )
     return 0
 
 

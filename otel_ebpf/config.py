@@ -93,8 +93,12 @@ class OTLPConfig:
         A signal-specific endpoint is used as-is. Otherwise gRPC uses the base endpoint and
         http/protobuf appends ``/v1/<signal>`` to it, as the OTLP exporter specification says.
         """
-        explicit = {"traces": self.traces_endpoint, "metrics": self.metrics_endpoint,
-                    "profiles": self.profiles_endpoint, "logs": self.logs_endpoint}[signal]
+        explicit = {
+            "traces": self.traces_endpoint,
+            "metrics": self.metrics_endpoint,
+            "profiles": self.profiles_endpoint,
+            "logs": self.logs_endpoint,
+        }[signal]
         if explicit:
             return explicit
         if signal == "profiles" and self.protocol != "grpc":  # profiles are still in development
@@ -513,8 +517,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace.sample_ratio", _ratio, env="OTEL_EBPF_TRACE_SAMPLE_RATIO"),
     Setting("trace.keep_slower_than_ms", _positive_number, env="OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS"),
     Setting("profiling.enabled", _boolean, env="OTEL_EBPF_PROFILING", flag="profile"),
-    Setting("profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ",
-            flag="profile_frequency"),
+    Setting(
+        "profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ", flag="profile_frequency"
+    ),
     Setting("profiling.interval_s", _positive_number, env="OTEL_EBPF_PROFILING_INTERVAL"),
     Setting("profiling.max_stacks", _integer(1), env="OTEL_EBPF_PROFILING_MAX_STACKS"),
     Setting("profiling.python", _boolean, env="OTEL_EBPF_PROFILING_PYTHON"),
@@ -530,13 +535,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
     Setting("model_guard.mode", _choice("off", "audit", "enforce"), env="OTEL_EBPF_MODEL_GUARD"),
     Setting("model_guard.mechanism", _choice(*MECHANISMS), env="OTEL_EBPF_MODEL_GUARD_MECHANISM"),
-    Setting("model_guard.paths", _at_most(MAX_RULES, _list(_model_path, non_empty="name at least one pattern")),
-            env="OTEL_EBPF_MODEL_GUARD_PATHS"),
-    Setting("model_guard.allow_executables", _at_most(MAX_ALLOWED, _list(_absolute_path)),
-            env="OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES"),
-    Setting("model_guard.allow_uids", _at_most(MAX_ALLOWED, _list(_integer(0))), env="OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS"),
-    Setting("model_guard.allow_cgroups", _at_most(MAX_ALLOWED, _list(_absolute_path)),
-            env="OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS"),
+    Setting(
+        "model_guard.paths",
+        _at_most(MAX_RULES, _list(_model_path, non_empty="name at least one pattern")),
+        env="OTEL_EBPF_MODEL_GUARD_PATHS",
+    ),
+    Setting(
+        "model_guard.allow_executables",
+        _at_most(MAX_ALLOWED, _list(_absolute_path)),
+        env="OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES",
+    ),
+    Setting(
+        "model_guard.allow_uids", _at_most(MAX_ALLOWED, _list(_integer(0))), env="OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS"
+    ),
+    Setting(
+        "model_guard.allow_cgroups",
+        _at_most(MAX_ALLOWED, _list(_absolute_path)),
+        env="OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS",
+    ),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
@@ -710,8 +726,13 @@ def _resolve(
     protocol = values.get("otlp.protocol", OTLPConfig.protocol)
     values.setdefault("otlp.endpoint", _DEFAULT_OTLP_ENDPOINTS[protocol])
     if protocol == "grpc":
-        for key in ("otlp.endpoint", "otlp.traces_endpoint", "otlp.metrics_endpoint", "otlp.profiles_endpoint",
-                    "otlp.logs_endpoint"):
+        for key in (
+            "otlp.endpoint",
+            "otlp.traces_endpoint",
+            "otlp.metrics_endpoint",
+            "otlp.profiles_endpoint",
+            "otlp.logs_endpoint",
+        ):
             if key in values and urlsplit(values[key]).path not in ("", "/"):
                 raise layers.error(key, f"a gRPC endpoint takes no path, got {values[key]!r} (is otlp.protocol right?)")
     scheme = urlsplit(values["otlp.endpoint"]).scheme

@@ -31,8 +31,15 @@ PREFIX_BYTES = 128  # PREFIX_WORDS * 8
 MAX_ALLOWED = 256  # entries in each allow-list map
 PATH_LEN = 4096
 
-DEFAULT_PATHS = ("*.safetensors", "*.pt", "*.pth", "*.gguf", "*.onnx", "/models/**/*.bin",
-                 "/root/.cache/huggingface/**/*.bin")
+DEFAULT_PATHS = (
+    "*.safetensors",
+    "*.pt",
+    "*.pth",
+    "*.gguf",
+    "*.onnx",
+    "/models/**/*.bin",
+    "/root/.cache/huggingface/**/*.bin",
+)
 
 SCOPE = InstrumentationScope("otel_ebpf.model_guard", __version__)
 _GLOB_CHARS = re.compile(r"[*?\[\]]")
@@ -121,8 +128,10 @@ RECORD = struct.Struct("<QQQIIIIIIIiiiBB2x16s")
 D_DENIED = 1
 AT_FDCWD = -100
 MECHANISMS = ("auto", "lsm", "tracepoints")  # model_guard.mechanism
-LSM_REQUIREMENT = ("a kernel that loads BPF LSM programs: `bpf` in its lsm= list, BTF, and CAP_BPF + CAP_PERFMON + "
-                   "CAP_MAC_ADMIN (`otel-ebpf doctor`, \"BPF LSM program load\")")
+LSM_REQUIREMENT = (
+    "a kernel that loads BPF LSM programs: `bpf` in its lsm= list, BTF, and CAP_BPF + CAP_PERFMON + "
+    'CAP_MAC_ADMIN (`otel-ebpf doctor`, "BPF LSM program load")'
+)
 
 
 def choose_mechanism(mode: str, mechanism: str, lsm_refused: str | None) -> str:
@@ -134,12 +143,18 @@ def choose_mechanism(mode: str, mechanism: str, lsm_refused: str | None) -> str:
         return "lsm"
     if mode == "enforce":
         why = lsm_refused or "model_guard.mechanism is tracepoints, which cannot deny"
-        raise ValueError(f"model_guard enforce needs BPF LSM: {why}. Enforcing needs {LSM_REQUIREMENT}; "
-                         "mode audit works without it, through syscall tracepoints")
+        raise ValueError(
+            f"model_guard enforce needs BPF LSM: {why}. Enforcing needs {LSM_REQUIREMENT}; "
+            "mode audit works without it, through syscall tracepoints"
+        )
     if mechanism == "lsm":
-        raise ValueError(f"model_guard.mechanism lsm: {lsm_refused}. It needs {LSM_REQUIREMENT}; "
-                         "mechanism auto would audit through syscall tracepoints instead")
+        raise ValueError(
+            f"model_guard.mechanism lsm: {lsm_refused}. It needs {LSM_REQUIREMENT}; "
+            "mechanism auto would audit through syscall tracepoints instead"
+        )
     return "tracepoints"
+
+
 _ACCESS = {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read_write"}
 
 
@@ -169,11 +184,27 @@ class FileOpen:
 
 
 def decode_open(raw: bytes) -> FileOpen:
-    (ts, cgroup, exe_ino, _dev, pid, tid, uid, gid, flags, rules, path_len, result, dirfd, decision, listed,
-     comm) = RECORD.unpack_from(raw)
-    path = raw[RECORD.size:RECORD.size + path_len - 1].decode(errors="replace") if path_len > 0 else ""
-    return FileOpen(ts, cgroup, exe_ino, pid, tid, uid, gid, flags, rules, decision == D_DENIED, bool(listed),
-                    comm.split(b"\0", 1)[0].decode(errors="replace"), path, result, dirfd)
+    (ts, cgroup, exe_ino, _dev, pid, tid, uid, gid, flags, rules, path_len, result, dirfd, decision, listed, comm) = (
+        RECORD.unpack_from(raw)
+    )
+    path = raw[RECORD.size : RECORD.size + path_len - 1].decode(errors="replace") if path_len > 0 else ""
+    return FileOpen(
+        ts,
+        cgroup,
+        exe_ino,
+        pid,
+        tid,
+        uid,
+        gid,
+        flags,
+        rules,
+        decision == D_DENIED,
+        bool(listed),
+        comm.split(b"\0", 1)[0].decode(errors="replace"),
+        path,
+        result,
+        dirfd,
+    )
 
 
 def resolve_path(event: FileOpen, proc: str = "/proc") -> str | None:
@@ -183,8 +214,11 @@ def resolve_path(event: FileOpen, proc: str = "/proc") -> str | None:
     None when /proc no longer has it (the thread exited, the dirfd was closed)."""
     if event.path.startswith("/"):
         return posixpath.normpath(event.path)
-    base = (f"{proc}/{event.pid}/task/{event.tid}/cwd" if event.dirfd == AT_FDCWD
-            else f"{proc}/{event.pid}/fd/{event.dirfd}")
+    base = (
+        f"{proc}/{event.pid}/task/{event.tid}/cwd"
+        if event.dirfd == AT_FDCWD
+        else f"{proc}/{event.pid}/fd/{event.dirfd}"
+    )
     try:
         directory = os.readlink(base).removesuffix(" (deleted)")
     except OSError:
@@ -212,8 +246,15 @@ def container_id(cgroup_file: str) -> str | None:
     return None
 
 
-def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, mechanism: str, now_ns: int,
-               process: Mapping[str, object], resource: Resource) -> ReadableLogRecord:
+def log_record(
+    event: FileOpen,
+    rules: Sequence[PathRule],
+    mode: str,
+    mechanism: str,
+    now_ns: int,
+    process: Mapping[str, object],
+    resource: Resource,
+) -> ReadableLogRecord:
     """The OTLP log record for one open. ``process``: what /proc still knew of the opener
     (executable path, container id) when the record was read; ``mechanism``: lsm or tracepoints
     (which also report the syscall's result)."""
@@ -242,12 +283,21 @@ def log_record(event: FileOpen, rules: Sequence[PathRule], mode: str, mechanism:
     if event.denied:
         body, severity = f"denied {event.access} open of {event.path} by {who}", SeverityNumber.WARN
     elif not event.allow_listed:
-        body, severity = f"{event.access} open of {event.path} by {who}, not in the allow-list{failed}", SeverityNumber.WARN
+        body, severity = (
+            f"{event.access} open of {event.path} by {who}, not in the allow-list{failed}",
+            SeverityNumber.WARN,
+        )
     else:
         body, severity = f"{event.access} open of {event.path} by {who}{failed}", SeverityNumber.INFO
-    record = LogRecord(timestamp=now_ns, observed_timestamp=now_ns, severity_text=severity.name,
-                       severity_number=severity, body=body, attributes=attributes,
-                       event_name="model_guard.file_open")
+    record = LogRecord(
+        timestamp=now_ns,
+        observed_timestamp=now_ns,
+        severity_text=severity.name,
+        severity_number=severity,
+        body=body,
+        attributes=attributes,
+        event_name="model_guard.file_open",
+    )
     return ReadableLogRecord(record, resource, SCOPE)
 
 

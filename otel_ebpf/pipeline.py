@@ -50,8 +50,9 @@ class Pipeline:
         """Process everything held (the agent is stopping). Requests still waiting for a response
         are in flight, not failed: they are counted, not reported as spans with an error."""
         self._process(self.reorderer.release_before())
-        unanswered = sum(1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns)
-                         if not isinstance(item, RequestStart))
+        unanswered = sum(
+            1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns) if not isinstance(item, RequestStart)
+        )
         if unanswered:
             self._metrics.add("otel_ebpf.spans.shed", unanswered, {"reason": "in_flight_at_stop"})
 

@@ -173,7 +173,8 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", "tracepoints", "tracepoints"), ("env", "OTEL_EBPF_SOCKET_MODE", "fd-tracking", "fd-tracking")],
     ),
     "capture.kernel_http_metrics": (
-        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
+        True,
+        [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
     ),
     "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
     "trace.instrumented_clients": (
@@ -181,18 +182,23 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", "child", "child"), ("env", "OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS", "SKIP", "skip")],
     ),
     "trace.inflight_timeout_s": (
-        300.0, [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT", "90", 90.0)],
+        300.0,
+        [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT", "90", 90.0)],
     ),
     "trace.max_inflight": (65536, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_TRACE_MAX_INFLIGHT", "20", 20)]),
     "trace.reorder_window_ms": (
-        50, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
+        50,
+        [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
     ),
     "trace.sample_ratio": (1.0, [("yaml", "", 0.5, 0.5), ("env", "OTEL_EBPF_TRACE_SAMPLE_RATIO", "0.1", 0.1)]),
     "trace.keep_slower_than_ms": (
-        1000.0, [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
+        1000.0,
+        [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
     ),
-    "gpu.enabled": ("auto", [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"),
-                             ("cli", "gpu", "auto", "auto")]),
+    "gpu.enabled": (
+        "auto",
+        [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"), ("cli", "gpu", "auto", "auto")],
+    ),
     "gpu.stacks": ("python", [("yaml", "", "native", "native"), ("env", "OTEL_EBPF_GPU_STACKS", "none", "none")]),
     "gpu.leak_age_s": (60.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_GPU_LEAK_AGE", "0.5", 0.5)]),
     "gpu.leak_min_allocations": (2, [("yaml", "", 1, 1), ("env", "OTEL_EBPF_GPU_LEAK_MIN_ALLOCATIONS", "3", 3)]),
@@ -200,25 +206,43 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "gpu.max_stacks": (10_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_STACKS", "20", 20)]),
     "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
     "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
-    "model_guard.mode": ("off", [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")]),
-    "model_guard.mechanism": ("auto", [("yaml", "", "lsm", "lsm"),
-                                       ("env", "OTEL_EBPF_MODEL_GUARD_MECHANISM", "tracepoints", "tracepoints")]),
+    "model_guard.mode": (
+        "off",
+        [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")],
+    ),
+    "model_guard.mechanism": (
+        "auto",
+        [("yaml", "", "lsm", "lsm"), ("env", "OTEL_EBPF_MODEL_GUARD_MECHANISM", "tracepoints", "tracepoints")],
+    ),
     "model_guard.paths": (
         ("*.safetensors", "*.pt", "*.pth", "*.gguf", "*.onnx", "/models/**/*.bin", "/root/.cache/huggingface/**/*.bin"),
-        [("yaml", "", ["*.pt", "/srv/m/**/*.bin"], ("*.pt", "/srv/m/**/*.bin")),
-         ("env", "OTEL_EBPF_MODEL_GUARD_PATHS", "*.gguf", ("*.gguf",))],
+        [
+            ("yaml", "", ["*.pt", "/srv/m/**/*.bin"], ("*.pt", "/srv/m/**/*.bin")),
+            ("env", "OTEL_EBPF_MODEL_GUARD_PATHS", "*.gguf", ("*.gguf",)),
+        ],
     ),
     "model_guard.allow_executables": (
-        (), [("yaml", "", ["/usr/bin/python3"], ("/usr/bin/python3",)),
-             ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES", "/opt/vllm/bin/python,/bin/a",
-              ("/opt/vllm/bin/python", "/bin/a"))],
+        (),
+        [
+            ("yaml", "", ["/usr/bin/python3"], ("/usr/bin/python3",)),
+            (
+                "env",
+                "OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES",
+                "/opt/vllm/bin/python,/bin/a",
+                ("/opt/vllm/bin/python", "/bin/a"),
+            ),
+        ],
     ),
     "model_guard.allow_uids": (
-        (), [("yaml", "", [1000], (1000,)), ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS", "0, 1001", (0, 1001))],
+        (),
+        [("yaml", "", [1000], (1000,)), ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS", "0, 1001", (0, 1001))],
     ),
     "model_guard.allow_cgroups": (
-        (), [("yaml", "", ["/system.slice/vllm.service"], ("/system.slice/vllm.service",)),
-             ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS", "/kubepods.slice", ("/kubepods.slice",))],
+        (),
+        [
+            ("yaml", "", ["/system.slice/vllm.service"], ("/system.slice/vllm.service",)),
+            ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS", "/kubepods.slice", ("/kubepods.slice",)),
+        ],
     ),
     "protocols.enabled": (
         None,
@@ -254,17 +278,23 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         ],
     ),
     "profiling.enabled": (
-        False, [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
+        False,
+        [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
     ),
     "profiling.frequency_hz": (
         49,
-        [("yaml", "", 19, 19), ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97), ("cli", "profile_frequency", 99, 99)],
+        [
+            ("yaml", "", 19, 19),
+            ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97),
+            ("cli", "profile_frequency", 99, 99),
+        ],
     ),
     "profiling.interval_s": (10.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_PROFILING_INTERVAL", "2.5", 2.5)]),
     "profiling.max_stacks": (16384, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_PROFILING_MAX_STACKS", "20", 20)]),
     "profiling.python": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_PYTHON", "true", True)]),
     "profiling.flamegraphs": (
-        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_FLAMEGRAPHS", "yes", True)],
+        True,
+        [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_FLAMEGRAPHS", "yes", True)],
     ),
     "profiling.pyroscope_url": (
         None,
@@ -526,8 +556,12 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"otlp.endpoint": "https://c:4317", "otlp.insecure": True}, "otlp.insecure", "https"),
     ("env", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317/v1/traces"}, "OTEL_EXPORTER_OTLP_ENDPOINT", "no path"),
     ("cli", {"otlp_endpoint": "http://c:4318/v1"}, "--otlp-endpoint", "otlp.protocol"),
-    ("yaml", {"model_guard.mode": "enforce", "model_guard.mechanism": "tracepoints"}, "model_guard.mechanism",
-     "can only audit"),
+    (
+        "yaml",
+        {"model_guard.mode": "enforce", "model_guard.mechanism": "tracepoints"},
+        "model_guard.mechanism",
+        "can only audit",
+    ),
 ]
 
 

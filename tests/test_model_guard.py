@@ -13,19 +13,33 @@ from otel_ebpf import model_guard as mg
 from otel_ebpf.probes.btf import Btf, BtfError
 
 
-@pytest.mark.parametrize(("pattern", "extension", "directory"), [
-    ("*.gguf", "gguf", ""),
-    ("/models/**/*.bin", "bin", "/models/"),
-    ("/models/**/*.bin".replace("/models", "/srv/ml/models/"), "bin", "/srv/ml/models/"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "extension", "directory"),
+    [
+        ("*.gguf", "gguf", ""),
+        ("/models/**/*.bin", "bin", "/models/"),
+        ("/models/**/*.bin".replace("/models", "/srv/ml/models/"), "bin", "/srv/ml/models/"),
+    ],
+)
 def test_rule_forms(pattern: str, extension: str, directory: str) -> None:
     assert mg.parse_rule(pattern) == mg.PathRule(pattern, extension, directory)
 
 
-@pytest.mark.parametrize("pattern", [
-    "model.gguf", "*.tar.gz", "/models/*.bin", "models/**/*.bin", "/mod*/**/*.bin", "*.b?n", "*.", "**/*.bin",
-    "*." + "x" * 16, "/" + "d" * 127 + "/**/*.bin",
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "model.gguf",
+        "*.tar.gz",
+        "/models/*.bin",
+        "models/**/*.bin",
+        "/mod*/**/*.bin",
+        "*.b?n",
+        "*.",
+        "**/*.bin",
+        "*." + "x" * 16,
+        "/" + "d" * 127 + "/**/*.bin",
+    ],
+)
 def test_rules_the_kernel_cannot_evaluate_exactly_are_refused(pattern: str) -> None:
     with pytest.raises(ValueError, match=r"use '\*\.ext'|directory|longer"):
         mg.parse_rule(pattern)
@@ -51,20 +65,46 @@ def test_prefix_words_select_exactly_the_directory_bytes() -> None:
     assert mg.prefix_words("") == ([0] * 16, [0] * 16)
 
 
-def _record(path: bytes, *, decision: int = 1, listed: int = 0, flags: int = os.O_RDWR, result: int = 0,
-            dirfd: int = mg.AT_FDCWD) -> bytes:
-    fixed = mg.RECORD.pack(123, 77, 4242, 5 << 20, 1000, 1001, 1000, 100, flags, 0b10, len(path) + 1, result, dirfd,
-                           decision, listed, b"python3\0".ljust(16, b"\0"))
+def _record(
+    path: bytes,
+    *,
+    decision: int = 1,
+    listed: int = 0,
+    flags: int = os.O_RDWR,
+    result: int = 0,
+    dirfd: int = mg.AT_FDCWD,
+) -> bytes:
+    fixed = mg.RECORD.pack(
+        123,
+        77,
+        4242,
+        5 << 20,
+        1000,
+        1001,
+        1000,
+        100,
+        flags,
+        0b10,
+        len(path) + 1,
+        result,
+        dirfd,
+        decision,
+        listed,
+        b"python3\0".ljust(16, b"\0"),
+    )
     return fixed + (path + b"\0").ljust(mg.PATH_LEN, b"\0")
 
 
 def test_decode_open() -> None:
     event = mg.decode_open(_record(b"/models/a/weights.bin"))
-    assert event == mg.FileOpen(123, 77, 4242, 1000, 1001, 1000, 100, os.O_RDWR, 0b10, True, False, "python3",
-                                "/models/a/weights.bin")
+    assert event == mg.FileOpen(
+        123, 77, 4242, 1000, 1001, 1000, 100, os.O_RDWR, 0b10, True, False, "python3", "/models/a/weights.bin"
+    )
     assert mg.decode_open(_record(b"w.gguf", result=-2, dirfd=7)).path == "w.gguf"
-    assert (mg.decode_open(_record(b"w.gguf", result=-2, dirfd=7)).result, mg.decode_open(_record(b"", dirfd=7)).dirfd) \
-        == (-2, 7)
+    assert (
+        mg.decode_open(_record(b"w.gguf", result=-2, dirfd=7)).result,
+        mg.decode_open(_record(b"", dirfd=7)).dirfd,
+    ) == (-2, 7)
     assert event.access == "read_write"
     assert mg.decode_open(_record(b"", flags=os.O_RDONLY)).access == "read"
 
@@ -73,37 +113,64 @@ def test_log_record_says_who_opened_what_and_the_decision() -> None:
     rules = mg.compile_rules(["*.pt", "/models/**/*.bin"])
     resource = Resource({"host.name": "node-1"})
     event = mg.decode_open(_record(b"/models/a/weights.bin"))
-    readable = mg.log_record(event, rules, "enforce", "lsm", 5, {"process.executable.path": "/usr/bin/python3"},
-                             resource)
+    readable = mg.log_record(
+        event, rules, "enforce", "lsm", 5, {"process.executable.path": "/usr/bin/python3"}, resource
+    )
     record = readable.log_record
     assert record.event_name == "model_guard.file_open" and record.severity_text == "WARN"
     assert record.body == "denied read_write open of /models/a/weights.bin by /usr/bin/python3 (pid 1000, uid 1000)"
     assert dict(record.attributes) == {
-        "process.pid": 1000, "process.executable.name": "python3", "process.user.id": 1000,
-        "process.executable.path": "/usr/bin/python3", "file.path": "/models/a/weights.bin",
-        "file.name": "weights.bin", "model_guard.access": "read_write", "model_guard.decision": "denied",
-        "model_guard.allow_listed": False, "model_guard.mode": "enforce", "model_guard.mechanism": "lsm",
-        "model_guard.rules": ("/models/**/*.bin",), "model_guard.cgroup.id": 77,
+        "process.pid": 1000,
+        "process.executable.name": "python3",
+        "process.user.id": 1000,
+        "process.executable.path": "/usr/bin/python3",
+        "file.path": "/models/a/weights.bin",
+        "file.name": "weights.bin",
+        "model_guard.access": "read_write",
+        "model_guard.decision": "denied",
+        "model_guard.allow_listed": False,
+        "model_guard.mode": "enforce",
+        "model_guard.mechanism": "lsm",
+        "model_guard.rules": ("/models/**/*.bin",),
+        "model_guard.cgroup.id": 77,
     }
-    allowed = mg.log_record(mg.decode_open(_record(b"/m.pt", decision=0, listed=1)), rules, "audit", "lsm", 5, {},
-                            resource)
-    assert allowed.log_record.severity_text == "INFO" and allowed.log_record.attributes["model_guard.decision"] == "allowed"
+    allowed = mg.log_record(
+        mg.decode_open(_record(b"/m.pt", decision=0, listed=1)), rules, "audit", "lsm", 5, {}, resource
+    )
+    assert (
+        allowed.log_record.severity_text == "INFO"
+        and allowed.log_record.attributes["model_guard.decision"] == "allowed"
+    )
 
 
 def test_log_record_through_tracepoints_says_what_the_open_returned() -> None:
     rules = mg.compile_rules(["*.pt"])
-    opened = mg.log_record(mg.decode_open(_record(b"/m.pt", decision=0, listed=1, result=5)), rules, "audit",
-                           "tracepoints", 5, {}, Resource({}))
+    opened = mg.log_record(
+        mg.decode_open(_record(b"/m.pt", decision=0, listed=1, result=5)),
+        rules,
+        "audit",
+        "tracepoints",
+        5,
+        {},
+        Resource({}),
+    )
     assert opened.log_record.body == "read_write open of /m.pt by python3 (pid 1000, uid 1000)"
-    assert (opened.log_record.attributes["model_guard.result"], opened.log_record.attributes["model_guard.mechanism"]) \
-        == (5, "tracepoints")
+    assert (
+        opened.log_record.attributes["model_guard.result"],
+        opened.log_record.attributes["model_guard.mechanism"],
+    ) == (5, "tracepoints")
     assert "model_guard.errno" not in opened.log_record.attributes
-    missing = mg.log_record(mg.decode_open(_record(b"/m.pt", decision=0, result=-2)), rules, "audit", "tracepoints", 5,
-                            {}, Resource({}))
-    assert missing.log_record.body == "read_write open of /m.pt by python3 (pid 1000, uid 1000), not in the allow-list " \
+    missing = mg.log_record(
+        mg.decode_open(_record(b"/m.pt", decision=0, result=-2)), rules, "audit", "tracepoints", 5, {}, Resource({})
+    )
+    assert (
+        missing.log_record.body == "read_write open of /m.pt by python3 (pid 1000, uid 1000), not in the allow-list "
         "(failed: ENOENT)"
-    assert (missing.log_record.attributes["model_guard.result"], missing.log_record.attributes["model_guard.errno"]) \
-        == (-2, "ENOENT")
+    )
+    assert (
+        missing.log_record.attributes["model_guard.result"],
+        missing.log_record.attributes["model_guard.errno"],
+    ) == (-2, "ENOENT")
 
 
 def test_paths_passed_to_open_are_resolved_against_cwd_or_dirfd(tmp_path: Path) -> None:
@@ -133,25 +200,36 @@ def test_match_rules_checks_directories_like_the_kernel() -> None:
     assert mg.match_rules(None, 0b110, rules) == 0
 
 
-@pytest.mark.parametrize(("mode", "mechanism", "refused", "chosen"), [
-    ("audit", "auto", None, "lsm"),
-    ("enforce", "auto", None, "lsm"),
-    ("audit", "auto", "EPERM", "tracepoints"),
-    ("audit", "tracepoints", None, "tracepoints"),
-    ("audit", "lsm", None, "lsm"),
-])
+@pytest.mark.parametrize(
+    ("mode", "mechanism", "refused", "chosen"),
+    [
+        ("audit", "auto", None, "lsm"),
+        ("enforce", "auto", None, "lsm"),
+        ("audit", "auto", "EPERM", "tracepoints"),
+        ("audit", "tracepoints", None, "tracepoints"),
+        ("audit", "lsm", None, "lsm"),
+    ],
+)
 def test_mechanism_choice(mode: str, mechanism: str, refused: str | None, chosen: str) -> None:
     assert mg.choose_mechanism(mode, mechanism, refused) == chosen
 
 
-@pytest.mark.parametrize(("mode", "mechanism", "refused", "message"), [
-    ("enforce", "auto", "EPERM",
-     "model_guard enforce needs BPF LSM: EPERM. Enforcing needs a kernel that loads BPF LSM programs"),
-    ("enforce", "tracepoints", None, "model_guard enforce needs BPF LSM: model_guard.mechanism is tracepoints"),
-    ("audit", "lsm", "EPERM", "model_guard.mechanism lsm: EPERM. It needs a kernel that loads BPF LSM programs"),
-])
-def test_mechanism_refusals_name_the_reason_and_the_requirement(mode: str, mechanism: str, refused: str | None,
-                                                                message: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "mechanism", "refused", "message"),
+    [
+        (
+            "enforce",
+            "auto",
+            "EPERM",
+            "model_guard enforce needs BPF LSM: EPERM. Enforcing needs a kernel that loads BPF LSM programs",
+        ),
+        ("enforce", "tracepoints", None, "model_guard enforce needs BPF LSM: model_guard.mechanism is tracepoints"),
+        ("audit", "lsm", "EPERM", "model_guard.mechanism lsm: EPERM. It needs a kernel that loads BPF LSM programs"),
+    ],
+)
+def test_mechanism_refusals_name_the_reason_and_the_requirement(
+    mode: str, mechanism: str, refused: str | None, message: str
+) -> None:
     with pytest.raises(ValueError) as caught:
         mg.choose_mechanism(mode, mechanism, refused)
     assert str(caught.value).startswith(message)

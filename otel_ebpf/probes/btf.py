@@ -24,8 +24,18 @@ _MEMBER = struct.Struct("<III")
 _INT, _PTR, _ARRAY, _STRUCT, _UNION, _ENUM, _FWD, _TYPEDEF, _VOLATILE, _CONST, _RESTRICT = range(1, 12)
 _FUNC, _FUNC_PROTO, _VAR, _DATASEC, _FLOAT, _DECL_TAG, _TYPE_TAG, _ENUM64 = range(12, 20)
 # Bytes after the 12-byte common record: fixed, and per vlen item.
-_EXTRA = {_INT: (4, 0), _ARRAY: (12, 0), _STRUCT: (0, 12), _UNION: (0, 12), _ENUM: (0, 8),
-          _FUNC_PROTO: (0, 8), _VAR: (4, 0), _DATASEC: (0, 12), _DECL_TAG: (4, 0), _ENUM64: (0, 12)}
+_EXTRA = {
+    _INT: (4, 0),
+    _ARRAY: (12, 0),
+    _STRUCT: (0, 12),
+    _UNION: (0, 12),
+    _ENUM: (0, 8),
+    _FUNC_PROTO: (0, 8),
+    _VAR: (4, 0),
+    _DATASEC: (0, 12),
+    _DECL_TAG: (4, 0),
+    _ENUM64: (0, 12),
+}
 _MODIFIERS = (_TYPEDEF, _VOLATILE, _CONST, _RESTRICT, _TYPE_TAG)
 
 
@@ -50,7 +60,7 @@ class Btf:
         magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = _HEADER.unpack_from(data)
         if magic != _MAGIC:
             raise BtfError(f"not BTF (magic {magic:#x}; big-endian BTF is not supported)")
-        strings = data[hdr_len + str_off: hdr_len + str_off + str_len]
+        strings = data[hdr_len + str_off : hdr_len + str_off + str_len]
         self._types: list[_Type | None] = [None]  # type id 0 is void
         self._structs: dict[str, int] = {}
         self._funcs: dict[str, int] = {}
@@ -129,4 +139,4 @@ class Btf:
 
 def _string(strings: bytes, offset: int) -> str:
     end = strings.find(b"\0", offset)
-    return strings[offset:end if end >= 0 else len(strings)].decode("ascii", "replace")
+    return strings[offset : end if end >= 0 else len(strings)].decode("ascii", "replace")

@@ -50,8 +50,18 @@ def lsm_load_refusal(hook: str = "file_open", btf: Btf | None = None) -> str | N
     attr = ctypes.create_string_buffer(_ATTR_SIZE)
     # union bpf_attr, BPF_PROG_LOAD: prog_type, insn_cnt, insns, license, log_level, log_size,
     # log_buf ... expected_attach_type at 68, attach_btf_id at 108
-    struct.pack_into("<IIQQIIQ", attr, 0, _BPF_PROG_TYPE_LSM, len(_RETURN_ZERO), ctypes.addressof(insns),
-                     ctypes.addressof(license_), 1, _LOG_SIZE, ctypes.addressof(log))
+    struct.pack_into(
+        "<IIQQIIQ",
+        attr,
+        0,
+        _BPF_PROG_TYPE_LSM,
+        len(_RETURN_ZERO),
+        ctypes.addressof(insns),
+        ctypes.addressof(license_),
+        1,
+        _LOG_SIZE,
+        ctypes.addressof(log),
+    )
     struct.pack_into("<I", attr, 68, _BPF_LSM_MAC)
     struct.pack_into("<I", attr, 108, target)
     fd = libc.syscall(_SYS_BPF, _BPF_PROG_LOAD, attr, _ATTR_SIZE)
@@ -64,7 +74,9 @@ def lsm_load_refusal(hook: str = "file_open", btf: Btf | None = None) -> str | N
     if verdict:
         return f"{why}; verifier: {verdict.splitlines()[-1]}"
     if errno == 1:
-        return (f"{why} before verifying it: either this process lacks CAP_BPF, CAP_PERFMON or "
-                "CAP_MAC_ADMIN, or the kernel does not allow programs attached through BPF trampolines "
-                "(LSM, fentry) even if it lists bpf among its LSMs")
+        return (
+            f"{why} before verifying it: either this process lacks CAP_BPF, CAP_PERFMON or "
+            "CAP_MAC_ADMIN, or the kernel does not allow programs attached through BPF trampolines "
+            "(LSM, fentry) even if it lists bpf among its LSMs"
+        )
     return why

@@ -33,11 +33,18 @@ RING_BUFFER_KB = 1024  # about 250 reports in flight; model files are opened sel
 MAX_POLL_RECORDS = 1024
 # -D name -> (struct, member): every kernel struct field the program reads
 OFFSETS = {
-    "F_PATH": ("file", "f_path"), "F_INODE": ("file", "f_inode"), "F_FLAGS": ("file", "f_flags"),
-    "PATH_DENTRY": ("path", "dentry"), "DENTRY_NAME": ("dentry", "d_name"),
-    "QSTR_NAME": ("qstr", "name"), "QSTR_LEN": ("qstr", "len"),
-    "TASK_MM": ("task_struct", "mm"), "MM_EXE_FILE": ("mm_struct", "exe_file"),
-    "INODE_INO": ("inode", "i_ino"), "INODE_SB": ("inode", "i_sb"), "SB_DEV": ("super_block", "s_dev"),
+    "F_PATH": ("file", "f_path"),
+    "F_INODE": ("file", "f_inode"),
+    "F_FLAGS": ("file", "f_flags"),
+    "PATH_DENTRY": ("path", "dentry"),
+    "DENTRY_NAME": ("dentry", "d_name"),
+    "QSTR_NAME": ("qstr", "name"),
+    "QSTR_LEN": ("qstr", "len"),
+    "TASK_MM": ("task_struct", "mm"),
+    "MM_EXE_FILE": ("mm_struct", "exe_file"),
+    "INODE_INO": ("inode", "i_ino"),
+    "INODE_SB": ("inode", "i_sb"),
+    "SB_DEV": ("super_block", "s_dev"),
 }
 OPTIONAL_SYSCALLS = ("openat2", "open")  # openat is everywhere; open is not on arm64, openat2 before 5.6
 MECHANISM_NAMES = {"lsm": "BPF LSM", "tracepoints": "syscall tracepoints"}
@@ -60,8 +67,9 @@ class _ExeKey(ctypes.Structure):
 class ModelGuard:
     """The file_open hook, its maps, and the log records of what it saw."""
 
-    def __init__(self, config: ModelGuardConfig, selfmetrics: SelfMetrics, log_sink: LogSink,
-                 resource: Resource) -> None:
+    def __init__(
+        self, config: ModelGuardConfig, selfmetrics: SelfMetrics, log_sink: LogSink, resource: Resource
+    ) -> None:
         self.config = config
         self.rules = rules_.compile_rules(config.paths)
         self._selfmetrics = selfmetrics
@@ -92,8 +100,11 @@ class ModelGuard:
             from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
             cflags.append("-DTRACEPOINTS")
-            cflags += [f"-DHAVE_{call.upper()}" for call in OPTIONAL_SYSCALLS
-                       if BPF.tracepoint_exists("syscalls", f"sys_enter_{call}")]
+            cflags += [
+                f"-DHAVE_{call.upper()}"
+                for call in OPTIONAL_SYSCALLS
+                if BPF.tracepoint_exists("syscalls", f"sys_enter_{call}")
+            ]
         source = resources.files("otel_ebpf.bpf").joinpath("model_guard.c").read_text()
         # BCC attaches LSM_PROBE and TRACEPOINT_PROBE programs as it loads them: with the
         # extension map still empty nothing matches until the maps below are complete.
@@ -108,20 +119,31 @@ class ModelGuard:
             bpf["allowed_cgroups"][ctypes.c_uint64(cgroup)] = one
         for index, rule in enumerate(self.rules):
             words, masks = rules_.prefix_words(rule.directory)
-            bpf["prefixes"][ctypes.c_int(index)] = _Prefix((ctypes.c_uint64 * 16)(*words),
-                                                            (ctypes.c_uint64 * 16)(*masks))
+            bpf["prefixes"][ctypes.c_int(index)] = _Prefix(
+                (ctypes.c_uint64 * 16)(*words), (ctypes.c_uint64 * 16)(*masks)
+            )
         bpf["settings"][ctypes.c_int(0)] = ctypes.c_uint32(self.config.mode == "enforce")
         bpf["opens"].open_ring_buffer(self._on_record)
         for extension, mask in rules_.extension_masks(self.rules).items():
             bpf["extensions"][_ExtKey(extension)] = ctypes.c_uint32(mask)
         if self.mechanism == "lsm":
-            log.info("model guard: %s through BPF LSM (file_open)", "enforcing" if self.config.mode == "enforce"
-                     else "auditing")
+            log.info(
+                "model guard: %s through BPF LSM (file_open)",
+                "enforcing" if self.config.mode == "enforce" else "auditing",
+            )
         else:
-            log.warning("model guard: auditing through syscall tracepoints (%s)",
-                        f"BPF LSM unavailable: {refused}" if refused else "model_guard.mechanism: tracepoints")
-        log.info("model guard attached (%s): %s; allowed: %d executables, %d uids, %d cgroups", self.config.mode,
-                 ", ".join(self.config.paths), len(exes), len(self.config.allow_uids), len(cgroups))
+            log.warning(
+                "model guard: auditing through syscall tracepoints (%s)",
+                f"BPF LSM unavailable: {refused}" if refused else "model_guard.mechanism: tracepoints",
+            )
+        log.info(
+            "model guard attached (%s): %s; allowed: %d executables, %d uids, %d cgroups",
+            self.config.mode,
+            ", ".join(self.config.paths),
+            len(exes),
+            len(self.config.allow_uids),
+            len(cgroups),
+        )
 
     def _on_record(self, _ctx: int, data: int, size: int) -> None:
         self._raw.append(ctypes.string_at(data, size))
@@ -140,8 +162,17 @@ class ModelGuard:
                 event = self._matched(event)
                 if event is None:
                     continue
-            records.append(rules_.log_record(event, self.rules, self.config.mode, self.mechanism, now,
-                                             rules_.process_attributes(event.pid), self._resource))
+            records.append(
+                rules_.log_record(
+                    event,
+                    self.rules,
+                    self.config.mode,
+                    self.mechanism,
+                    now,
+                    rules_.process_attributes(event.pid),
+                    self._resource,
+                )
+            )
         self._log_sink.export(records)
         self._count()
         return len(records)

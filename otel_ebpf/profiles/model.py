@@ -173,8 +173,14 @@ def merge_profiles(profiles: Sequence[Profile]) -> list[Profile]:
         key = (tuple(sorted(profile.resource.items())), profile.sample_types, profile.period_type)
         into = merged.get(key)
         if into is None:
-            merged[key] = into = Profile(profile.resource, profile.sample_types, profile.period_type, profile.period,
-                                         profile.start_ns, profile.end_ns)
+            merged[key] = into = Profile(
+                profile.resource,
+                profile.sample_types,
+                profile.period_type,
+                profile.period,
+                profile.start_ns,
+                profile.end_ns,
+            )
         into.start_ns = min(into.start_ns, profile.start_ns) if into.start_ns else profile.start_ns
         into.end_ns = max(into.end_ns, profile.end_ns)
         for sample, values in profile.samples.items():

@@ -57,12 +57,28 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 def _launch(files: dict[str, Path], receiver: OTLPReceiver, mode: str, mechanism: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [*AGENT, "run", "--pid", str(os.getpid()), "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
-         "--ready-file", str(files["dir"] / "agent.ready")],
-        cwd=REPO, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OTEL_EBPF_MODEL_GUARD": mode, "OTEL_EBPF_MODEL_GUARD_MECHANISM": mechanism,
-             "OTEL_EBPF_MODEL_GUARD_PATHS": f"{files['dir']}/**/*.gguf",
-             "OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES": str(files["allowed"])},
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(os.getpid()),
+            "--exporter",
+            "otlp",
+            "--otlp-endpoint",
+            receiver.grpc_endpoint,
+            "--ready-file",
+            str(files["dir"] / "agent.ready"),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            "OTEL_EBPF_MODEL_GUARD": mode,
+            "OTEL_EBPF_MODEL_GUARD_MECHANISM": mechanism,
+            "OTEL_EBPF_MODEL_GUARD_PATHS": f"{files['dir']}/**/*.gguf",
+            "OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES": str(files["allowed"]),
+        },
     )
 
 
@@ -92,8 +108,15 @@ def _stop(agent: subprocess.Popen) -> None:
 
 def _opens(receiver: OTLPReceiver) -> list[tuple[str, str, bool, str]]:
     records: list[dict[str, Any]] = [r for r in _logs(receiver) if r["event_name"] == "model_guard.file_open"]
-    return sorted((r["attributes"]["process.executable.name"], r["attributes"]["model_guard.decision"],
-                   r["attributes"]["model_guard.allow_listed"], r["attributes"]["file.path"]) for r in records)
+    return sorted(
+        (
+            r["attributes"]["process.executable.name"],
+            r["attributes"]["model_guard.decision"],
+            r["attributes"]["model_guard.allow_listed"],
+            r["attributes"]["file.path"],
+        )
+        for r in records
+    )
 
 
 def test_enforce_denies_outside_the_allow_list_and_reports_each_open(bpf_lsm: None, files: dict[str, Path]) -> None:
@@ -115,8 +138,9 @@ def test_enforce_denies_outside_the_allow_list_and_reports_each_open(bpf_lsm: No
         model = str(files["model"])
         python = Path("/proc/self/comm").read_text().strip()  # the thread that opened it
         assert receiver.wait_for(lambda r: len(_opens(r)) >= 3, timeout=30)
-        assert _opens(receiver) == sorted([("allowed-cat", "allowed", True, model), ("cat", "denied", False, model),
-                                           (python, "denied", False, model)])
+        assert _opens(receiver) == sorted(
+            [("allowed-cat", "allowed", True, model), ("cat", "denied", False, model), (python, "denied", False, model)]
+        )
         metrics = receiver.metrics()
         assert latest_total(metrics, "otel_ebpf.model_guard.opens", decision="denied") == 2
         assert latest_total(metrics, "otel_ebpf.model_guard.opens", decision="allowed") == 1
@@ -164,15 +188,22 @@ sys.stdin.read()
 
 def _tracepoint_opens(receiver: OTLPReceiver) -> list[tuple[str, str, bool, str, str, str]]:
     records = [r for r in _logs(receiver) if r["event_name"] == "model_guard.file_open"]
-    return sorted((r["attributes"]["process.executable.name"], r["attributes"]["model_guard.decision"],
-                   r["attributes"]["model_guard.allow_listed"], r["attributes"]["file.path"],
-                   r["attributes"]["model_guard.mechanism"],
-                   "fd" if r["attributes"]["model_guard.result"] >= 0 else r["attributes"]["model_guard.errno"])
-                  for r in records)
+    return sorted(
+        (
+            r["attributes"]["process.executable.name"],
+            r["attributes"]["model_guard.decision"],
+            r["attributes"]["model_guard.allow_listed"],
+            r["attributes"]["file.path"],
+            r["attributes"]["model_guard.mechanism"],
+            "fd" if r["attributes"]["model_guard.result"] >= 0 else r["attributes"]["model_guard.errno"],
+        )
+        for r in records
+    )
 
 
-def test_audit_through_tracepoints_reports_absolute_and_relative_opens(files: dict[str, Path],
-                                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_audit_through_tracepoints_reports_absolute_and_relative_opens(
+    files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     outside = tmp_path_factory.mktemp("outside") / "elsewhere.gguf"  # the rule's extension, not its directory
     outside.write_text(CONTENT)
     model, models = files["model"], files["model"].parent
@@ -182,8 +213,13 @@ def test_audit_through_tracepoints_reports_absolute_and_relative_opens(files: di
             absolute = _cat("cat", model)
             other = _cat("cat", files["other"])
             elsewhere = _cat("cat", outside)
-            opener = subprocess.Popen([sys.executable, "-c", OPENER, model.name, "missing.gguf", "../llama/notes.txt"],
-                                      cwd=models, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            opener = subprocess.Popen(
+                [sys.executable, "-c", OPENER, model.name, "missing.gguf", "../llama/notes.txt"],
+                cwd=models,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             try:
                 assert opener.stdout is not None and opener.stdout.readline() == "opened\n"
                 # while the opener lives: its cwd is what the agent joins "weights.gguf" with
@@ -194,11 +230,13 @@ def test_audit_through_tracepoints_reports_absolute_and_relative_opens(files: di
             _stop(agent)
     assert [(r.returncode, r.stdout) for r in (absolute, other, elsewhere)] == [(0, CONTENT)] * 3  # nothing denied
     python = Path(sys.executable).name[:15]
-    assert _tracepoint_opens(receiver) == sorted([
-        ("cat", "allowed", False, str(model), "tracepoints", "fd"),
-        (python, "allowed", False, str(model), "tracepoints", "fd"),  # relative, resolved against the cwd
-        (python, "allowed", False, str(models / "missing.gguf"), "tracepoints", "ENOENT"),
-    ])
+    assert _tracepoint_opens(receiver) == sorted(
+        [
+            ("cat", "allowed", False, str(model), "tracepoints", "fd"),
+            (python, "allowed", False, str(model), "tracepoints", "fd"),  # relative, resolved against the cwd
+            (python, "allowed", False, str(models / "missing.gguf"), "tracepoints", "ENOENT"),
+        ]
+    )
     metrics = receiver.metrics()
     assert latest_total(metrics, "otel_ebpf.model_guard.opens", decision="allowed") == 3
     assert latest_total(metrics, "otel_ebpf.model_guard.opens", decision="denied") == 0
@@ -217,6 +255,8 @@ def test_enforce_without_bpf_lsm_stops_the_agent_with_the_reason(files: dict[str
             return
         stderr = agent.communicate(timeout=90)[1]
     assert agent.returncode == 1
-    assert f"otel-ebpf: model_guard enforce needs BPF LSM: {refused}. Enforcing needs a kernel that loads BPF LSM " \
+    assert (
+        f"otel-ebpf: model_guard enforce needs BPF LSM: {refused}. Enforcing needs a kernel that loads BPF LSM "
         "programs: `bpf` in its lsm= list" in stderr
+    )
     assert not (files["dir"] / "agent.ready").exists()
