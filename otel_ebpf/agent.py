@@ -42,6 +42,7 @@ from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
     from .probes.gpu import GpuMonitor
+    from .probes.model_guard import ModelGuard
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -221,7 +222,10 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
     profiling: CpuProfiling | None = None
     gpu: GpuMonitor | None = None
+    guard: ModelGuard | None = None
     try:
+        if agent is not None and config.model_guard.mode != "off":
+            guard = _start_model_guard(agent)
         probe.start()
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
         if agent is not None and config.profiling.enabled:
@@ -247,6 +251,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                     profiling.poll(0, agent.profile_horizon_ns())
                 if gpu is not None:
                     gpu.poll(0, agent.profile_horizon_ns())
+                if guard is not None:
+                    guard.poll(0)
             now = time.monotonic()
             if now >= next_kernel_stats:  # map reads are syscalls: not every poll
                 next_kernel_stats = now + KERNEL_STATS_S
@@ -269,6 +275,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         # pipeline flushes and the exporters send their last batches.
         detaching = threading.Thread(target=probe.close, name="detach")
         detaching.start()
+        if guard is not None:
+            guard.close()
         if gpu is not None:
             gpu.close()  # before the CPU profiler: they may share its profile sink
         if profiling is not None:
@@ -310,6 +318,25 @@ def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
     gpu.start()
     agent.metric_sources.append(gpu.collect_metrics)
     return gpu
+
+
+def _start_model_guard(agent: Agent) -> ModelGuard:
+    """The model-file guard (docs/model-guard.md): its reports go out as log records."""
+    from .exporters.logs import build_log_sink  # noqa: PLC0415 — with the guard only
+    from .probes.model_guard import ModelGuard  # noqa: PLC0415 — loads bcc: only when the guard is on
+
+    resource = Resource(
+        {
+            **agent.config.resource.attributes,
+            "service.name": agent.config.agent.service_name,
+            "host.name": agent.host_name,
+        }
+    )
+    guard = ModelGuard(
+        agent.config.model_guard, agent.selfmetrics, build_log_sink(agent.config, agent.selfmetrics), resource
+    )
+    guard.start()
+    return guard
 
 
 def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]) -> None:

@@ -31,6 +31,8 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
+from otel_ebpf.model_guard import DEFAULT_PATHS as DEFAULT_MODEL_PATHS
+from otel_ebpf.model_guard import MAX_ALLOWED, MAX_RULES, MECHANISMS, parse_rule
 from otel_ebpf.protocol import ENTRY_POINT_GROUP
 
 EXPORTER_NAMES = ("otlp", "file", "console", "prometheus")
@@ -231,6 +233,18 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class ModelGuardConfig:
+    """Model-file guard with BPF LSM (docs/model-guard.md)."""
+
+    mode: str = "off"  # off | audit (report every open) | enforce (also deny opens outside the allow-list)
+    mechanism: str = "auto"  # auto (BPF LSM, else for audit syscall tracepoints) | lsm | tracepoints
+    paths: tuple[str, ...] = DEFAULT_MODEL_PATHS  # '*.ext' or '/dir/**/*.ext'
+    allow_executables: tuple[str, ...] = ()  # by inode of the file at start-up
+    allow_uids: tuple[int, ...] = ()
+    allow_cgroups: tuple[str, ...] = ()  # cgroup v2 paths, e.g. /system.slice/vllm.service
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -244,6 +258,7 @@ class AgentConfig:
     trace: TraceConfig = TraceConfig()
     profiling: ProfilingConfig = ProfilingConfig()
     gpu: GpuConfig = GpuConfig()
+    model_guard: ModelGuardConfig = ModelGuardConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -435,6 +450,27 @@ def _mapping(value: Parser, *, lower_keys: bool = False, reserved: Mapping[str, 
     return parse
 
 
+def _at_most(count: int, parse: Parser) -> Parser:
+    def parse_bounded(value: Any) -> tuple[Any, ...]:
+        items = parse(value)
+        if len(items) > count:
+            raise ValueError(f"at most {count} entries, got {len(items)}")
+        return items
+
+    return parse_bounded
+
+
+def _model_path(value: Any) -> str:
+    return parse_rule(_text(value)).pattern
+
+
+def _absolute_path(value: Any) -> str:
+    text = _text(value)
+    if not text.startswith("/"):
+        raise ValueError(f"expected an absolute path, got {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration key and every way to set it.
@@ -543,6 +579,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.max_stacks", _integer(1), env="OTEL_EBPF_GPU_MAX_STACKS"),
     Setting("gpu.interval_s", _positive_number, env="OTEL_EBPF_GPU_INTERVAL"),
     Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
+    Setting("model_guard.mode", _choice("off", "audit", "enforce"), env="OTEL_EBPF_MODEL_GUARD"),
+    Setting("model_guard.mechanism", _choice(*MECHANISMS), env="OTEL_EBPF_MODEL_GUARD_MECHANISM"),
+    Setting(
+        "model_guard.paths",
+        _at_most(MAX_RULES, _list(_model_path, non_empty="name at least one pattern")),
+        env="OTEL_EBPF_MODEL_GUARD_PATHS",
+    ),
+    Setting(
+        "model_guard.allow_executables",
+        _at_most(MAX_ALLOWED, _list(_absolute_path)),
+        env="OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES",
+    ),
+    Setting(
+        "model_guard.allow_uids", _at_most(MAX_ALLOWED, _list(_integer(0))), env="OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS"
+    ),
+    Setting(
+        "model_guard.allow_cgroups",
+        _at_most(MAX_ALLOWED, _list(_absolute_path)),
+        env="OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS",
+    ),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
@@ -736,6 +792,8 @@ def _resolve(
         "export.max_queue_spans", ExportConfig.max_queue_spans
     ):
         raise layers.error("export.max_batch", "must not exceed export.max_queue_spans")
+    if values.get("model_guard.mode") == "enforce" and values.get("model_guard.mechanism") == "tracepoints":
+        raise layers.error("model_guard.mechanism", "tracepoints can only audit; enforce needs lsm (or auto)")
 
     missing = [name for name in values.get("protocols.enabled", ()) if name not in installed]
     if missing:

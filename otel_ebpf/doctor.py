@@ -471,6 +471,28 @@ def check_bpf_lsm() -> CheckResult:
     )
 
 
+LSM_LOADS = "a file_open LSM program loads (model_guard can audit and enforce)"
+LSM_REFUSED = "model_guard can audit, through syscall tracepoints, but not enforce; the rest of the agent is unaffected"
+
+
+def check_bpf_lsm_load(lsm_listed: bool) -> CheckResult:
+    """The end-to-end LSM check: a trivial program for file_open loads (what model_guard needs)."""
+    from .probes.lsm import lsm_load_error  # noqa: PLC0415 — standard library only, like this module
+
+    name = "BPF LSM program load"
+    if not lsm_listed:
+        return CheckResult(name, False, "skipped: BPF LSM not active", "fix the 'BPF LSM' check first", required=False)
+    error = lsm_load_error("file_open")
+    return CheckResult(
+        name,
+        error is None,
+        LSM_LOADS if error is None else f"{error} ({LSM_REFUSED})",
+        "run as root or with CAP_BPF, CAP_PERFMON and CAP_MAC_ADMIN; if that is the case already, the "
+        "kernel blocks BPF trampolines: use a kernel that allows fentry/LSM programs",
+        required=False,
+    )
+
+
 def run_checks() -> list[CheckResult]:
     """Run every check, cheapest first; the BCC probes take about a second each."""
     results = [
@@ -493,6 +515,7 @@ def run_checks() -> list[CheckResult]:
         check_memlock(),
         check_bpf_lsm(),
     ]
+    results.append(check_bpf_lsm_load(results[-1].ok))
     return results
 
 

@@ -137,6 +137,22 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
     "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
+    "otel_ebpf.model_guard.opens": (
+        "{open}",
+        "Opens of model files the guard matched, by decision (allowed, denied with EPERM)",
+        False,
+    ),
+    "otel_ebpf.model_guard.records.lost": (
+        "{open}",
+        "Model-file opens decided but not reported: the guard's ring buffer was full",
+        False,
+    ),
+    "otel_ebpf.model_guard.fail_open": (
+        "{open}",
+        "Opens the guard let through because it could not decide: a kernel read failed (read_failed) "
+        "or a directory rule's path did not resolve (path_failed)",
+        False,
+    ),
     "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
     "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
     "otel_ebpf.metrics.points.dropped": (

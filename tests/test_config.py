@@ -258,6 +258,44 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "gpu.max_stacks": (10_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_STACKS", "20", 20)]),
     "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
     "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
+    "model_guard.mode": (
+        "off",
+        [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")],
+    ),
+    "model_guard.mechanism": (
+        "auto",
+        [("yaml", "", "lsm", "lsm"), ("env", "OTEL_EBPF_MODEL_GUARD_MECHANISM", "tracepoints", "tracepoints")],
+    ),
+    "model_guard.paths": (
+        ("*.safetensors", "*.pt", "*.pth", "*.gguf", "*.onnx", "/models/**/*.bin", "/root/.cache/huggingface/**/*.bin"),
+        [
+            ("yaml", "", ["*.pt", "/srv/m/**/*.bin"], ("*.pt", "/srv/m/**/*.bin")),
+            ("env", "OTEL_EBPF_MODEL_GUARD_PATHS", "*.gguf", ("*.gguf",)),
+        ],
+    ),
+    "model_guard.allow_executables": (
+        (),
+        [
+            ("yaml", "", ["/usr/bin/python3"], ("/usr/bin/python3",)),
+            (
+                "env",
+                "OTEL_EBPF_MODEL_GUARD_ALLOW_EXECUTABLES",
+                "/opt/vllm/bin/python,/bin/a",
+                ("/opt/vllm/bin/python", "/bin/a"),
+            ),
+        ],
+    ),
+    "model_guard.allow_uids": (
+        (),
+        [("yaml", "", [1000], (1000,)), ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_UIDS", "0, 1001", (0, 1001))],
+    ),
+    "model_guard.allow_cgroups": (
+        (),
+        [
+            ("yaml", "", ["/system.slice/vllm.service"], ("/system.slice/vllm.service",)),
+            ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS", "/kubepods.slice", ("/kubepods.slice",)),
+        ],
+    ),
     "protocols.enabled": (
         None,
         [("yaml", "", ["http1", "kafka"], ("http1", "kafka")), ("env", "OTEL_EBPF_PROTOCOLS", "http2", ("http2",))],
@@ -502,6 +540,14 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"capture.max_processes": -1}, "capture.max_processes", "out of range"),
     ("env", {"OTEL_EBPF_SOCKET_MODE": "kprobes"}, "OTEL_EBPF_SOCKET_MODE", "one of"),
     ("yaml", {"targets.pids": [-1]}, "targets.pids", "item 1"),
+    ("env", {"OTEL_EBPF_MODEL_GUARD": "deny"}, "OTEL_EBPF_MODEL_GUARD", "one of"),
+    ("env", {"OTEL_EBPF_MODEL_GUARD_MECHANISM": "kprobes"}, "OTEL_EBPF_MODEL_GUARD_MECHANISM", "one of"),
+    ("yaml", {"model_guard.paths": ["/models/*.bin"]}, "model_guard.paths", "use '*.ext' or '/dir/**/*.ext'"),
+    ("yaml", {"model_guard.paths": []}, "model_guard.paths", "at least one"),
+    ("yaml", {"model_guard.paths": [f"*.e{i}" for i in range(17)]}, "model_guard.paths", "at most 16"),
+    ("yaml", {"model_guard.allow_executables": ["python3"]}, "model_guard.allow_executables", "absolute path"),
+    ("yaml", {"model_guard.allow_uids": [-1]}, "model_guard.allow_uids", "item 1"),
+    ("yaml", {"model_guard.allow_uids": list(range(257))}, "model_guard.allow_uids", "at most 256"),
     ("yaml", {"targets.ports": [80, 0]}, "targets.ports", "item 2"),
     ("yaml", {"targets.ports": [70000]}, "targets.ports", "1..65535"),
     ("yaml", {"targets.ports": ["http"]}, "targets.ports", "integer"),
@@ -569,6 +615,12 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"otlp.endpoint": "https://c:4317", "otlp.insecure": True}, "otlp.insecure", "https"),
     ("env", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317/v1/traces"}, "OTEL_EXPORTER_OTLP_ENDPOINT", "no path"),
     ("cli", {"otlp_endpoint": "http://c:4318/v1"}, "--otlp-endpoint", "otlp.protocol"),
+    (
+        "yaml",
+        {"model_guard.mode": "enforce", "model_guard.mechanism": "tracepoints"},
+        "model_guard.mechanism",
+        "can only audit",
+    ),
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from otel_ebpf import doctor
 from otel_ebpf.doctor import CheckResult
+from otel_ebpf.probes.lsm import lsm_load_error
 
 
 @pytest.mark.bpf
@@ -108,3 +109,17 @@ def test_effective_caps_parses_capeff() -> None:
     caps = doctor.effective_caps("Name:\tx\nCapEff:\t000001fffeffffff\n")
     assert caps == {"CAP_SYS_PTRACE", "CAP_SYS_ADMIN", "CAP_PERFMON", "CAP_BPF"}
     assert doctor.effective_caps("CapEff:\t0000000000000000\n") == set()
+
+
+def test_bpf_lsm_load_check_is_skipped_without_bpf_lsm_and_names_the_kernel_answer() -> None:
+    skipped = doctor.check_bpf_lsm_load(False)
+    assert (skipped.ok, skipped.required, skipped.detail) == (False, False, "skipped: BPF LSM not active")
+    assert lsm_load_error("no_such_hook") == "function bpf_lsm_no_such_hook not in the kernel's BTF"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(doctor.BTF_VMLINUX), reason="loads BPF: root and BTF")
+def test_bpf_lsm_load_check_reports_what_the_kernel_said() -> None:
+    result = doctor.check_bpf_lsm_load(True)
+    error = lsm_load_error("file_open")
+    assert result.ok == (error is None) and not result.required
+    assert result.detail == (doctor.LSM_LOADS if error is None else f"{error} ({doctor.LSM_REFUSED})")
