@@ -12,7 +12,6 @@ process's own container, and the clients none.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -21,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AGENT, REPO
+from tests.conftest import REPO
 from tests.live.test_http_live import _wait_for_file
-from tests.live.test_tls_live import _stop
+from tests.live.test_tls_live import _start_agent, _stop
 from tests.otlp_receiver import OTLPReceiver, _attributes
 
 pytestmark = pytest.mark.bpf
@@ -133,31 +132,14 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
         )
         assert client.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
-            ready = tmp_path / "agent.ready"
-            agent = subprocess.Popen(
-                [
-                    *AGENT,
-                    "run",
-                    "--pid",
-                    str(heavy.pid),
-                    "--pid",
-                    str(plain.pid),
-                    "--pid",
-                    str(client.pid),
-                    "--profile",
-                    "--exporter",
-                    "otlp",
-                    "--otlp-endpoint",
-                    receiver.grpc_endpoint,
-                    "--ready-file",
-                    str(ready),
-                ],
-                cwd=REPO,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "OTEL_EBPF_HOST_ROOT": str(tmp_path / "node")},
+            agent = _start_agent(
+                tmp_path,
+                receiver,
+                "auto",
+                *("--pid", str(heavy.pid), "--pid", str(plain.pid), "--pid", str(client.pid), "--profile"),
+                env={"OTEL_EBPF_HOST_ROOT": str(tmp_path / "node")},
+                timeout=180,  # two BPF programs to compile on a busy machine
             )
-            _wait_for_file(ready, agent)
             client.communicate("go\n", timeout=60)
             assert client.returncode == 0
             _stop(agent)

@@ -8,16 +8,13 @@ sets up a frame too and its caller is not skipped by frame-pointer unwinding.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import AGENT, REPO
-from tests.live.test_http_live import _wait_for_file
+from tests.live.test_tls_live import _start_agent, _stop
 from tests.otlp_receiver import OTLPReceiver
 
 pytestmark = pytest.mark.bpf
@@ -51,31 +48,16 @@ def test_cxx_frames_are_demangled_in_otlp_profiles(tmp_path: Path) -> None:
     try:
         assert workload.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
-            ready = tmp_path / "agent.ready"
-            agent = subprocess.Popen(
-                [
-                    *AGENT,
-                    "run",
-                    "--pid",
-                    str(workload.pid),
-                    "--profile",
-                    "--exporter",
-                    "otlp",
-                    "--otlp-endpoint",
-                    receiver.grpc_endpoint,
-                    "--ready-file",
-                    str(ready),
-                ],
-                cwd=REPO,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "2"},
+            agent = _start_agent(
+                tmp_path,
+                receiver,
+                "auto",
+                *("--pid", str(workload.pid), "--profile"),
+                env={"OTEL_EBPF_PROFILING_INTERVAL": "2"},
+                timeout=180,  # two BPF programs to compile on a busy machine
             )
-            _wait_for_file(ready, agent, timeout=180)  # two BPF programs to compile on a busy machine
             time.sleep(3)
-            agent.send_signal(signal.SIGINT)
-            stderr = agent.communicate(timeout=60)[1]
-            assert agent.returncode == 0, stderr
+            _stop(agent)
             assert receiver.wait_for(lambda r: bool(r.requests("profiles")), 10)
             strings = {s for request in receiver.requests("profiles") for s in request.dictionary.string_table}
     finally:

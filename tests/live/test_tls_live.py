@@ -38,7 +38,16 @@ def _certificates(tmp: Path) -> tuple[str, str, str]:
     return str(tmp / "ca.pem"), str(tmp / "cert.pem"), str(tmp / "key.pem")
 
 
-def _start_agent(tmp: Path, receiver: OTLPReceiver, socket_mode: str, *targets: str) -> subprocess.Popen:
+def _start_agent(
+    tmp: Path,
+    receiver: OTLPReceiver,
+    socket_mode: str,
+    *targets: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> subprocess.Popen:
+    """The agent with ``targets`` (and any other flags) exporting to ``receiver``, once it is ready;
+    ``env`` adds to the environment."""
     ready = tmp / "agent.ready"
     agent = subprocess.Popen(
         [
@@ -55,9 +64,9 @@ def _start_agent(tmp: Path, receiver: OTLPReceiver, socket_mode: str, *targets: 
         cwd=REPO,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode},
+        env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode, **(env or {})},
     )
-    _wait_for_file(ready, agent)
+    _wait_for_file(ready, agent, timeout)
     return agent
 
 
