@@ -28,6 +28,7 @@ from .connections import ConnectionTracker
 from .events import Event
 from .exporters import build_sink
 from .metrics import DELTA_KINDS
+from .pii import build_scrubber
 from .pipeline import Pipeline
 from .reorder import EventReorderer
 from .protocol import load_protocols
@@ -86,6 +87,8 @@ class Agent:
             protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes,
             DELTA_KINDS[config.export.metric_temporality], kernel_http_metrics,
             SpanSampler(config.trace.sample_ratio, int(config.trace.keep_slower_than_ms * 1e6)),
+            build_scrubber(config.pii.kinds, config.pii.patterns, self.selfmetrics).scrub
+            if config.pii.enabled and (config.pii.kinds or config.pii.patterns) else None,
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         trace = config.trace

@@ -30,6 +30,8 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
+from otel_ebpf.pii import KIND_NAMES as PII_KIND_NAMES
+from otel_ebpf.pii import custom_kind
 from otel_ebpf.protocol import ENTRY_POINT_GROUP
 
 EXPORTER_NAMES = ("otlp", "file", "console")
@@ -197,6 +199,15 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class PiiConfig:
+    """Personal data and secrets scrubbed from captured content before export (docs/genai.md)."""
+
+    enabled: bool = True
+    kinds: tuple[str, ...] = PII_KIND_NAMES  # built-in kinds scrubbed
+    patterns: Mapping[str, str] = field(default_factory=_frozen)  # extra kinds: name -> regular expression
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -208,6 +219,7 @@ class AgentConfig:
     trace: TraceConfig = TraceConfig()
     profiling: ProfilingConfig = ProfilingConfig()
     gpu: GpuConfig = GpuConfig()
+    pii: PiiConfig = PiiConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -399,6 +411,14 @@ def _mapping(value: Parser, *, lower_keys: bool = False, reserved: Mapping[str, 
     return parse
 
 
+def _pii_patterns(raw: Any) -> Mapping[str, str]:
+    """``pii.patterns``: name -> regular expression, each compiled and checked now (custom_kind)."""
+    patterns = _mapping(_text)(raw)
+    for name, pattern in patterns.items():
+        custom_kind(name, pattern)
+    return patterns
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration key and every way to set it.
@@ -492,6 +512,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.max_stacks", _integer(1), env="OTEL_EBPF_GPU_MAX_STACKS"),
     Setting("gpu.interval_s", _positive_number, env="OTEL_EBPF_GPU_INTERVAL"),
     Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
+    Setting("pii.enabled", _boolean, env="OTEL_EBPF_PII"),
+    Setting("pii.kinds", _list(_choice(*PII_KIND_NAMES)), env="OTEL_EBPF_PII_KINDS"),
+    Setting("pii.patterns", _pii_patterns),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

@@ -78,6 +78,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
     "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
+    "otel_ebpf.pii.scrubbed": ("{value}", "Personal data and secrets replaced in captured content, by kind", False),
     "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
     "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
 }

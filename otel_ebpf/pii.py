@@ -1,0 +1,230 @@
+"""Personal data and secrets out of captured content before it leaves the node.
+
+Captured content — GenAI prompts and outputs (``capture_content``), allow-listed HTTP headers and
+gRPC metadata — can carry what the application's users typed: e-mail addresses, phone and card
+numbers, IBANs, and the application's own credentials. :class:`PiiScrubber` replaces each with a
+typed placeholder (``<email>``, ``<card>``, ``<openai_key>``, ...) and counts it per kind.
+
+One combined pass: every kind is one alternative of a single regular expression, so a text is
+scanned once whatever the number of kinds. A kind whose shape alone would match ordinary data
+(long numbers, letter-digit codes) is confirmed by its checksum — Luhn and an issuer prefix for
+cards, ISO 13616 mod-97 for IBANs — and left alone when the check fails. Only the agent's copy of
+the text is touched; what the application sends is never changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .selfmetrics import SelfMetrics
+
+_TOKEN = r"A-Za-z0-9_\-"
+MAX_PATTERNS = 256  # combined patterns kept, by set of kinds
+# a value that is not part of a longer word or number on its left / right
+_END = r"(?![\w\-]|\.\w)"
+_GROUPS = rf"\d{{3,4}}[ .\-]\d{{3,4}}{_END}"  # the last two digit groups of a phone number
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if i % 2:
+            value = value * 2 - 9 if value > 4 else value * 2
+        total += value
+    return total % 10 == 0
+
+
+# Issuer prefixes (ISO/IEC 7812 IIN ranges of the card networks) and the lengths they issue: a
+# Luhn-valid number outside them (a timestamp, an id) is not a card.
+_CARD_PREFIXES = (
+    (("4",), (13, 16, 19)),  # Visa
+    (tuple(str(p) for p in range(51, 56)) + tuple(str(p) for p in range(2221, 2721)), (16,)),  # Mastercard
+    (("34", "37"), (15,)),  # American Express
+    (("6011", "65") + tuple(str(p) for p in range(644, 650)), (16, 19)),  # Discover
+    (tuple(str(p) for p in range(3528, 3590)), (16, 19)),  # JCB
+    (("36", "38", "39") + tuple(str(p) for p in range(300, 306)), (14, 16)),  # Diners Club
+    (("62",), (16, 17, 18, 19)),  # UnionPay
+)
+
+
+def _is_card(text: str) -> bool:
+    digits = "".join(c for c in text if c.isdigit())
+    if len(set(digits)) == 1 or not _luhn(digits):
+        return False
+    return any(digits.startswith(prefixes) and len(digits) in lengths for prefixes, lengths in _CARD_PREFIXES)
+
+
+def _is_iban(text: str) -> bool:
+    """ISO 13616: the country code and check digits moved to the end, letters as 10..35, mod 97 = 1."""
+    compact = text.replace(" ", "").upper()
+    if not 15 <= len(compact) <= 34:
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+
+
+@dataclass(frozen=True)
+class PiiKind:
+    """One kind of personal data or secret: its pattern, and a check that confirms a match.
+
+    ``pattern`` may hold a group named ``keep``: that part (a header name, an auth scheme) stays
+    and only the rest becomes the placeholder."""
+
+    name: str
+    pattern: str
+    check: Callable[[str], bool] | None = None
+    # substrings one of which every match holds (in lower case when ``hints_folded``): a text
+    # without any leaves the kind out of its pass
+    hints: tuple[str, ...] = ()
+    hints_folded: bool = False
+
+    def may_occur(self, text: str, folded: str) -> bool:
+        if not self.hints:
+            return True
+        within = folded if self.hints_folded else text
+        return any(hint in within for hint in self.hints)
+
+    @property
+    def placeholder(self) -> str:
+        return f"<{self.name}>"
+
+
+# credential-looking field and header names, by first letter (see _CREDENTIAL below)
+_CREDENTIAL_NAMES = {
+    "a": r"uthorization|pi[-_]?key|ccess[-_]?token|uth[-_]?token|ws_secret_access_key",
+    "p": r"roxy-authorization|assw(?:or)?d",
+    "x": r"-api-key",
+    "r": r"efresh[-_]?token",
+    "s": r"ecret[-_]?key",
+    "c": r"lient[-_]?secret",
+}
+_CREDENTIAL_HINTS = ("auth", "api", "access", "aws_secret", "passw", "refresh", "secret")
+_CREDENTIAL = ("(?:" + "|".join(rf"[{letter}{letter.upper()}](?<!\w.)(?i:{rest})"
+                                 for letter, rest in _CREDENTIAL_NAMES.items())
+               + r")[\"']?\s*[:=]\s*[\"']?(?:(?i:bearer|basic|token|digest)\s+)?(?P<keep>)(?!<|REDACTED\b)[^\s\"',;&<]{4,}")
+# Speed: every pattern starts with a literal or a character class, which the regex engine tests
+# before entering an alternative; "not inside a longer word" is a lookbehind *after* that first
+# character (``(?<!\w.)``), so a position that cannot start a match costs one character test.
+# ``(?P<keep>)`` marks the end of a prefix that stays (a field name, an auth scheme).
+# Order decides between kinds matching at the same position: the more specific first.
+KINDS: tuple[PiiKind, ...] = (
+    PiiKind("private_key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
+                           r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)", hints=("PRIVATE KEY-----",)),
+    PiiKind("jwt", r"e(?<!\w.)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*", hints=("eyJ",)),
+    # a credential-named field or header, in JSON, YAML, a query string or a header block
+    PiiKind("credential", _CREDENTIAL, hints=_CREDENTIAL_HINTS, hints_folded=True),
+    PiiKind("bearer_token", r"[Bb](?<!\w.)(?:earer|EARER)\s+(?P<keep>)(?!<|REDACTED\b)[A-Za-z0-9._~+/=\-]{8,}", hints=("earer", "EARER")),
+    PiiKind("anthropic_key", rf"s(?<!\w.)k-ant-[{_TOKEN}]{{20,}}", hints=("sk-ant-",)),
+    PiiKind("openai_key", rf"s(?<!\w.)k-(?:proj-|svcacct-|admin-)?[{_TOKEN}]{{20,}}", hints=("sk-",)),
+    PiiKind("huggingface_token", r"h(?<!\w.)f_[A-Za-z0-9]{30,}", hints=("hf_",)),
+    PiiKind("github_token", r"g(?<!\w.)(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})",
+            hints=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+    PiiKind("aws_access_key", r"A(?<!\w.)(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b", hints=("AKIA", "ASIA", "ABIA", "ACCA")),
+    PiiKind("gcp_api_key", r"A(?<!\w.)Iza[0-9A-Za-z_\-]{35}", hints=("AIza",)),
+    PiiKind("azure_key", r"[AS](?<!\w.)(?:ccountKey|haredAccessKey)=(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}", hints=("Key=",)),
+    PiiKind("email", r"[\w.%+\-](?<![\w.%+\-].)[\w.%+\-]{0,63}+@(?:[A-Za-z0-9\-]{1,63}\.)+[A-Za-z]{2,24}\b", hints=("@",)),
+    PiiKind("iban", r"[A-Z](?<!\w.)[A-Z]\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b", _is_iban),
+    PiiKind("card", rf"\d(?<![\w.+\-].)(?:[ \-]?\d){{12,18}}{_END}", _is_card),
+    # international (+country code) or grouped national numbers; a bare digit run is an id, not a phone
+    PiiKind("phone", rf"\+(?<![\w.+\-].)(?:\d{{1,3}}[ .\-]?(?:\(\d{{2,4}}\)|\d{{2,4}})[ .\-]?{_GROUPS}|\d{{7,15}}{_END})"
+                     rf"|\((?<![\w.+\-].)\d{{2,4}}\)[ .\-]?{_GROUPS}"
+                     rf"|\d(?<![\w.+\-].)\d{{1,3}}[ .\-]{_GROUPS}"),
+)
+KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
+
+
+def custom_kind(name: str, pattern: str) -> PiiKind:
+    """A user-supplied kind; ``ValueError`` naming the problem when the pattern is unusable."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+        raise ValueError(f"{name!r}: a pattern name is lower-case letters, digits and _ (at most 32)")
+    if name in KIND_NAMES:
+        raise ValueError(f"{name!r}: a built-in kind has this name")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{name}: invalid regular expression: {exc}") from None
+    if compiled.groups:  # the combined pattern identifies kinds by their groups
+        raise ValueError(f"{name}: use non-capturing groups (?:...) only")
+    if compiled.search(""):
+        raise ValueError(f"{name}: the pattern matches empty text")
+    return PiiKind(name, pattern)
+
+
+class PiiScrubber:
+    """Replaces the selected kinds in texts by their placeholders; ``counts`` says how many of each."""
+
+    def __init__(self, kinds: Iterable[PiiKind] = KINDS, selfmetrics: SelfMetrics | None = None) -> None:
+        """``selfmetrics``: where each replacement is counted too (``otel_ebpf.pii.scrubbed``)."""
+        self.kinds = tuple(kinds)
+        self._selfmetrics = selfmetrics
+        if not self.kinds:
+            raise ValueError("no kinds to scrub")
+        every = self._combine(range(len(self.kinds)))  # compiled now: a bad pattern fails here, not later
+        self._keeps = {index: f"keep{index}" in every.groupindex for index in range(len(self.kinds))}
+        # one combined pattern per set of kinds that may occur in a text (see PiiKind.hints)
+        self._patterns: dict[frozenset[int], re.Pattern[str]] = {frozenset(range(len(self.kinds))): every}
+        self.counts: Counter[str] = Counter()
+
+    def scrub(self, text: str) -> str:
+        folded = text.lower()
+        active = frozenset(i for i, kind in enumerate(self.kinds) if kind.may_occur(text, folded))
+        if not active:
+            return text
+        pattern = self._patterns.get(active)
+        if pattern is None:
+            if len(self._patterns) >= MAX_PATTERNS:
+                self._patterns.clear()
+            pattern = self._patterns[active] = self._combine(active)
+        return pattern.sub(self._replace, text)
+
+    def _combine(self, indices: Iterable[int]) -> re.Pattern[str]:
+        parts = []
+        for index in sorted(indices):
+            # an empty group at the end names the kind (it is the last group a match closes); group
+            # names are unique in the combined pattern: ``keep`` becomes ``keep<index>``
+            pattern = self.kinds[index].pattern.replace("(?P<keep>)", f"(?P<keep{index}>)")
+            parts.append(f"(?:{pattern})(?P<k{index}>)")
+        return re.compile("|".join(parts))
+
+    def _replace(self, match: re.Match[str]) -> str:
+        index = int(match.lastgroup[1:])  # type: ignore[index]
+        kind = self.kinds[index]
+        if kind.check is not None and not kind.check(match.group()):
+            return match.group()
+        self.counts[kind.name] += 1
+        if self._selfmetrics is not None:
+            self._selfmetrics.add("otel_ebpf.pii.scrubbed", 1, {"kind": kind.name})
+        if self._keeps[index]:
+            return match.string[match.start():match.end(f"keep{index}")] + kind.placeholder
+        return kind.placeholder
+
+
+def build_scrubber(kinds: Iterable[str], patterns: Mapping[str, str], selfmetrics: SelfMetrics) -> PiiScrubber:
+    """The scrubber for the ``pii`` settings: built-in kinds by name, then the user's patterns."""
+    by_name = {kind.name: kind for kind in KINDS}
+    selected = [by_name[name] for name in kinds]
+    return PiiScrubber([*selected, *(custom_kind(name, pattern) for name, pattern in patterns.items())], selfmetrics)
+
+
+# span attributes that hold captured content (prefixes end with ".")
+CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "http.request.header.",
+                      "http.response.header.", "rpc.grpc.request.metadata.", "rpc.grpc.response.metadata.",
+                      "rpc.request.metadata.", "rpc.response.metadata.")
+
+
+def filter_content(attributes: Mapping[str, object], content_filter: Callable[[str], str]) -> dict[str, object]:
+    """``attributes`` with every captured-content value (a string or a list of strings) passed
+    through ``content_filter``; the rest as they are."""
+    filtered = dict(attributes)
+    for key, value in attributes.items():
+        if not key.startswith(CONTENT_ATTRIBUTES):
+            continue
+        if isinstance(value, str):
+            filtered[key] = content_filter(value)
+        elif isinstance(value, (list, tuple)):
+            filtered[key] = type(value)(content_filter(v) if isinstance(v, str) else v for v in value)
+    return filtered
