@@ -71,16 +71,23 @@ def _is_iban(text: str) -> bool:
 class PiiKind:
     """One kind of personal data or secret: its pattern, and a check that confirms a match.
 
-    ``pattern`` may hold a group named ``keep``: that part (a header name, an auth scheme) stays
-    and only the rest becomes the placeholder."""
+    Built-in kinds give the character a match starts with apart, as a character class body
+    (``first``); ``pattern`` is then the rest, which may look behind at that character. A kind
+    without ``first`` (a user's) is a whole pattern. ``pattern`` may hold an empty group named
+    ``keep``: what comes before it (a field name, an auth scheme) stays, only the rest is replaced.
+    A built-in kind's match starts a word (the character before it is none) unless ``inside_word``;
+    ``left`` extends a match leftwards: the e-mail kind is found at its ``@``."""
 
     name: str
     pattern: str
+    first: str | None = None
     check: Callable[[str], bool] | None = None
     # substrings one of which every match holds (in lower case when ``hints_folded``): a text
     # without any leaves the kind out of its pass
     hints: tuple[str, ...] = ()
     hints_folded: bool = False
+    left: re.Pattern[str] | None = None
+    inside_word: bool = False
 
     def may_occur(self, text: str, folded: str) -> bool:
         if not self.hints:
@@ -93,7 +100,7 @@ class PiiKind:
         return f"<{self.name}>"
 
 
-# credential-looking field and header names, by first letter (see _CREDENTIAL below)
+# credential-looking field and header names, by first letter
 _CREDENTIAL_NAMES = {
     "a": r"uthorization|pi[-_]?key|ccess[-_]?token|uth[-_]?token|ws_secret_access_key",
     "p": r"roxy-authorization|assw(?:or)?d",
@@ -103,36 +110,38 @@ _CREDENTIAL_NAMES = {
     "c": r"lient[-_]?secret",
 }
 _CREDENTIAL_HINTS = ("auth", "api", "access", "aws_secret", "passw", "refresh", "secret")
-_CREDENTIAL = ("(?:" + "|".join(rf"[{letter}{letter.upper()}](?<!\w.)(?i:{rest})"
-                                 for letter, rest in _CREDENTIAL_NAMES.items())
-               + r")[\"']?\s*[:=]\s*[\"']?(?:(?i:bearer|basic|token|digest)\s+)?(?P<keep>)(?!<|REDACTED\b)[^\s\"',;&<]{4,}")
-# Speed: every pattern starts with a literal or a character class, which the regex engine tests
-# before entering an alternative; "not inside a longer word" is a lookbehind *after* that first
-# character (``(?<!\w.)``), so a position that cannot start a match costs one character test.
-# ``(?P<keep>)`` marks the end of a prefix that stays (a field name, an auth scheme).
+_CREDENTIAL = ("(?:" + "|".join(rf"(?<=[{letter}{letter.upper()}])(?i:{rest})" for letter, rest in _CREDENTIAL_NAMES.items())
+               + r")[\"']?\s*[:=]\s*[\"']?(?:(?i:bearer|basic|token|digest)\s+)?(?P<keep>)(?!<|REDACTED\b)"
+               r"[^\s\"',;&<]{4,}")
+_NUMBER_START = r"(?<![.+\-].)"  # numbers: not after a dot, sign or dash either (a word character is excluded already)
 # Order decides between kinds matching at the same position: the more specific first.
 KINDS: tuple[PiiKind, ...] = (
-    PiiKind("private_key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
-                           r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)", hints=("PRIVATE KEY-----",)),
-    PiiKind("jwt", r"e(?<!\w.)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*", hints=("eyJ",)),
+    PiiKind("private_key", r"----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
+                           r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)", r"\-", hints=("PRIVATE KEY-----",)),
+    PiiKind("jwt", r"yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*", "e", hints=("eyJ",)),
     # a credential-named field or header, in JSON, YAML, a query string or a header block
-    PiiKind("credential", _CREDENTIAL, hints=_CREDENTIAL_HINTS, hints_folded=True),
-    PiiKind("bearer_token", r"[Bb](?<!\w.)(?:earer|EARER)\s+(?P<keep>)(?!<|REDACTED\b)[A-Za-z0-9._~+/=\-]{8,}", hints=("earer", "EARER")),
-    PiiKind("anthropic_key", rf"s(?<!\w.)k-ant-[{_TOKEN}]{{20,}}", hints=("sk-ant-",)),
-    PiiKind("openai_key", rf"s(?<!\w.)k-(?:proj-|svcacct-|admin-)?[{_TOKEN}]{{20,}}", hints=("sk-",)),
-    PiiKind("huggingface_token", r"h(?<!\w.)f_[A-Za-z0-9]{30,}", hints=("hf_",)),
-    PiiKind("github_token", r"g(?<!\w.)(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})",
+    PiiKind("credential", _CREDENTIAL, "".join(c + c.upper() for c in _CREDENTIAL_NAMES),
+            hints=_CREDENTIAL_HINTS, hints_folded=True),
+    PiiKind("bearer_token", r"(?:earer|EARER)\s+(?P<keep>)(?!<|REDACTED\b)[A-Za-z0-9._~+/=\-]{8,}",
+            "Bb", hints=("earer", "EARER")),
+    PiiKind("anthropic_key", rf"k-ant-[{_TOKEN}]{{20,}}", "s", hints=("sk-ant-",)),
+    PiiKind("openai_key", rf"k-(?:proj-|svcacct-|admin-)?[{_TOKEN}]{{20,}}", "s", hints=("sk-",)),
+    PiiKind("huggingface_token", r"f_[A-Za-z0-9]{30,}", "h", hints=("hf_",)),
+    PiiKind("github_token", r"(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})", "g",
             hints=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
-    PiiKind("aws_access_key", r"A(?<!\w.)(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b", hints=("AKIA", "ASIA", "ABIA", "ACCA")),
-    PiiKind("gcp_api_key", r"A(?<!\w.)Iza[0-9A-Za-z_\-]{35}", hints=("AIza",)),
-    PiiKind("azure_key", r"[AS](?<!\w.)(?:ccountKey|haredAccessKey)=(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}", hints=("Key=",)),
-    PiiKind("email", r"[\w.%+\-](?<![\w.%+\-].)[\w.%+\-]{0,63}+@(?:[A-Za-z0-9\-]{1,63}\.)+[A-Za-z]{2,24}\b", hints=("@",)),
-    PiiKind("iban", r"[A-Z](?<!\w.)[A-Z]\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b", _is_iban),
-    PiiKind("card", rf"\d(?<![\w.+\-].)(?:[ \-]?\d){{12,18}}{_END}", _is_card),
+    PiiKind("aws_access_key", r"(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b", "A",
+            hints=("AKIA", "ASIA", "ABIA", "ACCA")),
+    PiiKind("gcp_api_key", r"Iza[0-9A-Za-z_\-]{35}", "A", hints=("AIza",)),
+    PiiKind("azure_key", r"(?:(?<=A)ccountKey|(?<=S)haredAccessKey)=(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}",
+            "AS", hints=("Key=",)),
+    PiiKind("email", r"(?<=[\w.%+\-]@)(?:[A-Za-z0-9\-]{1,63}\.)+[A-Za-z]{2,24}\b", "@", hints=("@",),
+            left=re.compile(r"[\w.%+\-]{1,64}\Z"), inside_word=True),
+    PiiKind("iban", r"[A-Z]\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b", "A-Z", _is_iban),
+    PiiKind("card", rf"{_NUMBER_START}(?:[ \-]?\d){{12,18}}{_END}", "0-9", _is_card),
     # international (+country code) or grouped national numbers; a bare digit run is an id, not a phone
-    PiiKind("phone", rf"\+(?<![\w.+\-].)(?:\d{{1,3}}[ .\-]?(?:\(\d{{2,4}}\)|\d{{2,4}})[ .\-]?{_GROUPS}|\d{{7,15}}{_END})"
-                     rf"|\((?<![\w.+\-].)\d{{2,4}}\)[ .\-]?{_GROUPS}"
-                     rf"|\d(?<![\w.+\-].)\d{{1,3}}[ .\-]{_GROUPS}"),
+    PiiKind("phone", rf"{_NUMBER_START}(?:(?<=\+)(?:\d{{1,3}}[ .\-]?(?:\(\d{{2,4}}\)|\d{{2,4}})[ .\-]?{_GROUPS}"
+                     rf"|\d{{7,15}}{_END})|(?<=\()\d{{2,4}}\)[ .\-]?{_GROUPS}|(?<=\d)\d{{1,3}}[ .\-]{_GROUPS})",
+            r"+(0-9"),
 )
 KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
 
@@ -169,6 +178,25 @@ class PiiScrubber:
         self._patterns: dict[frozenset[int], re.Pattern[str]] = {frozenset(range(len(self.kinds))): every}
         self.counts: Counter[str] = Counter()
 
+    def _combine(self, indices: Iterable[int]) -> re.Pattern[str]:
+        """One pattern for the kinds ``indices``. The built-in kinds share one leading character
+        class — their first characters — so the engine skips in C every position no kind can start
+        at; one test then drops a position inside a word (most digits of a number, most letters),
+        and each kind left looks behind at its first character. A user's kind is one more
+        alternative. An empty group at the end of each names the kind (the last group a match closes)."""
+        firsts, word_start, inside_word, whole = [], [], [], []
+        for index in sorted(indices):
+            kind = self.kinds[index]
+            pattern = kind.pattern.replace("(?P<keep>)", f"(?P<keep{index}>)")
+            if kind.first is None:
+                whole.append(f"(?:{pattern})(?P<k{index}>)")
+                continue
+            firsts.append(kind.first)
+            (inside_word if kind.inside_word else word_start).append(f"(?<=[{kind.first}])(?:{pattern})(?P<k{index}>)")
+        branches = ([rf"(?<!\w.)(?:{'|'.join(word_start)})"] if word_start else []) + inside_word
+        parts = [f"[{''.join(dict.fromkeys(firsts))}](?:{'|'.join(branches)})"] if branches else []
+        return re.compile("|".join(parts + whole))
+
     def scrub(self, text: str) -> str:
         folded = text.lower()
         active = frozenset(i for i, kind in enumerate(self.kinds) if kind.may_occur(text, folded))
@@ -179,28 +207,28 @@ class PiiScrubber:
             if len(self._patterns) >= MAX_PATTERNS:
                 self._patterns.clear()
             pattern = self._patterns[active] = self._combine(active)
-        return pattern.sub(self._replace, text)
-
-    def _combine(self, indices: Iterable[int]) -> re.Pattern[str]:
-        parts = []
-        for index in sorted(indices):
-            # an empty group at the end names the kind (it is the last group a match closes); group
-            # names are unique in the combined pattern: ``keep`` becomes ``keep<index>``
-            pattern = self.kinds[index].pattern.replace("(?P<keep>)", f"(?P<keep{index}>)")
-            parts.append(f"(?:{pattern})(?P<k{index}>)")
-        return re.compile("|".join(parts))
-
-    def _replace(self, match: re.Match[str]) -> str:
-        index = int(match.lastgroup[1:])  # type: ignore[index]
-        kind = self.kinds[index]
-        if kind.check is not None and not kind.check(match.group()):
-            return match.group()
-        self.counts[kind.name] += 1
-        if self._selfmetrics is not None:
-            self._selfmetrics.add("otel_ebpf.pii.scrubbed", 1, {"kind": kind.name})
-        if self._keeps[index]:
-            return match.string[match.start():match.end(f"keep{index}")] + kind.placeholder
-        return kind.placeholder
+        pieces: list[str] = []
+        done = 0  # text before this is copied or replaced
+        for match in pattern.finditer(text):
+            index = int(match.lastgroup[1:])  # type: ignore[index]
+            kind = self.kinds[index]
+            start, end = match.span()
+            if kind.left is not None:
+                before = kind.left.search(text, max(done, start - 64), start)
+                if before is None:
+                    continue
+                start = before.start()
+            if kind.check is not None and not kind.check(text[start:end]):
+                continue
+            self.counts[kind.name] += 1
+            if self._selfmetrics is not None:
+                self._selfmetrics.add("otel_ebpf.pii.scrubbed", 1, {"kind": kind.name})
+            pieces += (text[done:match.end(f"keep{index}") if self._keeps[index] else start], kind.placeholder)
+            done = end
+        if not pieces:
+            return text
+        pieces.append(text[done:])
+        return "".join(pieces)
 
 
 def build_scrubber(kinds: Iterable[str], patterns: Mapping[str, str], selfmetrics: SelfMetrics) -> PiiScrubber:

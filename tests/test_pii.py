@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_ebpf.pii import KIND_NAMES, KINDS, PiiScrubber, build_scrubber, custom_kind, filter_content
+from otel_ebpf.pii import (
+    KIND_NAMES,
+    KINDS,
+    PiiScrubber,
+    build_scrubber,
+    custom_kind,
+    filter_content,
+)
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.pii_corpus import CORPUS, secret_part
 
@@ -56,11 +63,14 @@ def test_lookalikes_stay(text: str) -> None:
     assert not scrubber.counts
 
 
+# Ordinary content. A 13-19 digit number that passes Luhn with a card issuer's prefix cannot be told
+# from a card number (docs/genai.md says so), so integers stay below 13 digits; timestamps are those
+# of 2001-2035, in s, ms, us and ns, whose leading 1 or 2 no card of their length starts with.
 _ordinary = st.one_of(
-    st.integers(min_value=-(2**63), max_value=2**63).map(str),
+    st.integers(min_value=-(10**12 - 1), max_value=10**12 - 1).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
-    st.integers(min_value=1_000_000_000, max_value=4_102_444_800).flatmap(
-        lambda s: st.sampled_from([str(s), str(s * 1000), str(s * 10**9)])),  # epoch s / ms / ns
+    st.integers(min_value=1_000_000_000, max_value=2_082_758_399).flatmap(
+        lambda s: st.sampled_from([str(s), str(s * 1000), str(s * 10**6), str(s * 10**9)])),
     st.datetimes().map(lambda d: d.isoformat()),
     st.uuids().map(str),
     st.binary(min_size=8, max_size=32).map(bytes.hex),  # trace / span / request ids
