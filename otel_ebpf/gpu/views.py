@@ -27,7 +27,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
 from ..metrics import ProcessMetrics
-from ..profiles.model import EXITED, Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
+from ..events import EXITED
+from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
 from ..protocol import InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
 from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, error_name

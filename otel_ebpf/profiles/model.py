@@ -21,8 +21,6 @@ from types import MappingProxyType
 from typing import Any
 
 Link = tuple[int, int]  # (trace id, span id)
-# the sample attribute of a process's state at its exit, exported then rather than at the interval's end
-EXITED: Mapping[str, Any] = MappingProxyType({"otel_ebpf.process.exited": True})
 
 
 class FrameKind(str, enum.Enum):
