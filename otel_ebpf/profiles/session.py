@@ -17,7 +17,6 @@ from otel_ebpf.config import AgentConfig
 from otel_ebpf.events import EXITED, ProcessInfo
 from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
 from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
-
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import SDK_ATTRIBUTES, process_resource_attributes
 
