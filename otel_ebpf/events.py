@@ -104,7 +104,7 @@ class ProcessExit:
 
 # The attribute of what a process left at its exit (spans of exchanges its exit cut, profile
 # samples), exported then rather than at the end of an interval.
-EXITED: Mapping[str, object] = MappingProxyType({"otel_ebpf.process.exited": True})
+EXITED: Mapping[str, bool] = MappingProxyType({"otel_ebpf.process.exited": True})
 
 
 @dataclass(slots=True)

@@ -184,7 +184,10 @@ class PiiScrubber:
         at; one test then drops a position inside a word (most digits of a number, most letters),
         and each kind left looks behind at its first character. A user's kind is one more
         alternative. An empty group at the end of each names the kind (the last group a match closes)."""
-        firsts, word_start, inside_word, whole = [], [], [], []
+        firsts: list[str] = []
+        word_start: list[str] = []  # the alternatives of kinds that start a word, and of those that need not
+        inside_word: list[str] = []
+        whole: list[str] = []
         for index in sorted(indices):
             kind = self.kinds[index]
             pattern = kind.pattern.replace("(?P<keep>)", f"(?P<keep{index}>)")

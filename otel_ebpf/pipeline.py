@@ -79,7 +79,7 @@ class Pipeline:
         if events:
             self.assembler.expire(self.last_timestamp_ns)
 
-    def _report(self, outcomes: list[Outcome], label: Mapping[str, object] | None = None) -> None:
+    def _report(self, outcomes: list[Outcome], label: Mapping[str, bool] | None = None) -> None:
         """``label``: attributes for every span (those of a process's exchanges cut by its exit)."""
         assembler = self.assembler
         for conn, item, tid in outcomes:
