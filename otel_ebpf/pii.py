@@ -18,11 +18,15 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .selfmetrics import SelfMetrics
 
 _TOKEN = r"A-Za-z0-9_\-"
 MAX_PATTERNS = 256  # combined patterns kept, by set of kinds
+# Texts shorter than this (most header values) go through the pattern of every kind at once: one
+# scan of a few dozen characters costs less than looking for the kinds' hints.
+SHORT = 64
 # a value that is not part of a longer word or number on its left / right
 _END = r"(?![\w\-]|\.\w)"
 _GROUPS = rf"\d{{3,4}}[ .\-]\d{{3,4}}{_END}"  # the last two digit groups of a phone number
@@ -88,12 +92,6 @@ class PiiKind:
     hints_folded: bool = False
     left: re.Pattern[str] | None = None
     inside_word: bool = False
-
-    def may_occur(self, text: str, folded: str) -> bool:
-        if not self.hints:
-            return True
-        within = folded if self.hints_folded else text
-        return any(hint in within for hint in self.hints)
 
     @property
     def placeholder(self) -> str:
@@ -173,10 +171,27 @@ class PiiScrubber:
         if not self.kinds:
             raise ValueError("no kinds to scrub")
         every = self._combine(range(len(self.kinds)))  # compiled now: a bad pattern fails here, not later
+        self._every = every
         self._keeps = {index: f"keep{index}" in every.groupindex for index in range(len(self.kinds))}
         # one combined pattern per set of kinds that may occur in a text (see PiiKind.hints)
         self._patterns: dict[frozenset[int], re.Pattern[str]] = {frozenset(range(len(self.kinds))): every}
+        self._always = frozenset(i for i, kind in enumerate(self.kinds) if not kind.hints)
+        self._hints = [(hint, i, kind.hints_folded) for i, kind in enumerate(self.kinds) for hint in kind.hints]
+        self._fold = any(kind.hints_folded for kind in self.kinds)
         self.counts: Counter[str] = Counter()
+
+    def _pattern_for(self, text: str) -> re.Pattern[str] | None:
+        """The combined pattern of the kinds whose hints ``text`` holds (None: no kind can match)."""
+        folded = text.lower() if self._fold else text
+        active = self._always.union([i for hint, i, in_folded in self._hints if hint in (folded if in_folded else text)])
+        if not active:
+            return None
+        pattern = self._patterns.get(active)
+        if pattern is None:
+            if len(self._patterns) >= MAX_PATTERNS:
+                self._patterns.clear()
+            pattern = self._patterns[active] = self._combine(active)
+        return pattern
 
     def _combine(self, indices: Iterable[int]) -> re.Pattern[str]:
         """One pattern for the kinds ``indices``. The built-in kinds share one leading character
@@ -201,15 +216,9 @@ class PiiScrubber:
         return re.compile("|".join(parts + whole))
 
     def scrub(self, text: str) -> str:
-        folded = text.lower()
-        active = frozenset(i for i, kind in enumerate(self.kinds) if kind.may_occur(text, folded))
-        if not active:
-            return text
-        pattern = self._patterns.get(active)
+        pattern = self._every if len(text) < SHORT else self._pattern_for(text)
         if pattern is None:
-            if len(self._patterns) >= MAX_PATTERNS:
-                self._patterns.clear()
-            pattern = self._patterns[active] = self._combine(active)
+            return text
         pieces: list[str] = []
         done = 0  # text before this is copied or replaced
         for match in pattern.finditer(text):
@@ -247,13 +256,15 @@ CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "http.r
                       "rpc.request.metadata.", "rpc.response.metadata.")
 
 
-def filter_content(attributes: Mapping[str, object], content_filter: Callable[[str], str]) -> dict[str, object]:
+def filter_content(attributes: Mapping[str, Any], content_filter: Callable[[str], str]) -> Mapping[str, Any]:
     """``attributes`` with every captured-content value (a string or a list of strings) passed
-    through ``content_filter``; the rest as they are."""
+    through ``content_filter``; the rest as they are (``attributes`` itself when it holds no content)."""
+    keys = [key for key in attributes if key.startswith(CONTENT_ATTRIBUTES)]
+    if not keys:
+        return attributes
     filtered = dict(attributes)
-    for key, value in attributes.items():
-        if not key.startswith(CONTENT_ATTRIBUTES):
-            continue
+    for key in keys:
+        value = attributes[key]
         if isinstance(value, str):
             filtered[key] = content_filter(value)
         elif isinstance(value, (list, tuple)):
