@@ -42,8 +42,21 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (REPO, SPAN_KIND, Agent, Watch, WrkRun, cpu_seconds, free_port, kill,  # noqa: E402
-                     parse_live_args, span_counts, unshared, wait_listening, wrk)
+from harness import (
+    REPO,
+    SPAN_KIND,
+    Agent,
+    Watch,
+    WrkRun,
+    cpu_seconds,
+    free_port,
+    kill,  # noqa: E402
+    parse_live_args,
+    span_counts,
+    unshared,
+    wait_listening,
+    wrk,
+)
 from results import write_result  # noqa: E402
 
 SERVICE = [sys.executable, str(REPO / "examples" / "fastapi_service.py")]
@@ -106,8 +119,14 @@ class Sink(ThreadingHTTPServer):
     def server_spans(self) -> int:
         """SERVER spans received since the last call."""
         bodies, self.traces = self.traces, []
-        return sum(1 for body in bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
-                   for ss in rs.scope_spans for span in ss.spans if span.kind == SPAN_KIND["SERVER"])
+        return sum(
+            1
+            for body in bodies
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+            if span.kind == SPAN_KIND["SERVER"]
+        )
 
 
 def measure(variant: str, seconds: float, sink: Sink) -> Run:
@@ -115,9 +134,14 @@ def measure(variant: str, seconds: float, sink: Sink) -> Run:
     command, env = [*SERVICE, "--port", str(port)], dict(os.environ)
     if variant == "otel-instrument":
         command = [INSTRUMENT, *command]
-        env.update(OTEL_SERVICE_NAME="fastapi-bench", OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
-                   OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                   OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint)
+        env.update(
+            OTEL_SERVICE_NAME="fastapi-bench",
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
+        )
         sink.server_spans()  # forget anything left over
     url = f"http://127.0.0.1:{port}{PATH}"
     with tempfile.TemporaryDirectory(prefix="fastapi-load-") as tmp, ExitStack() as stack:
@@ -137,10 +161,17 @@ def measure(variant: str, seconds: float, sink: Sink) -> Run:
         if agent:
             usage = agent.stop()
             run.agent_cpu_s, run.agent_cpu_startup_s, run.agent_peak_rss_mb, run.agent_exit_s = (
-                usage.cpu_total_s, usage.cpu_startup_s, usage.maxrss_mb, usage.exit_s)
+                usage.cpu_total_s,
+                usage.cpu_startup_s,
+                usage.maxrss_mb,
+                usage.exit_s,
+            )
             run.agent_rss_load_mb = watch.peak
-            run.server_spans = sum(n for (pid, kind, _), n in span_counts(Path(tmp) / "out" / "traces.jsonl").items()
-                                   if pid == server.pid and kind == SPAN_KIND["SERVER"])
+            run.server_spans = sum(
+                n
+                for (pid, kind, _), n in span_counts(Path(tmp) / "out" / "traces.jsonl").items()
+                if pid == server.pid and kind == SPAN_KIND["SERVER"]
+            )
             run.spanned_requests = w.requests
         server.send_signal(signal.SIGTERM)  # graceful: the SDK flushes at exit
         server.wait(timeout=30)
@@ -161,8 +192,11 @@ def summarize(variant: str, runs: list[Run], plain: list[Run]) -> dict:
         "p50_ms": round(med(r.p50_ms for r in runs), 2),
         "p99_ms": round(med(r.p99_ms for r in runs), 2),
         "server_cpu_us_per_request": round(sum(r.server_cpu_s for r in runs) / requests * 1e6),
-        "server_spans_per_request": (round(sum(r.server_spans for r in runs) / sum(r.spanned_requests for r in runs), 4)
-                                     if variant != "plain" else None),
+        "server_spans_per_request": (
+            round(sum(r.server_spans for r in runs) / sum(r.spanned_requests for r in runs), 4)
+            if variant != "plain"
+            else None
+        ),
     }
     if variant == "agent":
         row.update(
@@ -185,40 +219,63 @@ def main() -> None:
     sink = Sink()
     try:
         for n in range(args.rounds):
-            for variant in VARIANTS[n % 3:] + VARIANTS[:n % 3]:
-                run = unshared(lambda: measure(variant, args.duration, sink), lambda r: r.shared,
-                               args.wait_quiet, progress)
+            for variant in VARIANTS[n % 3 :] + VARIANTS[: n % 3]:
+                run = unshared(
+                    lambda: measure(variant, args.duration, sink), lambda r: r.shared, args.wait_quiet, progress
+                )
                 runs[variant].append(run)
-                progress(f"round {n + 1}/{args.rounds} {variant}: {run.rps:,.0f}/s, {run.requests:,} requests, "
-                         f"server {run.server_cpu_s / run.requests * 1e6:.0f} µs CPU/request"
-                         + (f", {run.server_spans:,} server spans" if variant != "plain" else "")
-                         + (f", agent {run.agent_cpu_s:.2f} CPU-s" if variant == "agent" else ""))
+                progress(
+                    f"round {n + 1}/{args.rounds} {variant}: {run.rps:,.0f}/s, {run.requests:,} requests, "
+                    f"server {run.server_cpu_s / run.requests * 1e6:.0f} µs CPU/request"
+                    + (f", {run.server_spans:,} server spans" if variant != "plain" else "")
+                    + (f", agent {run.agent_cpu_s:.2f} CPU-s" if variant == "agent" else "")
+                )
     finally:
         sink.shutdown()
     rows = [summarize(v, runs[v], runs["plain"]) for v in VARIANTS]
-    print(f"\nFastAPI {importlib.metadata.version('fastapi')} on uvicorn {importlib.metadata.version('uvicorn')}, "
-          f"GET {PATH}, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of {args.duration:g} s, "
-          f"variants rotated, medians; opentelemetry-instrument "
-          f"{importlib.metadata.version('opentelemetry-instrumentation')} (OTLP http/protobuf to a local sink); "
-          f"agent: --pid, file exporter; {os.cpu_count()} CPUs, kernel {os.uname().release}")
-    header = f"{'variant':<16} {'req/s':>7} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'server CPU/req':>15} " \
-             f"{'spans/req':>9} {'agent CPU/req':>14} {'agent RSS':>9}"
+    print(
+        f"\nFastAPI {importlib.metadata.version('fastapi')} on uvicorn {importlib.metadata.version('uvicorn')}, "
+        f"GET {PATH}, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of {args.duration:g} s, "
+        f"variants rotated, medians; opentelemetry-instrument "
+        f"{importlib.metadata.version('opentelemetry-instrumentation')} (OTLP http/protobuf to a local sink); "
+        f"agent: --pid, file exporter; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
+    header = (
+        f"{'variant':<16} {'req/s':>7} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'server CPU/req':>15} "
+        f"{'spans/req':>9} {'agent CPU/req':>14} {'agent RSS':>9}"
+    )
     print(header)
     for r in rows:
         spans = "" if r["server_spans_per_request"] is None else f"{r['server_spans_per_request']:.4f}"
-        agent = (f"{r['agent_cpu_us_per_request']:>11} µs {r['agent_rss_load_mb']:>6} MB"
-                 if "agent_cpu_us_per_request" in r else "")
-        print(f"{r['variant']:<16} {r['rps']:>7,} {r['ratio_to_plain']:>6.3f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
-              f"{r['server_cpu_us_per_request']:>12} µs {spans:>9} {agent}")
-    write_result("fastapi_load", None, {
-        "parameters": {"duration_s": args.duration, "rounds": args.rounds, "connections": CONNECTIONS, "path": PATH,
-                       "versions": {p: importlib.metadata.version(p) for p in
-                                    ("fastapi", "uvicorn", "opentelemetry-sdk", "opentelemetry-instrumentation-fastapi")},
-                       "otel_instrument_export": "OTLP http/protobuf (traces, metrics) to a local sink",
-                       "agent": "--pid SERVER --exporter file"},
-        "variants": rows,
-        "runs": [asdict(r) for v in VARIANTS for r in runs[v]],
-    })
+        agent = (
+            f"{r['agent_cpu_us_per_request']:>11} µs {r['agent_rss_load_mb']:>6} MB"
+            if "agent_cpu_us_per_request" in r
+            else ""
+        )
+        print(
+            f"{r['variant']:<16} {r['rps']:>7,} {r['ratio_to_plain']:>6.3f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+            f"{r['server_cpu_us_per_request']:>12} µs {spans:>9} {agent}"
+        )
+    write_result(
+        "fastapi_load",
+        None,
+        {
+            "parameters": {
+                "duration_s": args.duration,
+                "rounds": args.rounds,
+                "connections": CONNECTIONS,
+                "path": PATH,
+                "versions": {
+                    p: importlib.metadata.version(p)
+                    for p in ("fastapi", "uvicorn", "opentelemetry-sdk", "opentelemetry-instrumentation-fastapi")
+                },
+                "otel_instrument_export": "OTLP http/protobuf (traces, metrics) to a local sink",
+                "agent": "--pid SERVER --exporter file",
+            },
+            "variants": rows,
+            "runs": [asdict(r) for v in VARIANTS for r in runs[v]],
+        },
+    )
 
 
 if __name__ == "__main__":

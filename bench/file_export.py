@@ -144,11 +144,26 @@ def main() -> None:
     for name, values in figures.items():
         median = statistics.median(values)
         print(f"{name:>10}: {median:7.2f} us/span  (min {min(values):.2f}, max {max(values):.2f})  x{old / median:.1f}")
-    write_result("file_export", None, {
-        "batch": args.batch, "batches": args.batches, "rounds": args.rounds, "processes": args.processes,
-        "paths": [{"path": name, "us_per_span": round(statistics.median(v), 2), "min_us": round(min(v), 2),
-                   "max_us": round(max(v), 2), "speedup": round(old / statistics.median(v), 1)}
-                  for name, v in figures.items()]})
+    write_result(
+        "file_export",
+        None,
+        {
+            "batch": args.batch,
+            "batches": args.batches,
+            "rounds": args.rounds,
+            "processes": args.processes,
+            "paths": [
+                {
+                    "path": name,
+                    "us_per_span": round(statistics.median(v), 2),
+                    "min_us": round(min(v), 2),
+                    "max_us": round(max(v), 2),
+                    "speedup": round(old / statistics.median(v), 1),
+                }
+                for name, v in figures.items()
+            ],
+        },
+    )
 
 
 if __name__ == "__main__":

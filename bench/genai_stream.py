@@ -71,32 +71,63 @@ def replayed(args: argparse.Namespace) -> dict:
     spans = telemetry.take_spans()
     tokens = sum(span.attributes.get("otel_ebpf.gen_ai.output_chunks", 0) for span in spans)
     llm_spans = sum(1 for span in spans if "gen_ai.operation.name" in span.attributes)
-    progress(f"{len(events)} events, {len(spans)} spans ({llm_spans} LLM calls), {tokens} token events; "
-             f"{args.reps} repetitions ...")
+    progress(
+        f"{len(events)} events, {len(spans)} spans ({llm_spans} LLM calls), {tokens} token events; "
+        f"{args.reps} repetitions ..."
+    )
     times: dict[str, list[float]] = {"genai on": [], "genai off": []}
     for _ in range(args.reps):
         times["genai on"].append(run_pipeline(events, protocols=on)[0])
         times["genai off"].append(run_pipeline(events, protocols=off)[0])
     median = {name: statistics.median(values) for name, values in times.items()}
-    print(f"\nReplayed: {args.copies} copies of the recording, {tokens} token events, {len(spans)} spans, "
-          f"median of {args.reps}")
+    print(
+        f"\nReplayed: {args.copies} copies of the recording, {tokens} token events, {len(spans)} spans, "
+        f"median of {args.reps}"
+    )
     print(f"{'pipeline':<12} {'seconds':>8} {'token events/s':>15} {'µs/token event':>15} {'ratio':>6}")
     for name, seconds in median.items():
-        print(f"{name:<12} {seconds:8.3f} {tokens / seconds:15,.0f} {seconds / tokens * 1e6:15.2f} "
-              f"{seconds / median['genai off']:6.3f}")
+        print(
+            f"{name:<12} {seconds:8.3f} {tokens / seconds:15,.0f} {seconds / tokens * 1e6:15.2f} "
+            f"{seconds / median['genai off']:6.3f}"
+        )
     extra = (median["genai on"] - median["genai off"]) / tokens * 1e6
     print(f"the GenAI layer adds {extra:.2f} µs per token event (SSE/NDJSON decoding, JSON per event)")
-    return {"copies": args.copies, "reps": args.reps, "token_events": tokens, "spans": len(spans),
-            "pipelines": [{"pipeline": name, "seconds": round(seconds, 3), "token_events_per_s": round(tokens / seconds),
-                           "us_per_token_event": round(seconds / tokens * 1e6, 2)} for name, seconds in median.items()],
-            "genai_layer_us_per_token_event": round(extra, 2)}
+    return {
+        "copies": args.copies,
+        "reps": args.reps,
+        "token_events": tokens,
+        "spans": len(spans),
+        "pipelines": [
+            {
+                "pipeline": name,
+                "seconds": round(seconds, 3),
+                "token_events_per_s": round(tokens / seconds),
+                "us_per_token_event": round(seconds / tokens * 1e6, 2),
+            }
+            for name, seconds in median.items()
+        ],
+        "genai_layer_us_per_token_event": round(extra, 2),
+    }
 
 
 def stream(port: int, streams: int, tokens: int) -> float:
     """Seconds for ``streams`` streamed chat completions in a row; every one must bring all tokens."""
-    clients = subprocess.Popen([*CLIENTS, str(port), "--only", "httpx_chat_stream", "--repeat", str(streams),
-                                "--tokens", str(tokens), "--wait"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    clients = subprocess.Popen(
+        [
+            *CLIENTS,
+            str(port),
+            "--only",
+            "httpx_chat_stream",
+            "--repeat",
+            str(streams),
+            "--tokens",
+            str(tokens),
+            "--wait",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert clients.stdout is not None and clients.stdout.readline() == "ready\n"
     start = time.perf_counter()
     out, _ = clients.communicate("go\n", timeout=600)
@@ -111,12 +142,35 @@ def traced(port: int, server_pid: int, args: argparse.Namespace, tmp: Path, gena
     """(load seconds, agent CPU seconds, token events the spans report) with the agent attached."""
     output, ready, log, config = tmp / f"out-{genai}", tmp / f"ready-{genai}", tmp / f"log-{genai}", tmp / "off.yaml"
     config.write_text(json.dumps({"protocols": GENAI_OFF}))
-    agent_cmd = [*AGENT, "run", f"--pid={server_pid}", "--exporter", "file", "--output", str(output),
-                   "--ready-file", str(ready), *([] if genai else ["--config", str(config)])]
+    agent_cmd = [
+        *AGENT,
+        "run",
+        f"--pid={server_pid}",
+        "--exporter",
+        "file",
+        "--output",
+        str(output),
+        "--ready-file",
+        str(ready),
+        *([] if genai else ["--config", str(config)]),
+    ]
     # the clients process must exist before the agent, to be traced by pid: start it, then attach
-    clients = subprocess.Popen([*CLIENTS, str(port), "--only", "httpx_chat_stream", "--repeat", str(args.streams),
-                                "--tokens", str(args.tokens), "--wait"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    clients = subprocess.Popen(
+        [
+            *CLIENTS,
+            str(port),
+            "--only",
+            "httpx_chat_stream",
+            "--repeat",
+            str(args.streams),
+            "--tokens",
+            str(args.tokens),
+            "--wait",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert clients.stdout is not None and clients.stdout.readline() == "ready\n"
     with log.open("w") as stderr:
         agent = subprocess.Popen([*agent_cmd, f"--pid={clients.pid}"], cwd=REPO, stderr=stderr)
@@ -147,8 +201,9 @@ def live(args: argparse.Namespace) -> dict | None:
         return None
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        server = subprocess.Popen([*SERVER, str(tmp / "port"), "--first-token-ms", "0", "--token-ms", "1"],
-                                  stdout=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [*SERVER, str(tmp / "port"), "--first-token-ms", "0", "--token-ms", "1"], stdout=subprocess.DEVNULL
+        )
         try:
             port = int(wait_for(tmp / "port", server, "the LLM server"))
             progress("warm-up, then the streams without the agent ...")
@@ -162,20 +217,35 @@ def live(args: argparse.Namespace) -> dict | None:
             server.terminate()
             server.wait(timeout=30)
     tokens = args.streams * args.tokens
-    print(f"\nLive: {args.streams} streams x {args.tokens} tokens (one per ms), httpx SSE client, agent on server "
-          f"+ client (file exporter); {2 * tokens} token events seen by the agent when it reads them")
+    print(
+        f"\nLive: {args.streams} streams x {args.tokens} tokens (one per ms), httpx SSE client, agent on server "
+        f"+ client (file exporter); {2 * tokens} token events seen by the agent when it reads them"
+    )
     print(f"{'':<22} {'tokens/s':>9} {'ratio':>6} {'agent CPU s':>12} {'CPU ms / 1k tokens':>19} {'token events':>13}")
     print(f"{'without agent':<22} {tokens / bare:9.0f} {1:6.3f}")
     for name, (seconds, cpu, seen) in (("agent, genai on", on), ("agent, genai off", off)):
-        print(f"{name:<22} {tokens / seconds:9.0f} {bare / seconds:6.3f} {cpu:12.2f} {cpu / tokens * 1e6:19.1f} "
-              f"{seen:13d}")
+        print(
+            f"{name:<22} {tokens / seconds:9.0f} {bare / seconds:6.3f} {cpu:12.2f} {cpu / tokens * 1e6:19.1f} "
+            f"{seen:13d}"
+        )
     if on[2] != 2 * tokens:
         raise SystemExit(f"the agent reported {on[2]} token events, not {2 * tokens}")
-    return {"streams": args.streams, "tokens_per_stream": args.tokens, "untraced_tokens_per_s": round(tokens / bare),
-            "runs": [{"run": name, "tokens_per_s": round(tokens / seconds), "ratio": round(bare / seconds, 3),
-                      "agent_cpu_s": round(cpu, 2), "agent_cpu_ms_per_1k_tokens": round(cpu / tokens * 1e6, 1),
-                      "token_events_seen": seen} for name, (seconds, cpu, seen) in
-                     (("agent, genai on", on), ("agent, genai off", off))]}
+    return {
+        "streams": args.streams,
+        "tokens_per_stream": args.tokens,
+        "untraced_tokens_per_s": round(tokens / bare),
+        "runs": [
+            {
+                "run": name,
+                "tokens_per_s": round(tokens / seconds),
+                "ratio": round(bare / seconds, 3),
+                "agent_cpu_s": round(cpu, 2),
+                "agent_cpu_ms_per_1k_tokens": round(cpu / tokens * 1e6, 1),
+                "token_events_seen": seen,
+            }
+            for name, (seconds, cpu, seen) in (("agent, genai on", on), ("agent, genai off", off))
+        ],
+    }
 
 
 def main() -> None:

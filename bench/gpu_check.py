@@ -117,17 +117,37 @@ def main() -> int:
 
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     out.mkdir(parents=True, exist_ok=True)
-    program = subprocess.Popen([sys.executable, "-c", PROGRAM, str(LEAK_MB), str(LEAKS), str(OPS), str(COPY_MB)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    program = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, str(LEAK_MB), str(LEAKS), str(OPS), str(COPY_MB)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     agent = None
     try:
         if program.stdout.readline() != "ready\n":
             raise SystemExit("FAIL: the PyTorch program did not start (see above)")
         agent = subprocess.Popen(
-            [sys.executable, "-m", "otel_ebpf.cli", "run", "--pid", str(program.pid), "--gpu", "true",
-             "--exporter", "file", "--output", str(out), "--ready-file", str(out / "ready")],
-            cwd=REPO, stderr=open(out / "agent.log", "w"),
-            env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "1.5", "OTEL_EBPF_GPU_INTERVAL": "2"})
+            [
+                sys.executable,
+                "-m",
+                "otel_ebpf.cli",
+                "run",
+                "--pid",
+                str(program.pid),
+                "--gpu",
+                "true",
+                "--exporter",
+                "file",
+                "--output",
+                str(out),
+                "--ready-file",
+                str(out / "ready"),
+            ],
+            cwd=REPO,
+            stderr=open(out / "agent.log", "w"),
+            env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "1.5", "OTEL_EBPF_GPU_INTERVAL": "2"},
+        )
         _wait(out / "ready", agent, 120)
         program.stdin.write("go\n")
         program.stdin.flush()
@@ -146,8 +166,11 @@ def main() -> int:
     metrics = load_file_metrics(out / "metrics.jsonl")
 
     def final(name: str, **attrs: object) -> float:
-        points = [p for p in metrics.get(name, []) if p["resource"].get("process.pid") == pid
-                  and all(p["attributes"].get(k) == v for k, v in attrs.items())]
+        points = [
+            p
+            for p in metrics.get(name, [])
+            if p["resource"].get("process.pid") == pid and all(p["attributes"].get(k) == v for k, v in attrs.items())
+        ]
         last: dict = {}
         for p in sorted(points, key=lambda p: p["time_ns"]):
             last[tuple(sorted(p["attributes"].items()))] = p.get("sum", p.get("value", 0))
@@ -171,7 +194,9 @@ def main() -> int:
     results.append(("libraries hooked", any("libcudart" in h for h in hooked), "; ".join(hooked) or "none"))
     usdt = any("pytorch:malloc" in h for h in hooked)
     launches = final("cuda.kernel.launches")
-    results.append(("kernel launches", launches >= summary["ops"], f"{launches:.0f} seen, >= {summary['ops']} expected"))
+    results.append(
+        ("kernel launches", launches >= summary["ops"], f"{launches:.0f} seen, >= {summary['ops']} expected")
+    )
     h2d = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "host_to_device"})
     d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
     results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))
@@ -179,8 +204,13 @@ def main() -> int:
     segments = final("cuda.memory.in_use", **{"cuda.api": "runtime"})
     results.append(("cudaMalloc in use", segments >= summary["leaked"], f"{segments:.0f} B >= {summary['leaked']}"))
     tensors = final("cuda.memory.in_use", **{"cuda.api": "pytorch"})
-    results.append(("tensors in use (USDT)", (tensors >= summary["leaked"]) if usdt else None,
-                    f"{tensors:.0f} B" if usdt else "this PyTorch build has no pytorch:malloc USDT probes"))
+    results.append(
+        (
+            "tensors in use (USDT)",
+            (tensors >= summary["leaked"]) if usdt else None,
+            f"{tensors:.0f} B" if usdt else "this PyTorch build has no pytorch:malloc USDT probes",
+        )
+    )
     named = [a["code.function.name"].string_value for a in logs if "code.function.name" in a]
     results.append(("leak reported", "leaky_cache" in named, f"reports name {sorted(set(named)) or 'nothing'}"))
     launch_stacks = [key.stack for p in profiles if p.sample_types[0].type == "launches" for key in p.samples]

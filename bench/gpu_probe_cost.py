@@ -133,9 +133,22 @@ def _bursts(proc: subprocess.Popen, burst: int, count: int, pause_s: float) -> l
 def _start_agent(pid: int, out: Path, stacks: str) -> subprocess.Popen:
     ready = out / "ready"
     agent = subprocess.Popen(
-        [*AGENT, "run", "--pid", str(pid), "--gpu", "true", "--exporter", "file", "--output", str(out),
-         "--ready-file", str(ready)],
-        cwd=REPO, stderr=subprocess.DEVNULL,
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(pid),
+            "--gpu",
+            "true",
+            "--exporter",
+            "file",
+            "--output",
+            str(out),
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
         env={**os.environ, "OTEL_EBPF_GPU_STACKS": stacks, "OTEL_EBPF_GPU_RING_BUFFER_KB": "131072"},
     )
     deadline = time.monotonic() + 90
@@ -146,8 +159,17 @@ def _start_agent(pid: int, out: Path, stacks: str) -> subprocess.Popen:
     return agent
 
 
-def _row(name: str, kind: str, what: str, stacks: str, libdir: Path, tmp: Path, burst: int, bursts: int,
-         calls_per_iteration: int = 1) -> list[str]:
+def _row(
+    name: str,
+    kind: str,
+    what: str,
+    stacks: str,
+    libdir: Path,
+    tmp: Path,
+    burst: int,
+    bursts: int,
+    calls_per_iteration: int = 1,
+) -> list[str]:
     command = _driver(kind, libdir, tmp) + ([] if kind == "python" else [what])
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -167,27 +189,40 @@ def _row(name: str, kind: str, what: str, stacks: str, libdir: Path, tmp: Path, 
         proc.stdin.close()
         proc.wait(timeout=10)
     metrics = load_file_metrics(out / "metrics.jsonl")
-    drops = {p["attributes"]["reason"]: p["value"] for p in metrics.get("otel_ebpf.kernel.drops", [])
-             if p["attributes"]["reason"].startswith("gpu_")}
+    drops = {
+        p["attributes"]["reason"]: p["value"]
+        for p in metrics.get("otel_ebpf.kernel.drops", [])
+        if p["attributes"]["reason"].startswith("gpu_")
+    }
     calls = max((p["value"] for p in metrics.get("otel_ebpf.gpu.calls", [])), default=0)
     if statistics.median(bare) > 3 * min(bare):
-        print(f"warning: {name}: untraced bursts vary {min(bare):.0f}..{max(bare):.0f} ns per iteration "
-              "(another process's probes or a busy CPU): run again", file=sys.stderr)
+        print(
+            f"warning: {name}: untraced bursts vary {min(bare):.0f}..{max(bare):.0f} ns per iteration "
+            "(another process's probes or a busy CPU): run again",
+            file=sys.stderr,
+        )
     # The fastest burst of each kind: on a shared machine the others only add other programs' time.
     per_call_bare = min(bare) / calls_per_iteration
     per_call_traced = min(traced) / calls_per_iteration
     expected = (bursts + 1) * burst * calls_per_iteration
-    return [name, f"{1e9 / per_call_bare:,.0f}", f"{1e9 / per_call_traced:,.0f}",
-            f"{(per_call_traced - per_call_bare) / 1000:.2f}", f"{calls}/{expected}",
-            str(drops.get("gpu_ringbuf_full", "?")), str(drops.get("gpu_nested_calls", "?"))]
+    return [
+        name,
+        f"{1e9 / per_call_bare:,.0f}",
+        f"{1e9 / per_call_traced:,.0f}",
+        f"{(per_call_traced - per_call_bare) / 1000:.2f}",
+        f"{calls}/{expected}",
+        str(drops.get("gpu_ringbuf_full", "?")),
+        str(drops.get("gpu_nested_calls", "?")),
+    ]
 
 
 def _floor_row(libdir: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
     """The mechanism alone: empty BPF programs on cudaStreamSynchronize's entry and return."""
     from bcc import BPF  # noqa: PLC0415
 
-    proc = subprocess.Popen(_driver("c", libdir, tmp) + ["sync"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        _driver("c", libdir, tmp) + ["sync"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         bare = min(_bursts(proc, burst * 100, bursts, 0.05))
@@ -200,8 +235,15 @@ def _floor_row(libdir: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
-    return ["empty uprobe+uretprobe (the floor)", f"{1e9 / bare:,.0f}", f"{1e9 / traced:,.0f}",
-            f"{(traced - bare) / 1000:.2f}", "-", "-", "-"]
+    return [
+        "empty uprobe+uretprobe (the floor)",
+        f"{1e9 / bare:,.0f}",
+        f"{1e9 / traced:,.0f}",
+        f"{(traced - bare) / 1000:.2f}",
+        "-",
+        "-",
+        "-",
+    ]
 
 
 def main() -> int:
@@ -213,8 +255,17 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench/gpu_probe_cost.py needs root (it attaches the agent)")
     burst, bursts = (5000, 3) if args.quick else (args.burst, args.bursts)
-    rows = [["call", "untraced calls/s", "traced calls/s", "added us/call", "events/calls", "ringbuf drops",
-             "nested skipped"]]
+    rows = [
+        [
+            "call",
+            "untraced calls/s",
+            "traced calls/s",
+            "added us/call",
+            "events/calls",
+            "ringbuf drops",
+            "nested skipped",
+        ]
+    ]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         # A private build: uprobes belong to files, so another agent on the machine hooking the
@@ -222,22 +273,38 @@ def main() -> int:
         libdir = build(tmp / "standin")
         rows.append(_floor_row(libdir, tmp, burst, bursts))
         rows.append(_row("cudaStreamSynchronize (C)", "c", "sync", "python", libdir, tmp, burst, bursts))
-        rows.append(_row("cudaLaunchKernel (C, nested driver call)", "c", "launch", "python", libdir, tmp, burst,
-                         bursts))
-        rows.append(_row("cudaMalloc+cudaFree (C), per call", "c", "malloc", "python", libdir, tmp, burst // 2,
-                         bursts, 2))
-        rows.append(_row("cudaStreamSynchronize (Python, stacks=python)", "python", "sync", "python", libdir, tmp,
-                         burst, bursts))
-        rows.append(_row("cudaStreamSynchronize (Python, stacks=native)", "python", "sync", "native", libdir, tmp,
-                         burst, bursts))
+        rows.append(
+            _row("cudaLaunchKernel (C, nested driver call)", "c", "launch", "python", libdir, tmp, burst, bursts)
+        )
+        rows.append(
+            _row("cudaMalloc+cudaFree (C), per call", "c", "malloc", "python", libdir, tmp, burst // 2, bursts, 2)
+        )
+        rows.append(
+            _row(
+                "cudaStreamSynchronize (Python, stacks=python)", "python", "sync", "python", libdir, tmp, burst, bursts
+            )
+        )
+        rows.append(
+            _row(
+                "cudaStreamSynchronize (Python, stacks=native)", "python", "sync", "native", libdir, tmp, burst, bursts
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in
-                        enumerate(zip(row, widths))))
-    print("target: <= 2 us added per probed call; events/calls: calls the agent decoded over calls made while "
-          "attached; drops must be 0")
-    write_result("gpu_probe_cost", None, {"parameters": {"burst": burst, "bursts": bursts},
-                                          "calls": [dict(zip(rows[0], row)) for row in rows[1:]]})
+        print(
+            "  ".join(
+                cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths))
+            )
+        )
+    print(
+        "target: <= 2 us added per probed call; events/calls: calls the agent decoded over calls made while "
+        "attached; drops must be 0"
+    )
+    write_result(
+        "gpu_probe_cost",
+        None,
+        {"parameters": {"burst": burst, "bursts": bursts}, "calls": [dict(zip(rows[0], row)) for row in rows[1:]]},
+    )
     return 0
 
 

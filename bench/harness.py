@@ -40,14 +40,25 @@ STATUS_ERROR = 2
 T = TypeVar("T")
 
 
-def parse_live_args(parser: argparse.ArgumentParser, *, duration: float, rounds: int, quick: tuple[float, int],
-                    wait_quiet: float = 60, tools: Iterable[str] = ("wrk",)) -> argparse.Namespace:
+def parse_live_args(
+    parser: argparse.ArgumentParser,
+    *,
+    duration: float,
+    rounds: int,
+    quick: tuple[float, int],
+    wait_quiet: float = 60,
+    tools: Iterable[str] = ("wrk",),
+) -> argparse.Namespace:
     """The options every live benchmark has (``--duration``, ``--rounds``, ``--wait-quiet``,
     ``--quick``), parsed; then root and the needed tools checked."""
     parser.add_argument("--duration", type=float, default=duration, help="seconds of load (or idling) per run")
     parser.add_argument("--rounds", type=int, default=rounds, help="rounds, each measuring every variant once")
-    parser.add_argument("--wait-quiet", type=float, default=wait_quiet,
-                        help="seconds to wait before a run for other processes holding BPF programs to end")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=wait_quiet,
+        help="seconds to wait before a run for other processes holding BPF programs to end",
+    )
     parser.add_argument("--quick", action="store_true", help=f"short run: {quick[0]:g} s, {quick[1]} round(s)")
     args = parser.parse_args()
     if args.quick:
@@ -147,8 +158,13 @@ class Watch(threading.Thread):
         return self
 
 
-def unshared(measure: Callable[[], T], shared: Callable[[T], Iterable[int]], wait_s: float,
-             progress: Callable[[str], None], attempts: int = 3) -> T:
+def unshared(
+    measure: Callable[[], T],
+    shared: Callable[[T], Iterable[int]],
+    wait_s: float,
+    progress: Callable[[str], None],
+    attempts: int = 3,
+) -> T:
     """``measure()``, first waiting up to ``wait_s`` for other BPF users to end, and again (up to
     ``attempts`` times) while one shared the run; the last run stands, its ``shared`` noted."""
     for _ in range(attempts):
@@ -188,8 +204,15 @@ def _wrk_ms(out: str, percentile: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def wrk(url: str, seconds: float, connections: int, *, rate: float | None = None, delay_ms: int | None = None,
-        on_start: Callable[[int], None] | None = None) -> WrkRun:
+def wrk(
+    url: str,
+    seconds: float,
+    connections: int,
+    *,
+    rate: float | None = None,
+    delay_ms: int | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> WrkRun:
     """One ``wrk -t1`` run of keep-alive GETs. ``rate``: a fixed schedule of that many requests/s
     (open loop, as wrk2); ``delay_ms``: each connection waits that long between its requests
     (closed loop); neither: as fast as possible. ``on_start(pid)`` is called once wrk is running."""
@@ -206,9 +229,15 @@ def wrk(url: str, seconds: float, connections: int, *, rate: float | None = None
         raise SystemExit(f"wrk failed ({proc.returncode}): {err}{out}")
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non_2xx = int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", out)) else 0
-    return WrkRun(int(re.search(r"(\d+) requests in", out).group(1)),
-                  float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-                  non_2xx, errors, _wrk_ms(out, "50"), _wrk_ms(out, "99"), proc.pid)
+    return WrkRun(
+        int(re.search(r"(\d+) requests in", out).group(1)),
+        float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        non_2xx,
+        errors,
+        _wrk_ms(out, "50"),
+        _wrk_ms(out, "99"),
+        proc.pid,
+    )
 
 
 # --- the agent as a measured child ---
@@ -236,9 +265,23 @@ class Agent:
     def __enter__(self) -> Agent:
         start = time.monotonic()
         with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen([*AGENT, "run", *self.args, "--exporter", "file", "--output", str(self.out),
-                                          "--ready-file", str(self.ready)], cwd=REPO, stdout=subprocess.DEVNULL,
-                                         stderr=stderr, env=self.env)
+            self.proc = subprocess.Popen(
+                [
+                    *AGENT,
+                    "run",
+                    *self.args,
+                    "--exporter",
+                    "file",
+                    "--output",
+                    str(self.out),
+                    "--ready-file",
+                    str(self.ready),
+                ],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=self.env,
+            )
         wait_for(self.ready, self.proc, "the agent", self.log)
         self.startup_s, self.cpu_startup_s = time.monotonic() - start, cpu_seconds(self.proc.pid)
         return self
@@ -266,8 +309,14 @@ class Agent:
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         if self.proc.returncode != 0:
             raise SystemExit(f"agent failed ({self.proc.returncode}):\n{self.log.read_text()[-4000:]}")
-        return AgentUsage(self.startup_s, self.cpu_startup_s, usage.ru_utime + usage.ru_stime,
-                          usage.ru_maxrss / 1024, exit_s, self.proc.returncode)
+        return AgentUsage(
+            self.startup_s,
+            self.cpu_startup_s,
+            usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss / 1024,
+            exit_s,
+            self.proc.returncode,
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -286,8 +335,14 @@ def span_counts(traces: Path) -> Counter[tuple[int | None, int, int]]:
     with traces.open() as f:
         for line in f:
             for rs in json.loads(line).get("resourceSpans", []):
-                pid = next((int(a["value"]["intValue"]) for a in rs.get("resource", {}).get("attributes", [])
-                            if a["key"] == "process.pid"), None)
+                pid = next(
+                    (
+                        int(a["value"]["intValue"])
+                        for a in rs.get("resource", {}).get("attributes", [])
+                        if a["key"] == "process.pid"
+                    ),
+                    None,
+                )
                 for ss in rs.get("scopeSpans", []):
                     for span in ss.get("spans", []):
                         counts[(pid, span.get("kind", 0), span.get("status", {}).get("code", 0))] += 1

@@ -77,9 +77,21 @@ def run_traced(duration: float, connections: int, rate: int | None) -> Result:
         ready = Path(tmp) / "ready"
         _wrk(port, 1, connections, rate)  # warm-up, before the agent: not counted
         agent = subprocess.Popen(
-            [*AGENT, "run", "--pid", str(service.pid), "--exporter", "file", "--output", tmp,
-             "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            [
+                *AGENT,
+                "run",
+                "--pid",
+                str(service.pid),
+                "--exporter",
+                "file",
+                "--output",
+                tmp,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             deadline = time.monotonic() + 60
@@ -127,10 +139,13 @@ def measure(rate: int | None, args: argparse.Namespace) -> dict:
         "agent_rss_steady_mb": round(max(t.agent_rss_mb for t in traced)),
         "agent_rss_startup_peak_mb": round(max(t.agent_peak_mb for t in traced)),
     }
-    print(f"  offered {label:>7}: untraced {row['untraced_rps']:8} req/s, traced {row['traced_rps']:8} req/s, "
-          f"ratio {row['ratio']:.3f} | spans/request {row['server_spans_per_request']:.4f} | "
-          f"agent {row['agent_cpu_us_per_request']} µs CPU/req | RSS steady {row['agent_rss_steady_mb']} MB, "
-          f"start-up peak {row['agent_rss_startup_peak_mb']} MB", flush=True)
+    print(
+        f"  offered {label:>7}: untraced {row['untraced_rps']:8} req/s, traced {row['traced_rps']:8} req/s, "
+        f"ratio {row['ratio']:.3f} | spans/request {row['server_spans_per_request']:.4f} | "
+        f"agent {row['agent_cpu_us_per_request']} µs CPU/req | RSS steady {row['agent_rss_steady_mb']} MB, "
+        f"start-up peak {row['agent_rss_startup_peak_mb']} MB",
+        flush=True,
+    )
     return row
 
 
@@ -139,8 +154,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds of load per measurement")
     parser.add_argument("--connections", type=int, default=10, help="wrk keep-alive connections")
     parser.add_argument("--rounds", type=int, default=2, help="untraced/traced pairs per load")
-    parser.add_argument("--rates", type=_parse_rates, default=_parse_rates("1000,2500,5000,max"),
-                        help="offered loads in requests/s, comma-separated; 'max' is unpaced")
+    parser.add_argument(
+        "--rates",
+        type=_parse_rates,
+        default=_parse_rates("1000,2500,5000,max"),
+        help="offered loads in requests/s, comma-separated; 'max' is unpaced",
+    )
     parser.add_argument("--quick", action="store_true", help="short run: 3 s, 1 round, 2500/s and max")
     args = parser.parse_args()
     if args.quick:
@@ -149,10 +168,20 @@ def main() -> None:
         raise SystemExit("the benchmark attaches eBPF programs: run it as root")
     print("targets: ratio >= 0.90, spans/request 1.000, RSS <= 150 MB", flush=True)
     rows = [measure(rate, args) for rate in args.rates]
-    write_result("http_load", None, {"parameters": {"duration_s": args.duration, "connections": args.connections,
-                                                    "rounds": args.rounds, "server": "examples/http_service.py",
-                                                    "agent": "--pid SERVER --exporter file"},
-                                     "loads": rows})
+    write_result(
+        "http_load",
+        None,
+        {
+            "parameters": {
+                "duration_s": args.duration,
+                "connections": args.connections,
+                "rounds": args.rounds,
+                "server": "examples/http_service.py",
+                "agent": "--pid SERVER --exporter file",
+            },
+            "loads": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,11 @@ def measure(target: str, seconds: float) -> dict:
         tmp = Path(tmp_name)
         nginx = Nginx(tmp)
         try:
-            args = {"pid": [a for pid in sorted(nginx.pids) for a in ("--pid", str(pid))],
-                    "port": ["--port", str(nginx.port)], "all": []}[target]
+            args = {
+                "pid": [a for pid in sorted(nginx.pids) for a in ("--pid", str(pid))],
+                "port": ["--port", str(nginx.port)],
+                "all": [],
+            }[target]
             with Agent(args, tmp / "out") as agent:
                 time.sleep(SETTLE_S)
                 watch = Watch(agent.pid)
@@ -50,10 +53,18 @@ def measure(target: str, seconds: float) -> dict:
                 usage = agent.stop()
         finally:
             nginx.close()
-    return {"target": target, "cpu_percent_idle": 100 * cpu / window,
-            "rss_mean_mb": statistics.fmean(watch.samples) if watch.samples else 0.0, "rss_max_mb": watch.peak,
-            "startup_s": usage.startup_s, "cpu_startup_s": usage.cpu_startup_s, "cpu_whole_run_s": usage.cpu_total_s,
-            "peak_rss_mb": usage.maxrss_mb, "exit_s": usage.exit_s, "shared": sorted(watch.others)}
+    return {
+        "target": target,
+        "cpu_percent_idle": 100 * cpu / window,
+        "rss_mean_mb": statistics.fmean(watch.samples) if watch.samples else 0.0,
+        "rss_max_mb": watch.peak,
+        "startup_s": usage.startup_s,
+        "cpu_startup_s": usage.cpu_startup_s,
+        "cpu_whole_run_s": usage.cpu_total_s,
+        "peak_rss_mb": usage.maxrss_mb,
+        "exit_s": usage.exit_s,
+        "shared": sorted(watch.others),
+    }
 
 
 def main() -> None:
@@ -65,25 +76,54 @@ def main() -> None:
     for n in range(args.rounds):
         for target in targets:
             run = unshared(lambda: measure(target, args.duration), lambda r: r["shared"], args.wait_quiet, progress)
-            progress(f"round {n + 1}/{args.rounds} {target}: {run['cpu_percent_idle']:.2f} % CPU idle, "
-                     f"RSS {run['rss_max_mb']:.0f} MB, start-up {run['startup_s']:.1f} s")
+            progress(
+                f"round {n + 1}/{args.rounds} {target}: {run['cpu_percent_idle']:.2f} % CPU idle, "
+                f"RSS {run['rss_max_mb']:.0f} MB, start-up {run['startup_s']:.1f} s"
+            )
             runs.append(run)
     med = statistics.median
-    rows = [{"target": {"pid": "--pid (idle nginx)", "port": "--port (idle nginx)", "all": "every process"}[t],
-             **{key: round(med(r[key] for r in runs if r["target"] == t), 2)
-                for key in ("cpu_percent_idle", "rss_mean_mb", "rss_max_mb", "startup_s", "cpu_startup_s",
-                            "cpu_whole_run_s", "peak_rss_mb", "exit_s")},
-             "runs_shared": sum(1 for r in runs if r["target"] == t and r["shared"])} for t in targets]
-    print(f"\nagent attached, no traffic, {args.duration:g} s idle window after a {SETTLE_S:g} s settle, "
-          f"{args.rounds} round(s), medians; {os.cpu_count()} CPUs, kernel {os.uname().release}")
-    print(f"{'target':<20} {'CPU idle':>9} {'RSS mean':>9} {'RSS max':>8} {'start-up':>9} {'start CPU':>10} "
-          f"{'peak RSS':>9} {'exit':>6}")
+    rows = [
+        {
+            "target": {"pid": "--pid (idle nginx)", "port": "--port (idle nginx)", "all": "every process"}[t],
+            **{
+                key: round(med(r[key] for r in runs if r["target"] == t), 2)
+                for key in (
+                    "cpu_percent_idle",
+                    "rss_mean_mb",
+                    "rss_max_mb",
+                    "startup_s",
+                    "cpu_startup_s",
+                    "cpu_whole_run_s",
+                    "peak_rss_mb",
+                    "exit_s",
+                )
+            },
+            "runs_shared": sum(1 for r in runs if r["target"] == t and r["shared"]),
+        }
+        for t in targets
+    ]
+    print(
+        f"\nagent attached, no traffic, {args.duration:g} s idle window after a {SETTLE_S:g} s settle, "
+        f"{args.rounds} round(s), medians; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
+    print(
+        f"{'target':<20} {'CPU idle':>9} {'RSS mean':>9} {'RSS max':>8} {'start-up':>9} {'start CPU':>10} "
+        f"{'peak RSS':>9} {'exit':>6}"
+    )
     for r in rows:
-        print(f"{r['target']:<20} {r['cpu_percent_idle']:>7.2f} % {r['rss_mean_mb']:>6.0f} MB {r['rss_max_mb']:>5.0f} MB "
-              f"{r['startup_s']:>7.1f} s {r['cpu_startup_s']:>8.2f} s {r['peak_rss_mb']:>6.0f} MB {r['exit_s']:>4.2f} s")
-    write_result("idle_cost", None, {"parameters": {"idle_seconds": args.duration, "settle_seconds": SETTLE_S,
-                                                    "rounds": args.rounds},
-                                     "targets": rows, "runs": runs})
+        print(
+            f"{r['target']:<20} {r['cpu_percent_idle']:>7.2f} % {r['rss_mean_mb']:>6.0f} MB {r['rss_max_mb']:>5.0f} MB "
+            f"{r['startup_s']:>7.1f} s {r['cpu_startup_s']:>8.2f} s {r['peak_rss_mb']:>6.0f} MB {r['exit_s']:>4.2f} s"
+        )
+    write_result(
+        "idle_cost",
+        None,
+        {
+            "parameters": {"idle_seconds": args.duration, "settle_seconds": SETTLE_S, "rounds": args.rounds},
+            "targets": rows,
+            "runs": runs,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (SPAN_KIND, STATUS_ERROR, Agent, Watch, WrkRun, cpu_seconds, free_port, load_metrics,  # noqa: E402
-                     metric_total, parse_live_args, self_counter, span_counts, unshared, wait_listening, wrk)
+from harness import (
+    SPAN_KIND,
+    STATUS_ERROR,
+    Agent,
+    Watch,
+    WrkRun,
+    cpu_seconds,
+    free_port,
+    load_metrics,  # noqa: E402
+    metric_total,
+    parse_live_args,
+    self_counter,
+    span_counts,
+    unshared,
+    wait_listening,
+    wrk,
+)
 from results import write_result  # noqa: E402
 
 CONNECTIONS = 16
@@ -76,8 +91,11 @@ class Nginx:
         self.tmp, self.port = tmp, free_port()
         conf = tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port))
-        self.proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log"),
-                                      "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_listening(self.port, self.proc, "nginx")
         self.url = f"http://127.0.0.1:{self.port}/"
 
@@ -148,22 +166,43 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
         counts = span_counts(tmp / "out" / "traces.jsonl")
         metrics = load_metrics(tmp / "out")
         return Run(
-            **asdict(w), traced=True,
-            server_spans=sum(n for (pid, kind, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
-            client_spans=sum(n for (pid, kind, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
-            error_server_spans=sum(n for (pid, kind, status), n in counts.items()
-                                   if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]),
-            error_client_spans=sum(n for (pid, kind, status), n in counts.items()
-                                   if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]),
-            duration_count=int(metric_total(metrics.get("http.server.request.duration", []),
-                                             lambda p: p["resource"].get("process.pid") in nginx_pids)),
+            **asdict(w),
+            traced=True,
+            server_spans=sum(
+                n for (pid, kind, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]
+            ),
+            client_spans=sum(
+                n for (pid, kind, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]
+            ),
+            error_server_spans=sum(
+                n
+                for (pid, kind, status), n in counts.items()
+                if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]
+            ),
+            error_client_spans=sum(
+                n
+                for (pid, kind, status), n in counts.items()
+                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]
+            ),
+            duration_count=int(
+                metric_total(
+                    metrics.get("http.server.request.duration", []),
+                    lambda p: p["resource"].get("process.pid") in nginx_pids,
+                )
+            ),
             shed=self_counter(metrics, "otel_ebpf.spans.shed"),
             events_lost=self_counter(metrics, "otel_ebpf.events.lost"),
             kernel_drops=self_counter(metrics, "otel_ebpf.kernel.drops"),
             spans_dropped=self_counter(metrics, "otel_ebpf.spans.dropped"),
-            agent_cpu_s=usage.cpu_total_s, agent_cpu_startup_s=usage.cpu_startup_s, agent_cpu_load_s=cpu_load,
-            agent_startup_s=usage.startup_s, agent_rss_load_mb=watch.peak, agent_peak_rss_mb=usage.maxrss_mb,
-            agent_exit_s=usage.exit_s, shared=sorted(watch.others))
+            agent_cpu_s=usage.cpu_total_s,
+            agent_cpu_startup_s=usage.cpu_startup_s,
+            agent_cpu_load_s=cpu_load,
+            agent_startup_s=usage.startup_s,
+            agent_rss_load_mb=watch.peak,
+            agent_peak_rss_mb=usage.maxrss_mb,
+            agent_exit_s=usage.exit_s,
+            shared=sorted(watch.others),
+        )
 
 
 def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
@@ -195,7 +234,8 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "false_error_client_spans": sum(r.error_client_spans for r in traced if r.non_2xx == 0),
         "agent_cpu_us_per_request_load": round(sum(r.agent_cpu_load_s for r in traced) / requests * 1e6, 1),
         "agent_cpu_us_per_request_after_startup": round(
-            sum(r.agent_cpu_s - r.agent_cpu_startup_s for r in traced) / requests * 1e6, 1),
+            sum(r.agent_cpu_s - r.agent_cpu_startup_s for r in traced) / requests * 1e6, 1
+        ),
         "agent_cpu_s_whole_run": round(med(r.agent_cpu_s for r in traced), 2),
         "agent_cpu_s_startup": round(med(r.agent_cpu_startup_s for r in traced), 2),
         "agent_rss_load_mb": round(max(r.agent_rss_load_mb for r in traced)),
@@ -211,14 +251,24 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
 
 
 COLUMNS = [  # (header, key, format)
-    ("offered", "offered", "{}"), ("untraced", "untraced_rps", "{:,}/s"), ("traced", "traced_rps", "{:,}/s"),
-    ("ratio", "ratio", "{:.3f}"), ("requests", "requests", "{:,}"), ("non-2xx", "non_2xx", "{}"),
-    ("srv spans/req", "server_spans_per_request", "{:.4f}"), ("cli spans/req", "client_spans_per_request", "{:.4f}"),
-    ("hist/req", "duration_count_per_request", "{:.4f}"), ("shed/req", "shed_per_request", "{:.4f}"),
-    ("(spans+shed)/req", "spans_plus_shed_per_request", "{:.4f}"), ("ev lost", "events_lost", "{:,}"),
-    ("false ERR", "false_error_spans", "{}"), ("CPU µs/req", "agent_cpu_us_per_request_after_startup", "{:.1f}"),
-    ("CPU s run", "agent_cpu_s_whole_run", "{:.2f}"), ("RSS load", "agent_rss_load_mb", "{} MB"),
-    ("RSS peak", "agent_peak_rss_mb", "{} MB"), ("exit s", "agent_exit_s", "{:.2f}"),
+    ("offered", "offered", "{}"),
+    ("untraced", "untraced_rps", "{:,}/s"),
+    ("traced", "traced_rps", "{:,}/s"),
+    ("ratio", "ratio", "{:.3f}"),
+    ("requests", "requests", "{:,}"),
+    ("non-2xx", "non_2xx", "{}"),
+    ("srv spans/req", "server_spans_per_request", "{:.4f}"),
+    ("cli spans/req", "client_spans_per_request", "{:.4f}"),
+    ("hist/req", "duration_count_per_request", "{:.4f}"),
+    ("shed/req", "shed_per_request", "{:.4f}"),
+    ("(spans+shed)/req", "spans_plus_shed_per_request", "{:.4f}"),
+    ("ev lost", "events_lost", "{:,}"),
+    ("false ERR", "false_error_spans", "{}"),
+    ("CPU µs/req", "agent_cpu_us_per_request_after_startup", "{:.1f}"),
+    ("CPU s run", "agent_cpu_s_whole_run", "{:.2f}"),
+    ("RSS load", "agent_rss_load_mb", "{} MB"),
+    ("RSS peak", "agent_peak_rss_mb", "{} MB"),
+    ("exit s", "agent_exit_s", "{:.2f}"),
     ("p99 ms u/t", None, ""),
 ]
 
@@ -226,8 +276,12 @@ COLUMNS = [  # (header, key, format)
 def print_table(rows: list[dict]) -> None:
     table = [[h for h, _, _ in COLUMNS]]
     for row in rows:
-        table.append([fmt.format(row[key]) if key else f"{row['p99_ms_untraced']:.2f}/{row['p99_ms_traced']:.2f}"
-                      for _, key, fmt in COLUMNS])
+        table.append(
+            [
+                fmt.format(row[key]) if key else f"{row['p99_ms_untraced']:.2f}/{row['p99_ms_traced']:.2f}"
+                for _, key, fmt in COLUMNS
+            ]
+        )
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     for line in table:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
@@ -237,8 +291,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="5000,20000", help="fixed-schedule loads in requests/s ('' for none)")
     parser.add_argument("--no-max", action="store_true", help="leave out the as-fast-as-possible load")
-    parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="keep each traced run's agent output in DIR/<load>-<round> (can be GBs at max)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep each traced run's agent output in DIR/<load>-<round> (can be GBs at max)",
+    )
     args = parse_live_args(parser, duration=5.0, rounds=3, quick=(2.0, 1), tools=("nginx", "wrk"))
     loads: list[float | None] = ([] if args.no_max else [None]) + [float(r) for r in args.rates.split(",") if r]
     rows, runs = [], []
@@ -248,30 +306,51 @@ def main() -> None:
         traced: list[Run] = []
         for n in range(args.rounds):
             for is_traced in (False, True) if n % 2 == 0 else (True, False):
-                keep = args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
-                run = unshared(lambda: measure(rate, args.duration, is_traced, keep), lambda r: r.shared,
-                               args.wait_quiet, progress)
+                keep = (
+                    args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
+                )
+                run = unshared(
+                    lambda: measure(rate, args.duration, is_traced, keep), lambda r: r.shared, args.wait_quiet, progress
+                )
                 (traced if is_traced else untraced).append(run)
                 runs.append({"offered": label, "round": n + 1, **asdict(run)})
-                progress(f"{label} round {n + 1}/{args.rounds} {'traced' if is_traced else 'untraced'}: "
-                         f"{run.rps:,.0f}/s, {run.requests:,} requests"
-                         + (f", {run.server_spans:,} server + {run.client_spans:,} client spans, shed {run.shed:,}, "
-                            f"lost {run.events_lost:,}, agent {run.agent_cpu_s:.2f} CPU-s, exit {run.agent_exit_s:.2f} s"
-                            if is_traced else ""))
+                progress(
+                    f"{label} round {n + 1}/{args.rounds} {'traced' if is_traced else 'untraced'}: "
+                    f"{run.rps:,.0f}/s, {run.requests:,} requests"
+                    + (
+                        f", {run.server_spans:,} server + {run.client_spans:,} client spans, shed {run.shed:,}, "
+                        f"lost {run.events_lost:,}, agent {run.agent_cpu_s:.2f} CPU-s, exit {run.agent_exit_s:.2f} s"
+                        if is_traced
+                        else ""
+                    )
+                )
         rows.append(summarize(label, untraced, traced))
-    print(f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
-          f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
-          f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print(
+        f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
+        f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
+        f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
     print_table(rows)
-    print("invariant: (server + client spans + shed) / (2 x requests) = 1 (both sides traced), up to 16 requests "
-          "in flight per run when wrk stops; "
-          "CPU µs/req: whole run less start-up (load and final flush) per request")
-    write_result("nginx_load", None, {
-        "parameters": {"duration_s": args.duration, "rounds": args.rounds, "connections": CONNECTIONS,
-                       "loads": [("max" if r is None else r) for r in loads], "agent": "--port PORT --exporter file"},
-        "loads": rows,
-        "runs": runs,
-    })
+    print(
+        "invariant: (server + client spans + shed) / (2 x requests) = 1 (both sides traced), up to 16 requests "
+        "in flight per run when wrk stops; "
+        "CPU µs/req: whole run less start-up (load and final flush) per request"
+    )
+    write_result(
+        "nginx_load",
+        None,
+        {
+            "parameters": {
+                "duration_s": args.duration,
+                "rounds": args.rounds,
+                "connections": CONNECTIONS,
+                "loads": [("max" if r is None else r) for r in loads],
+                "agent": "--port PORT --exporter file",
+            },
+            "loads": rows,
+            "runs": runs,
+        },
+    )
 
 
 if __name__ == "__main__":

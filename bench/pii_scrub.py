@@ -32,7 +32,59 @@ from results import write_result
 from tests.pii_corpus import CORPUS, secret_part
 
 SIZE = 64 * 1024
-WORDS = ["the", "a", "of", "to", "and", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "this", "are", "or", "from", "at", "which", "but", "have", "an", "they", "you", "were", "there", "one", "all", "we", "their", "can", "has", "been", "if", "more", "when", "will", "would", "who", "so", "no", "model", "answer", "tokens", "summary", "please", "explain"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "there",
+    "one",
+    "all",
+    "we",
+    "their",
+    "can",
+    "has",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "model",
+    "answer",
+    "tokens",
+    "summary",
+    "please",
+    "explain",
+]
 
 
 def _prose(rng: random.Random, words: int) -> str:
@@ -46,15 +98,25 @@ def bodies() -> dict[str, str]:
     dense = []
     while len(json.dumps(messages)) < SIZE:
         messages.append({"role": "user", "content": _prose(rng, 80)})
-        dense.append({"role": "user", "content": _prose(rng, 40) + " " + pii[len(dense) % len(pii)] + " " +
-                      _prose(rng, 30)})
+        dense.append(
+            {"role": "user", "content": _prose(rng, 40) + " " + pii[len(dense) % len(pii)] + " " + _prose(rng, 30)}
+        )
     ids = {"items": []}
     while len(json.dumps(ids)) < SIZE:
-        ids["items"].append({"id": str(uuid.UUID(int=rng.getrandbits(128))), "trace": f"{rng.getrandbits(128):032x}",
-                             "ts": 1_700_000_000_000_000_000 + rng.getrandbits(40), "n": rng.randint(0, 10**9),
-                             "x": rng.random(), "at": f"2024-05-{rng.randint(10, 28)}T12:{rng.randint(10, 59)}:00Z"})
-    return {name: json.dumps({"model": "m", "messages": value} if name != "ids" else value)[:SIZE]
-            for name, value in (("clean", messages), ("dense", dense), ("ids", ids))}
+        ids["items"].append(
+            {
+                "id": str(uuid.UUID(int=rng.getrandbits(128))),
+                "trace": f"{rng.getrandbits(128):032x}",
+                "ts": 1_700_000_000_000_000_000 + rng.getrandbits(40),
+                "n": rng.randint(0, 10**9),
+                "x": rng.random(),
+                "at": f"2024-05-{rng.randint(10, 28)}T12:{rng.randint(10, 59)}:00Z",
+            }
+        )
+    return {
+        name: json.dumps({"model": "m", "messages": value} if name != "ids" else value)[:SIZE]
+        for name, value in (("clean", messages), ("dense", dense), ("ids", ids))
+    }
 
 
 def main() -> None:
@@ -79,12 +141,20 @@ def main() -> None:
             scrubber.scrub(body)
             times.append(time.perf_counter() - start)
         median = statistics.median(times)
-        figures[name] = {"bytes": len(body), "replaced": replaced, "median_us": round(median * 1e6),
-                         "min_us": round(min(times) * 1e6),
-                         "MB_per_s": round(len(body) / median / 1e6, 1), "us_per_4KiB": round(median * 1e6 / 16)}
-        print(f"{name:6} {len(body)} B, {replaced} replaced: {median * 1e6:8.0f} µs median, "
-              f"{min(times) * 1e6:8.0f} µs fastest "
-              f"({len(body) / median / 1e6:.1f} MB/s)", flush=True)
+        figures[name] = {
+            "bytes": len(body),
+            "replaced": replaced,
+            "median_us": round(median * 1e6),
+            "min_us": round(min(times) * 1e6),
+            "MB_per_s": round(len(body) / median / 1e6, 1),
+            "us_per_4KiB": round(median * 1e6 / 16),
+        }
+        print(
+            f"{name:6} {len(body)} B, {replaced} replaced: {median * 1e6:8.0f} µs median, "
+            f"{min(times) * 1e6:8.0f} µs fastest "
+            f"({len(body) / median / 1e6:.1f} MB/s)",
+            flush=True,
+        )
     write_result("pii_scrub", None, figures)
 
 

@@ -67,24 +67,16 @@ def response(timestamp_ns: int) -> bytes:
 
 def build_events(exchanges: int, connections: int) -> list[Event]:
     """ProcessInfo, the connections' opens, then ``exchanges`` round-robin over the connections."""
-    events: list[Event] = [
-        ProcessInfo(START_NS, PID, "/usr/bin/python3.11", "python3 examples/http_service.py")
-    ]
+    events: list[Event] = [ProcessInfo(START_NS, PID, "/usr/bin/python3.11", "python3 examples/http_service.py")]
     local = Endpoint("127.0.0.1", 8080)
     for c in range(connections):
-        events.append(
-            ConnOpen(START_NS, PID, 10 + c, 0, Role.SERVER, local, Endpoint("127.0.0.1", 40000 + c))
-        )
+        events.append(ConnOpen(START_NS, PID, 10 + c, 0, Role.SERVER, local, Endpoint("127.0.0.1", 40000 + c)))
     for i in range(exchanges):
         fd = 10 + i % connections
         t = START_NS + 1_000 + i * EXCHANGE_NS
         answer = response(t)
-        events.append(
-            ConnData(t, PID, PID + 1, fd, 0, Direction.INGRESS, len(REQUEST), bytes(REQUEST))
-        )
-        events.append(
-            ConnData(t + SERVICE_NS, PID, PID + 1, fd, 0, Direction.EGRESS, len(answer), answer)
-        )
+        events.append(ConnData(t, PID, PID + 1, fd, 0, Direction.INGRESS, len(REQUEST), bytes(REQUEST)))
+        events.append(ConnData(t + SERVICE_NS, PID, PID + 1, fd, 0, Direction.EGRESS, len(answer), answer))
     return events
 
 
@@ -142,10 +134,7 @@ def run_plugin(events: list[Event]) -> tuple[dict[str, float], int]:
     stitchers = {fd: http1.new_stitcher(Role.SERVER) for fd in fds}
     conn = ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 8080), Endpoint("127.0.0.1", 40000))
     # what each syscall is handed to, resolved up front so that the harness costs next to nothing
-    calls = [
-        (sessions[e.fd].feed, stitchers[e.fd].add, e.direction, e.data, e.timestamp_ns)
-        for e in data
-    ]
+    calls = [(sessions[e.fd].feed, stitchers[e.fd].add, e.direction, e.data, e.timestamp_ns) for e in data]
     times = dict.fromkeys(STAGES, 0.0)
     made = 0
     clock = time.perf_counter
@@ -223,10 +212,20 @@ def main() -> None:
     print(f"  plugin share             {us(plugin):7.2f}")
     for stage, seconds in stages.items():
         print(f"    {stage:<22} {us(seconds):7.2f}")
-    write_result("pipeline_replay", None, {
-        "exchanges": args.exchanges, "connections": args.connections, "reps": args.reps,
-        "us_per_exchange": {"pipeline total": round(us(totals), 2), "plugin share": round(us(plugin), 2),
-                            **{stage: round(us(seconds), 2) for stage, seconds in stages.items()}}})
+    write_result(
+        "pipeline_replay",
+        None,
+        {
+            "exchanges": args.exchanges,
+            "connections": args.connections,
+            "reps": args.reps,
+            "us_per_exchange": {
+                "pipeline total": round(us(totals), 2),
+                "plugin share": round(us(plugin), 2),
+                **{stage: round(us(seconds), 2) for stage, seconds in stages.items()},
+            },
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ def _sampling_program_stats(pid: int) -> tuple[int, int]:
 
 class Workload:
     def __init__(self, cpu: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(cpu)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD, str(cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout.readline().strip() == "ready"
 
     def run(self, seconds: float) -> dict:
@@ -103,9 +104,25 @@ def measure_traced(workload: Workload, hz: int, seconds: float, tmp: Path) -> di
     ready = out / "ready"
     out.mkdir(parents=True)
     agent = subprocess.Popen(
-        [*AGENT, "run", "--pid", str(workload.proc.pid), "--profile", "--profile-frequency", str(hz),
-         "--exporter", "file", "--output", str(out), "--ready-file", str(ready)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(workload.proc.pid),
+            "--profile",
+            "--profile-frequency",
+            str(hz),
+            "--exporter",
+            "file",
+            "--output",
+            str(out),
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "OTEL_METRIC_EXPORT_INTERVAL": "3600000"},
     )
     try:
@@ -128,8 +145,14 @@ def measure_traced(workload: Workload, hz: int, seconds: float, tmp: Path) -> di
     metrics = load_file_metrics(out)
     samples = sum(p["value"] for p in metrics.get("otel_ebpf.profiles.samples", []))
     runs = max(1, bpf1[1] - bpf0[1])
-    return {**rates, "agent_cpu": (cpu1 - cpu0) / (t1 - t0), "rss": rss, "samples": samples,
-            "bpf_ns": (bpf1[0] - bpf0[0]) / runs, "bpf_cpu": (bpf1[0] - bpf0[0]) / 1e9 / (t1 - t0)}
+    return {
+        **rates,
+        "agent_cpu": (cpu1 - cpu0) / (t1 - t0),
+        "rss": rss,
+        "samples": samples,
+        "bpf_ns": (bpf1[0] - bpf0[0]) / runs,
+        "bpf_cpu": (bpf1[0] - bpf0[0]) / 1e9 / (t1 - t0),
+    }
 
 
 def main() -> int:
@@ -155,7 +178,7 @@ def main() -> int:
         workload.run(1.0)  # warm-up
         with tempfile.TemporaryDirectory(prefix="profile-overhead-") as tmp:
             for round_number in range(args.rounds):
-                order = configs[round_number % 3:] + configs[: round_number % 3]
+                order = configs[round_number % 3 :] + configs[: round_number % 3]
                 for config in order:
                     if config is None:
                         result = workload.run(args.duration)
@@ -170,40 +193,63 @@ def main() -> int:
             BPF_STATS.write_text(stats_before)
 
     base = results[None]
-    print(f"\nCPU-bound Python workload (venv {sys.version.split()[0]}, pinned to CPU {args.cpu}), "
-          f"{args.rounds} rounds x {args.duration:g} s, side by side")
-    print(f"{'config':>10} {'batches/s':>10} {'loss':>8} {'per CPU-s':>10} {'loss':>8} {'samples/s':>10} "
-          f"{'BPF ns/run':>10} {'BPF CPU':>8} {'agent CPU':>10} {'agent RSS':>10}")
-    print(f"{'untraced':>10} {statistics.median(r['rate'] for r in base):10.2f} {'':>8} "
-          f"{statistics.median(r['cpu_rate'] for r in base):10.2f}")
-    rows = [{"config": "untraced", "batches_per_s": round(statistics.median(r["rate"] for r in base), 2),
-             "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in base), 2)}]
+    print(
+        f"\nCPU-bound Python workload (venv {sys.version.split()[0]}, pinned to CPU {args.cpu}), "
+        f"{args.rounds} rounds x {args.duration:g} s, side by side"
+    )
+    print(
+        f"{'config':>10} {'batches/s':>10} {'loss':>8} {'per CPU-s':>10} {'loss':>8} {'samples/s':>10} "
+        f"{'BPF ns/run':>10} {'BPF CPU':>8} {'agent CPU':>10} {'agent RSS':>10}"
+    )
+    print(
+        f"{'untraced':>10} {statistics.median(r['rate'] for r in base):10.2f} {'':>8} "
+        f"{statistics.median(r['cpu_rate'] for r in base):10.2f}"
+    )
+    rows = [
+        {
+            "config": "untraced",
+            "batches_per_s": round(statistics.median(r["rate"] for r in base), 2),
+            "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in base), 2),
+        }
+    ]
     for hz in (49, 99):
         runs = results[hz]
         loss = 1 - statistics.median(r["rate"] / b["rate"] for r, b in zip(runs, base))
         cpu_loss = 1 - statistics.median(r["cpu_rate"] / b["cpu_rate"] for r, b in zip(runs, base))
-        rows.append({"config": f"{hz} Hz", "batches_per_s": round(statistics.median(r["rate"] for r in runs), 2),
-                     "loss": round(loss, 4),
-                     "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in runs), 2),
-                     "loss_per_cpu_s": round(cpu_loss, 4),
-                     "samples_per_s": round(statistics.median(r["samples"] for r in runs) / args.duration, 1),
-                     "bpf_ns_per_run": round(statistics.median(r["bpf_ns"] for r in runs)),
-                     "bpf_cpu_share": round(statistics.median(r["bpf_cpu"] for r in runs), 5),
-                     "agent_cpu_share": round(statistics.median(r["agent_cpu"] for r in runs), 4),
-                     "agent_rss_mb": round(statistics.median(r["rss"] for r in runs))})
-        print(f"{hz:>7} Hz {statistics.median(r['rate'] for r in runs):10.2f} {loss:8.2%} "
-              f"{statistics.median(r['cpu_rate'] for r in runs):10.2f} {cpu_loss:8.2%} "
-              f"{statistics.median(r['samples'] for r in runs) / args.duration:10.1f} "
-              f"{statistics.median(r['bpf_ns'] for r in runs):10.0f} {statistics.median(r['bpf_cpu'] for r in runs):8.3%} "
-              f"{statistics.median(r['agent_cpu'] for r in runs):10.2%} "
-              f"{statistics.median(r['rss'] for r in runs):8.0f} MB")
-    print("loss: 1 - median of per-round (traced / untraced), per wall second and per CPU second of the "
-          "workload (the latter immune to other load; the kernel charges interrupt time to the sampled task "
-          "without IRQ time accounting); BPF ns/run, BPF CPU: the sampling program's own run time "
-          "(kernel.bpf_stats_enabled) per run and as a share of one CPU; agent CPU: user space, % of one CPU "
-          "(samples/s counts the whole run, attach to stop)")
-    write_result("profile_overhead", None, {"parameters": {"rounds": args.rounds, "duration_s": args.duration,
-                                                           "cpu": args.cpu}, "configs": rows})
+        rows.append(
+            {
+                "config": f"{hz} Hz",
+                "batches_per_s": round(statistics.median(r["rate"] for r in runs), 2),
+                "loss": round(loss, 4),
+                "batches_per_cpu_s": round(statistics.median(r["cpu_rate"] for r in runs), 2),
+                "loss_per_cpu_s": round(cpu_loss, 4),
+                "samples_per_s": round(statistics.median(r["samples"] for r in runs) / args.duration, 1),
+                "bpf_ns_per_run": round(statistics.median(r["bpf_ns"] for r in runs)),
+                "bpf_cpu_share": round(statistics.median(r["bpf_cpu"] for r in runs), 5),
+                "agent_cpu_share": round(statistics.median(r["agent_cpu"] for r in runs), 4),
+                "agent_rss_mb": round(statistics.median(r["rss"] for r in runs)),
+            }
+        )
+        print(
+            f"{hz:>7} Hz {statistics.median(r['rate'] for r in runs):10.2f} {loss:8.2%} "
+            f"{statistics.median(r['cpu_rate'] for r in runs):10.2f} {cpu_loss:8.2%} "
+            f"{statistics.median(r['samples'] for r in runs) / args.duration:10.1f} "
+            f"{statistics.median(r['bpf_ns'] for r in runs):10.0f} {statistics.median(r['bpf_cpu'] for r in runs):8.3%} "
+            f"{statistics.median(r['agent_cpu'] for r in runs):10.2%} "
+            f"{statistics.median(r['rss'] for r in runs):8.0f} MB"
+        )
+    print(
+        "loss: 1 - median of per-round (traced / untraced), per wall second and per CPU second of the "
+        "workload (the latter immune to other load; the kernel charges interrupt time to the sampled task "
+        "without IRQ time accounting); BPF ns/run, BPF CPU: the sampling program's own run time "
+        "(kernel.bpf_stats_enabled) per run and as a share of one CPU; agent CPU: user space, % of one CPU "
+        "(samples/s counts the whole run, attach to stop)"
+    )
+    write_result(
+        "profile_overhead",
+        None,
+        {"parameters": {"rounds": args.rounds, "duration_s": args.duration, "cpu": args.cpu}, "configs": rows},
+    )
     return 0
 
 

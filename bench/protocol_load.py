@@ -44,8 +44,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import (AGENT, REPO, Watch, cpu_seconds, parse_live_args, self_counter, unshared,  # noqa: E402
-                     wait_for, wrk)
+from harness import (
+    AGENT,
+    REPO,
+    Watch,
+    cpu_seconds,
+    parse_live_args,
+    self_counter,
+    unshared,  # noqa: E402
+    wait_for,
+    wrk,
+)
 from results import write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
@@ -57,8 +66,20 @@ CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
 HTTPS_SERVER = [sys.executable, str(REPO / "examples" / "tls_peers.py"), "https-serve"]
 GRPC_SPAN = "tracechain.Chain/Work"
 WRK_CONNECTIONS = 10
-HEADER = ["workload", "offered", "untraced", "traced", "ratio", "spans/call", "lost ev/spans", "agent CPU/call",
-          "agent RSS", "p50 ms u / t", "p99 ms u / t", "meets target"]
+HEADER = [
+    "workload",
+    "offered",
+    "untraced",
+    "traced",
+    "ratio",
+    "spans/call",
+    "lost ev/spans",
+    "agent CPU/call",
+    "agent RSS",
+    "p50 ms u / t",
+    "p99 ms u / t",
+    "meets target",
+]
 
 
 @dataclass
@@ -96,12 +117,25 @@ def progress(message: str) -> None:
 def grpc_load(concurrency: int) -> Load:
     def load(port: int, seconds: float, rate: float | None) -> Run:
         paced = [] if rate is None else ["--rate", str(rate)]
-        out = subprocess.run([*CHAIN, "load-grpc", f"127.0.0.1:{port}", "--seconds", str(seconds),
-                              "--concurrency", str(concurrency), *paced], capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                *CHAIN,
+                "load-grpc",
+                f"127.0.0.1:{port}",
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                str(concurrency),
+                *paced,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if not out.stdout.strip():
             raise SystemExit(f"load-grpc failed ({out.returncode}): {out.stderr}")
         r = json.loads(out.stdout)
         return Run(r["calls"], r["calls"] / r["seconds"], r["p50_ms"] or 0.0, r["p99_ms"] or 0.0, r["errors"])
+
     return load
 
 
@@ -126,9 +160,22 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
             workload.load(port, 1, rate)  # warm-up, before any agent: not counted
             if traced:
                 with log.open("w") as stderr:
-                    agent = subprocess.Popen([*AGENT, "run", "--pid", str(server.pid), "--exporter", "file",
-                                              "--output", str(out), "--ready-file", str(ready)],
-                                             cwd=REPO, stderr=stderr)
+                    agent = subprocess.Popen(
+                        [
+                            *AGENT,
+                            "run",
+                            "--pid",
+                            str(server.pid),
+                            "--exporter",
+                            "file",
+                            "--output",
+                            str(out),
+                            "--ready-file",
+                            str(ready),
+                        ],
+                        cwd=REPO,
+                        stderr=stderr,
+                    )
                 wait_for(ready, agent, "the agent", log)
             cpu_before, watch = cpu_seconds(agent.pid) if agent else 0.0, Watch(agent and agent.pid)
             watch.start()
@@ -146,8 +193,10 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
             spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
             run.spans, run.error_spans = len(spans), sum(1 for s in spans if s["status_code"] == "ERROR")
             metrics = load_file_metrics(out)
-            run.lost = (self_counter(metrics, "otel_ebpf.events.lost"),
-                        self_counter(metrics, "otel_ebpf.spans.dropped"))
+            run.lost = (
+                self_counter(metrics, "otel_ebpf.events.lost"),
+                self_counter(metrics, "otel_ebpf.spans.dropped"),
+            )
             return run
         finally:
             for proc in (agent, server):
@@ -158,8 +207,9 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
 
 def quiet_measure(workload: Workload, rate: float | None, traced: bool, args: argparse.Namespace) -> Run:
     """``measure``, first waiting for other BPF users to end, and again while one shared the run."""
-    return unshared(lambda: measure(workload, rate, args.duration, traced), lambda r: r.shared, args.wait_quiet,
-                    progress)
+    return unshared(
+        lambda: measure(workload, rate, args.duration, traced), lambda r: r.shared, args.wait_quiet, progress
+    )
 
 
 def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tuple[list[str], list[Run]]:
@@ -169,15 +219,24 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
     t: list[Run] = []
     for n in range(args.rounds):
         order = (False, True) if n % 2 == 0 else (True, False)
-        progress(f"{workload.name} {label}, round {n + 1}/{args.rounds}: "
-                 + " then ".join("traced" if traced else "untraced" for traced in order) + " ...")
+        progress(
+            f"{workload.name} {label}, round {n + 1}/{args.rounds}: "
+            + " then ".join("traced" if traced else "untraced" for traced in order)
+            + " ..."
+        )
         for traced in order:
             run = quiet_measure(workload, rate, traced, args)
             (t if traced else u).append(run)
-            progress(f"  {'traced' if traced else 'untraced'}: {run.rate:,.0f}/s, {run.calls} calls"
-                     + (f", {run.spans} spans ({run.error_spans} ERROR), lost (events, spans) {run.lost}, "
-                        f"agent {run.agent_cpu_s:.2f} CPU-s" if traced else "")
-                     + (f", {run.errors} client ERRORS" if run.errors else ""))
+            progress(
+                f"  {'traced' if traced else 'untraced'}: {run.rate:,.0f}/s, {run.calls} calls"
+                + (
+                    f", {run.spans} spans ({run.error_spans} ERROR), lost (events, spans) {run.lost}, "
+                    f"agent {run.agent_cpu_s:.2f} CPU-s"
+                    if traced
+                    else ""
+                )
+                + (f", {run.errors} client ERRORS" if run.errors else "")
+            )
     ratio = statistics.median(b.rate / a.rate for a, b in zip(u, t))
     calls = sum(r.calls for r in t)
     spans, errs = sum(r.spans for r in t) / calls, sum(r.error_spans for r in t)
@@ -185,14 +244,20 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
     misses = [what for what, ok in (("spans", captured), ("ratio", ratio >= 0.90)) if not ok]
     notes = [f"{n} errors" for n in [sum(r.errors for r in u + t)] if n]
     notes += [f"{n} of {len(u + t)} runs shared" for n in [sum(1 for r in u + t if r.shared)] if n]
-    return [workload.name, label, f"{statistics.median(r.rate for r in u):,.0f}/s",
-            f"{statistics.median(r.rate for r in t):,.0f}/s", f"{ratio:.3f}",
-            f"{spans:.4f}" + (f" ({errs} ERROR)" if errs else ""),
-            f"{sum(r.lost[0] for r in t)} / {sum(r.lost[1] for r in t)}",
-            f"{sum(r.agent_cpu_s for r in t) / calls * 1e6:.0f} µs", f"{max(r.agent_rss_mb for r in t):.0f} MB",
-            f"{statistics.median(r.p50_ms for r in u):.2f} / {statistics.median(r.p50_ms for r in t):.2f}",
-            f"{statistics.median(r.p99_ms for r in u):.2f} / {statistics.median(r.p99_ms for r in t):.2f}",
-            ("yes" if not misses else f"NO ({', '.join(misses)})") + "".join(f" [{n}]" for n in notes)], u
+    return [
+        workload.name,
+        label,
+        f"{statistics.median(r.rate for r in u):,.0f}/s",
+        f"{statistics.median(r.rate for r in t):,.0f}/s",
+        f"{ratio:.3f}",
+        f"{spans:.4f}" + (f" ({errs} ERROR)" if errs else ""),
+        f"{sum(r.lost[0] for r in t)} / {sum(r.lost[1] for r in t)}",
+        f"{sum(r.agent_cpu_s for r in t) / calls * 1e6:.0f} µs",
+        f"{max(r.agent_rss_mb for r in t):.0f} MB",
+        f"{statistics.median(r.p50_ms for r in u):.2f} / {statistics.median(r.p50_ms for r in t):.2f}",
+        f"{statistics.median(r.p99_ms for r in u):.2f} / {statistics.median(r.p99_ms for r in t):.2f}",
+        ("yes" if not misses else f"NO ({', '.join(misses)})") + "".join(f" [{n}]" for n in notes),
+    ], u
 
 
 def main() -> None:
@@ -208,11 +273,22 @@ def main() -> None:
     ca.cert_pem.write_to_path(str(certs / "ca.pem"))
     ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(certs / "server.pem"))
     workloads = {
-        "grpc": Workload("gRPC", lambda port: [*CHAIN, "serve-grpc", "bench", str(port)],
-                         grpc_load(args.grpc_concurrency), lambda s: s["name"] == GRPC_SPAN, lambda r: round(r, -1), 0),
-        "https": Workload("HTTPS", lambda port: [*HTTPS_SERVER, str(port), *[str(certs / "server.pem")] * 2],
-                          https_load, lambda s: s["attributes"].get("url.scheme") == "https",
-                          lambda r: WRK_CONNECTIONS * 1000 / _wrk_delay_ms(r), WRK_CONNECTIONS),
+        "grpc": Workload(
+            "gRPC",
+            lambda port: [*CHAIN, "serve-grpc", "bench", str(port)],
+            grpc_load(args.grpc_concurrency),
+            lambda s: s["name"] == GRPC_SPAN,
+            lambda r: round(r, -1),
+            0,
+        ),
+        "https": Workload(
+            "HTTPS",
+            lambda port: [*HTTPS_SERVER, str(port), *[str(certs / "server.pem")] * 2],
+            https_load,
+            lambda s: s["attributes"].get("url.scheme") == "https",
+            lambda r: WRK_CONNECTIONS * 1000 / _wrk_delay_ms(r),
+            WRK_CONNECTIONS,
+        ),
     }
     table = [HEADER]
     try:
@@ -225,16 +301,27 @@ def main() -> None:
     finally:
         shutil.rmtree(certs, ignore_errors=True)
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    print(f"\n{args.rounds} round(s) of {args.duration:g} s per load, medians; gRPC: {args.grpc_concurrency} threads "
-          f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print(
+        f"\n{args.rounds} round(s) of {args.duration:g} s per load, medians; gRPC: {args.grpc_concurrency} threads "
+        f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
     print("target: spans/call 1.000 and traced/untraced ratio >= 0.90")
     for line in table:
         print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
-    write_result("protocol_load", None, {
-        "parameters": {"duration_s": args.duration, "rounds": args.rounds, "grpc_concurrency": args.grpc_concurrency,
-                       "https_connections": WRK_CONNECTIONS, "paced": args.paced},
-        "loads": [dict(zip(HEADER, line)) for line in table[1:]],
-    })
+    write_result(
+        "protocol_load",
+        None,
+        {
+            "parameters": {
+                "duration_s": args.duration,
+                "rounds": args.rounds,
+                "grpc_concurrency": args.grpc_concurrency,
+                "https_connections": WRK_CONNECTIONS,
+                "paced": args.paced,
+            },
+            "loads": [dict(zip(HEADER, line)) for line in table[1:]],
+        },
+    )
 
 
 if __name__ == "__main__":

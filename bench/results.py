@@ -43,8 +43,14 @@ def _cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """What the figures depend on besides the code: CPUs (and how many this process may use), kernel."""
-    memory_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal:")), 0)
+    memory_kb = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal:")
+        ),
+        0,
+    )
     return {
         "nproc": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
@@ -59,10 +65,14 @@ def machine() -> dict[str, Any]:
 
 def revision() -> dict[str, Any]:
     """The source tree measured: commit, and whether it had uncommitted changes."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "otel_ebpf",
-                                                                         "bpf", "protocols", "bench", "examples"))}
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--", "otel_ebpf", "bpf", "protocols", "bench", "examples")),
+    }
 
 
 def command_line() -> str:
@@ -113,16 +123,22 @@ def _table(rows: list[dict[str, Any]], indent: str) -> list[str]:
     else:
         cells = [[key, *(_cell(row.get(key)) for row in rows)] for key in keys]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-            for line in cells]
+    return [
+        indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+        for line in cells
+    ]
 
 
 def format_figures(figures: Any, indent: str = "  ") -> list[str]:
     """Figures as text: lists of flat records as tables, mappings as ``key: value`` lines."""
     lines: list[str] = []
     for key, value in figures.items():
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value) and \
-                not any(isinstance(x, (dict, list)) for v in value for x in v.values()):
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(v, dict) for v in value)
+            and not any(isinstance(x, (dict, list)) for v in value for x in v.values())
+        ):
             lines += [f"{indent}{key}:", *_table(value, indent + "  ")]
         elif isinstance(value, dict):
             lines += [f"{indent}{key}:", *format_figures(value, indent + "  ")]
@@ -139,8 +155,10 @@ def print_result(path: Path) -> None:
     rev = doc.get("revision") or {}
     print(f"== {doc['name']}  ({os.path.relpath(path)})")
     print(f"  command: {doc['command']}")
-    print(f"  date: {doc['date']}; revision {str(rev.get('commit'))[:12]}{' + uncommitted changes' if rev.get('dirty') else ''}; "
-          f"{m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python {m['python']}")
+    print(
+        f"  date: {doc['date']}; revision {str(rev.get('commit'))[:12]}{' + uncommitted changes' if rev.get('dirty') else ''}; "
+        f"{m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python {m['python']}"
+    )
     print("\n".join(format_figures(doc["figures"])))
 
 

@@ -64,8 +64,7 @@ def _user_data(datagram: bytes) -> bool:
     from otel_ebpf.protocols.rtps.wire import Data, parse_message
 
     msg = parse_message(datagram)
-    return msg is not None and any(isinstance(s, Data) and not is_builtin(s.writer_guid[12:])
-                                   for s in msg.submessages)
+    return msg is not None and any(isinstance(s, Data) and not is_builtin(s.writer_guid[12:]) for s in msg.submessages)
 
 
 def build_events(samples: int) -> list:
@@ -80,13 +79,17 @@ def build_events(samples: int) -> list:
         # discovery only: the recording's own user samples would be duplicates of ours
         discovery = [e for e in recorded if not isinstance(e, ConnData) or not _user_data(e.data)]
     offset = START_NS - discovery[0].timestamp_ns
-    events: list = [type(e)(**{**{f: getattr(e, f) for f in e.__dataclass_fields__},
-                               "timestamp_ns": e.timestamp_ns + offset}) for e in discovery]
+    events: list = [
+        type(e)(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "timestamp_ns": e.timestamp_ns + offset})
+        for e in discovery
+    ]
     t = events[-1].timestamp_ns + 10**6
-    events += [ProcessInfo(t, TALKER, "/usr/bin/talker", "talker", {}),
-               ProcessInfo(t, LISTENER, "/usr/bin/listener", "listener", {}),
-               ConnOpen(t, TALKER, 5, 1, None, Endpoint("127.0.0.1", 41000), None, Transport.UDP),
-               ConnOpen(t, LISTENER, 4, 1, None, Endpoint("0.0.0.0", 7413), None, Transport.UDP)]
+    events += [
+        ProcessInfo(t, TALKER, "/usr/bin/talker", "talker", {}),
+        ProcessInfo(t, LISTENER, "/usr/bin/listener", "listener", {}),
+        ConnOpen(t, TALKER, 5, 1, None, Endpoint("127.0.0.1", 41000), None, Transport.UDP),
+        ConnOpen(t, LISTENER, 4, 1, None, Endpoint("0.0.0.0", 7413), None, Transport.UDP),
+    ]
     header = b"RTPS\x02\x05\x01\x10" + prefix
     payload = b"\x00\x01\x00\x00" + struct.pack("<I", 15) + b"Hello World: 0\x00" + b"\x00"
     for i in range(1, samples + 1):
@@ -97,10 +100,24 @@ def build_events(samples: int) -> list:
         if i % 16 == 0:
             hb = bytes(4) + writer + struct.pack("<iIiII", 0, i - 15, 0, i, i // 16)
             datagram += struct.pack("<BBH", 0x07, 0x01, len(hb)) + hb
-        events.append(ConnData(t, TALKER, TALKER, 5, 1, Direction.EGRESS, len(datagram), datagram,
-                               peer=Endpoint("127.0.0.1", 7413)))
-        events.append(ConnData(t + 50_000, LISTENER, LISTENER + 1, 4, 1, Direction.INGRESS, len(datagram), datagram,
-                               peer=Endpoint("127.0.0.1", 41000)))
+        events.append(
+            ConnData(
+                t, TALKER, TALKER, 5, 1, Direction.EGRESS, len(datagram), datagram, peer=Endpoint("127.0.0.1", 7413)
+            )
+        )
+        events.append(
+            ConnData(
+                t + 50_000,
+                LISTENER,
+                LISTENER + 1,
+                4,
+                1,
+                Direction.INGRESS,
+                len(datagram),
+                datagram,
+                peer=Endpoint("127.0.0.1", 41000),
+            )
+        )
     return events
 
 
@@ -117,27 +134,62 @@ def replay(samples: int, reps: int) -> dict:
         results.append((seconds, spans))
     seconds = sorted(r[0] for r in results)[len(results) // 2]
     spans = results[0][1]
-    print(f"replay: {samples} samples (publisher and subscriber on the node, {len(events)} events), "
-          f"{spans} spans, median of {reps}: {seconds:.3f} s -> {samples / seconds:,.0f} samples/s, "
-          f"{seconds / samples * 1e6:.1f} µs per sample (both ends)")
-    return {"samples": samples, "events": len(events), "spans": spans, "reps": reps, "seconds": round(seconds, 3),
-            "samples_per_s": round(samples / seconds), "us_per_sample": round(seconds / samples * 1e6, 1)}
+    print(
+        f"replay: {samples} samples (publisher and subscriber on the node, {len(events)} events), "
+        f"{spans} spans, median of {reps}: {seconds:.3f} s -> {samples / seconds:,.0f} samples/s, "
+        f"{seconds / samples * 1e6:.1f} µs per sample (both ends)"
+    )
+    return {
+        "samples": samples,
+        "events": len(events),
+        "spans": spans,
+        "reps": reps,
+        "seconds": round(seconds, 3),
+        "samples_per_s": round(samples / seconds),
+        "us_per_sample": round(seconds / samples * 1e6, 1),
+    }
 
 
 def live(rate: float, seconds: float) -> dict:
     peers = [sys.executable, str(REPO / "examples" / "ros2_peers.py")]
     count = int(rate * seconds)
-    sub = subprocess.Popen([*peers, "sub", "--count", str(count), "--timeout", str(seconds * 4 + 30)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    pub = subprocess.Popen([*peers, "pub", "--rate", str(rate), "--count", str(count)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sub = subprocess.Popen(
+        [*peers, "sub", "--count", str(count), "--timeout", str(seconds * 4 + 30)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pub = subprocess.Popen(
+        [*peers, "pub", "--rate", str(rate), "--count", str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for p in (sub, pub):
         p.stdout.readline()
     with tempfile.TemporaryDirectory() as tmp:
         ready = Path(tmp) / "ready"
-        agent = subprocess.Popen([sys.executable, "-m", "otel_ebpf.cli", "run", "--pid", str(sub.pid), "--pid",
-                                  str(pub.pid), "--exporter", "file", "--output", tmp, "--ready-file", str(ready)],
-                                 cwd=REPO, stderr=subprocess.PIPE, text=True)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_ebpf.cli",
+                "run",
+                "--pid",
+                str(sub.pid),
+                "--pid",
+                str(pub.pid),
+                "--exporter",
+                "file",
+                "--output",
+                tmp,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         while not ready.exists():
             if agent.poll() is not None:
                 raise SystemExit(agent.stderr.read())
@@ -156,22 +208,40 @@ def live(rate: float, seconds: float) -> dict:
         busy, wall = cpu_seconds(agent.pid) - busy_start, time.monotonic() - wall
         agent.send_signal(signal.SIGINT)
         agent.communicate(timeout=60)
-        spans = sum(1 for line in (Path(tmp) / "traces.jsonl").read_text().splitlines()
-                    for _ in range(line.count('"spanId"'))) if (Path(tmp) / "traces.jsonl").exists() else 0
+        spans = (
+            sum(
+                1
+                for line in (Path(tmp) / "traces.jsonl").read_text().splitlines()
+                for _ in range(line.count('"spanId"'))
+            )
+            if (Path(tmp) / "traces.jsonl").exists()
+            else 0
+        )
     received = json.loads(sub_out.splitlines()[-1])["done"]
     published = json.loads(pub_out.splitlines()[-1])["done"]
     baseline = idle * wall / seconds
-    print(f"live: {published} samples published at {rate:g} Hz ({received} received), window {wall:.1f} s, "
-          f"{spans} spans exported")
-    print(f"live: agent CPU {busy:.2f} s over the window ({busy / wall * 100:.1f} % of a core); "
-          f"{busy / published * 1000 * 1000:.0f} ms per 1,000 samples, "
-          f"{(busy - baseline) / published * 1000 * 1000:.0f} ms above the idle baseline "
-          f"({idle / seconds * 100:.1f} % of a core idle)")
-    return {"rate_hz": rate, "published": published, "received": received, "window_s": round(wall, 1),
-            "spans": spans, "agent_cpu_s": round(busy, 2), "agent_core_share": round(busy / wall, 3),
-            "agent_cpu_ms_per_1k_samples": round(busy / published * 1e6),
-            "agent_cpu_ms_per_1k_samples_above_idle": round((busy - baseline) / published * 1e6),
-            "agent_core_share_idle": round(idle / seconds, 3)}
+    print(
+        f"live: {published} samples published at {rate:g} Hz ({received} received), window {wall:.1f} s, "
+        f"{spans} spans exported"
+    )
+    print(
+        f"live: agent CPU {busy:.2f} s over the window ({busy / wall * 100:.1f} % of a core); "
+        f"{busy / published * 1000 * 1000:.0f} ms per 1,000 samples, "
+        f"{(busy - baseline) / published * 1000 * 1000:.0f} ms above the idle baseline "
+        f"({idle / seconds * 100:.1f} % of a core idle)"
+    )
+    return {
+        "rate_hz": rate,
+        "published": published,
+        "received": received,
+        "window_s": round(wall, 1),
+        "spans": spans,
+        "agent_cpu_s": round(busy, 2),
+        "agent_core_share": round(busy / wall, 3),
+        "agent_cpu_ms_per_1k_samples": round(busy / published * 1e6),
+        "agent_cpu_ms_per_1k_samples_above_idle": round((busy - baseline) / published * 1e6),
+        "agent_core_share_idle": round(idle / seconds, 3),
+    }
 
 
 def main() -> None:

@@ -116,8 +116,9 @@ def https_server(kind: str, tmp: Path) -> Iterator[tuple[int, int]]:
             time.sleep(0.1)
     else:
         port_file = tmp / "port"
-        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "tls_peers.py"), "https-serve",
-                                 str(port_file), cert, key])
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "examples" / "tls_peers.py"), "https-serve", str(port_file), cert, key]
+        )
         deadline = time.monotonic() + 10
         while not port_file.exists() or not port_file.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -132,8 +133,12 @@ def https_server(kind: str, tmp: Path) -> Iterator[tuple[int, int]]:
 
 
 def wrk(port: int, duration: float, connections: int) -> float:
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{round(duration)}s", f"https://127.0.0.1:{port}/"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{round(duration)}s", f"https://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
@@ -173,9 +178,25 @@ def agent_on_sleep(python: list[str], cwd: Path) -> Iterator[None]:
     sleeper = subprocess.Popen(["sleep", "3600"])
     with tempfile.TemporaryDirectory() as out:
         ready = Path(out) / "ready"
-        agent = subprocess.Popen([*python, "-m", "otel_ebpf.cli", "run", "--pid", str(sleeper.pid),
-                                  "--exporter", "file", "--output", out, "--ready-file", str(ready)],
-                                 cwd=cwd, stderr=subprocess.PIPE, text=True)
+        agent = subprocess.Popen(
+            [
+                *python,
+                "-m",
+                "otel_ebpf.cli",
+                "run",
+                "--pid",
+                str(sleeper.pid),
+                "--exporter",
+                "file",
+                "--output",
+                out,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=cwd,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 120
             while not ready.exists():
@@ -195,8 +216,12 @@ def agent_on_sleep(python: list[str], cwd: Path) -> Iterator[None]:
 @contextmanager
 def file_wide_probes() -> Iterator[None]:
     (libssl,) = system_libssl()
-    helper = subprocess.Popen([sys.executable, "-c", FILE_WIDE_PROBES, libssl, *ENTRY_PROGRAMS],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    helper = subprocess.Popen(
+        [sys.executable, "-c", FILE_WIDE_PROBES, libssl, *ENTRY_PROGRAMS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         if helper.stdout.readline() != "ready\n":
             raise SystemExit("the file-wide uprobes did not attach")
@@ -210,8 +235,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=int, default=16, help="wrk keep-alive connections")
     parser.add_argument("--server", choices=("nginx", "python"), default="nginx" if shutil.which("nginx") else "python")
-    parser.add_argument("--before", type=Path,
-                        help="also run the agent in this source tree (with its .venv's Python, else this one), --pid sleep")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="also run the agent in this source tree (with its .venv's Python, else this one), --pid sleep",
+    )
     args = parse_live_args(parser, duration=8.0, rounds=3, quick=(2.0, 1))
     arms: dict[str, Callable[[], object]] = {
         "untraced": nothing,
@@ -223,14 +251,15 @@ def main() -> None:
         before = args.before.resolve()
         python = before / ".venv" / "bin" / "python"
         arms[f"agent --pid sleep ({before})"] = lambda: agent_on_sleep(
-            [str(python) if python.exists() else sys.executable], before)
+            [str(python) if python.exists() else sys.executable], before
+        )
     results: dict[str, list[float]] = {name: [] for name in arms}
     contaminated: dict[str, int] = dict.fromkeys(arms, 0)
     names = list(arms)
     with tempfile.TemporaryDirectory() as tmp, https_server(args.server, Path(tmp)) as (port, server):
         wrk(port, 1, args.connections)  # warm-up
         for round_no in range(args.rounds):
-            order = names[round_no % len(names):] + names[:round_no % len(names)]
+            order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 with arms[name](), breakpoints_seen(server) as traps:
                     rps = wrk(port, args.duration, args.connections)
@@ -244,8 +273,10 @@ def main() -> None:
     if not results["untraced"]:
         raise SystemExit("every untraced run trapped: another tracer hooks libssl on this node; stop it and rerun")
     base = statistics.median(results["untraced"])
-    print(f"\nHTTPS {args.server}, wrk -t1 -c{args.connections}, {args.duration:g} s x {args.rounds} rounds "
-          f"(median req/s; ratio to untraced):")
+    print(
+        f"\nHTTPS {args.server}, wrk -t1 -c{args.connections}, {args.duration:g} s x {args.rounds} rounds "
+        f"(median req/s; ratio to untraced):"
+    )
     for name, values in results.items():
         if not values:
             print(f"  {name:<45} every run left out")
@@ -253,14 +284,27 @@ def main() -> None:
         median = statistics.median(values)
         left_out = f"   ({contaminated[name]} run(s) left out)" if contaminated[name] else ""
         print(f"  {name:<45} {median:>10,.0f} req/s   ratio {median / base:.3f}{left_out}")
-    write_result("tls_untraced", None, {
-        "parameters": {"server": args.server, "duration_s": args.duration, "rounds": args.rounds,
-                       "connections": args.connections},
-        "arms": {name: {"median_rps": round(statistics.median(values)) if values else None,
-                        "ratio": round(statistics.median(values) / base, 3) if values else None,
-                        "runs": len(values), "runs_left_out": contaminated[name]}
-                 for name, values in results.items()},
-    })
+    write_result(
+        "tls_untraced",
+        None,
+        {
+            "parameters": {
+                "server": args.server,
+                "duration_s": args.duration,
+                "rounds": args.rounds,
+                "connections": args.connections,
+            },
+            "arms": {
+                name: {
+                    "median_rps": round(statistics.median(values)) if values else None,
+                    "ratio": round(statistics.median(values) / base, 3) if values else None,
+                    "runs": len(values),
+                    "runs_left_out": contaminated[name],
+                }
+                for name, values in results.items()
+            },
+        },
+    )
 
 
 if __name__ == "__main__":

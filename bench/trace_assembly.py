@@ -80,9 +80,13 @@ def laid_end_to_end(events: list[Event], copies: int) -> list[Event]:
     shift = max(e.timestamp_ns for e in events) - min(e.timestamp_ns for e in events) + 1_000_000
     stream = [e for e in events if isinstance(e, ProcessInfo)]
     for c in range(copies):
-        stream += [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + c * shift,
-                                       generation=e.generation + c * GENERATION_STRIDE)
-                   for e in events if not isinstance(e, (ProcessInfo, ProcessExit))]
+        stream += [
+            dataclasses.replace(
+                e, timestamp_ns=e.timestamp_ns + c * shift, generation=e.generation + c * GENERATION_STRIDE
+            )
+            for e in events
+            if not isinstance(e, (ProcessInfo, ProcessExit))
+        ]
     return stream
 
 
@@ -106,8 +110,12 @@ class NotingAssembler(TraceAssembler):
         super().expire(now_ns)
 
 
-def run_pipeline(events: list[Event], window_ns: int | None = None, assembler: TraceAssembler | None = None,
-                 protocols: list[Protocol] | None = None) -> tuple[float, list[int]]:
+def run_pipeline(
+    events: list[Event],
+    window_ns: int | None = None,
+    assembler: TraceAssembler | None = None,
+    protocols: list[Protocol] | None = None,
+) -> tuple[float, list[int]]:
     """Seconds through a fresh pipeline (``window_ns`` None: the default reorder window; ``protocols``
     None: the installed plugins with default options) and the trace id of every span. Unlike
     ``pipeline_replay.run_pipeline`` it flushes at the end: without, the spans still held in the
@@ -176,31 +184,61 @@ def replayed(args: argparse.Namespace) -> dict:
     pipeline = medians["pipeline (default reorderer)"]
     both = medians["assembly alone"] + medians["reordering alone"]
 
-    print(f"\nReplayed: {RECORDING.name} x {args.copies} = {requests} requests, {exchanges} exchanges, "
-          f"median of {args.reps} interleaved repetitions (untimed pass: {complete_traces(traced)}/{requests} "
-          f"traces of 5 spans)")
-    print(f"{'measure':<30} {'µs/exch':>8} {'best':>7} {'spread':>7} {'exch/s':>9} {'of pipeline':>12} "
-          f"{'5-span traces':>14}")
+    print(
+        f"\nReplayed: {RECORDING.name} x {args.copies} = {requests} requests, {exchanges} exchanges, "
+        f"median of {args.reps} interleaved repetitions (untimed pass: {complete_traces(traced)}/{requests} "
+        f"traces of 5 spans)"
+    )
+    print(
+        f"{'measure':<30} {'µs/exch':>8} {'best':>7} {'spread':>7} {'exch/s':>9} {'of pipeline':>12} "
+        f"{'5-span traces':>14}"
+    )
     for name, seconds in times.items():
         check = "-" if name == "reordering alone" else f"{traces[name]}/{requests}"
-        print(f"{name:<30} {medians[name] / exchanges * 1e6:8.2f} {min(seconds) / exchanges * 1e6:7.2f} "
-              f"{(max(seconds) - min(seconds)) / medians[name]:7.1%} {exchanges / medians[name]:9,.0f} "
-              f"{medians[name] / pipeline:12.1%} {check:>14}")
-    print(f"{'assembly + reordering':<30} {both / exchanges * 1e6:8.2f} {'':>15} {exchanges / both:9,.0f} "
-          f"{both / pipeline:12.1%}")
-    return {"requests": requests, "exchanges": exchanges, "reps": args.reps, "measures": [
-        {"measure": name, "us_per_exchange": round(medians[name] / exchanges * 1e6, 2),
-         "best_us": round(min(seconds) / exchanges * 1e6, 2), "exchanges_per_s": round(exchanges / medians[name]),
-         "of_pipeline": round(medians[name] / pipeline, 3),
-         "complete_traces": None if name == "reordering alone" else f"{traces[name]}/{requests}"}
-        for name, seconds in times.items()]}
+        print(
+            f"{name:<30} {medians[name] / exchanges * 1e6:8.2f} {min(seconds) / exchanges * 1e6:7.2f} "
+            f"{(max(seconds) - min(seconds)) / medians[name]:7.1%} {exchanges / medians[name]:9,.0f} "
+            f"{medians[name] / pipeline:12.1%} {check:>14}"
+        )
+    print(
+        f"{'assembly + reordering':<30} {both / exchanges * 1e6:8.2f} {'':>15} {exchanges / both:9,.0f} "
+        f"{both / pipeline:12.1%}"
+    )
+    return {
+        "requests": requests,
+        "exchanges": exchanges,
+        "reps": args.reps,
+        "measures": [
+            {
+                "measure": name,
+                "us_per_exchange": round(medians[name] / exchanges * 1e6, 2),
+                "best_us": round(min(seconds) / exchanges * 1e6, 2),
+                "exchanges_per_s": round(exchanges / medians[name]),
+                "of_pipeline": round(medians[name] / pipeline, 3),
+                "complete_traces": None if name == "reordering alone" else f"{traces[name]}/{requests}",
+            }
+            for name, seconds in times.items()
+        ],
+    }
 
 
 def load(port: int, requests: int, concurrency: int) -> float:
     """Requests/s of one loader run; every request must get a 200."""
-    loader = subprocess.Popen([*CHAIN, "load", f"http://127.0.0.1:{port}", "--requests", str(requests),
-                               "--concurrency", str(concurrency), "--wait"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    loader = subprocess.Popen(
+        [
+            *CHAIN,
+            "load",
+            f"http://127.0.0.1:{port}",
+            "--requests",
+            str(requests),
+            "--concurrency",
+            str(concurrency),
+            "--wait",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert loader.stdout is not None and loader.stdout.readline() == "ready\n"
     start = time.perf_counter()
     out, _ = loader.communicate("go\n", timeout=600)
@@ -233,8 +271,21 @@ def live(args: argparse.Namespace) -> dict | None:
             untraced_rps = load(port, args.requests, args.concurrency)
             progress("starting the agent ...")
             with log.open("w") as stderr:
-                agent = subprocess.Popen([*AGENT, "run", *(f"--pid={p.pid}" for p in procs), "--exporter", "file",
-                                          "--output", str(output), "--ready-file", str(ready)], cwd=REPO, stderr=stderr)
+                agent = subprocess.Popen(
+                    [
+                        *AGENT,
+                        "run",
+                        *(f"--pid={p.pid}" for p in procs),
+                        "--exporter",
+                        "file",
+                        "--output",
+                        str(output),
+                        "--ready-file",
+                        str(ready),
+                    ],
+                    cwd=REPO,
+                    stderr=stderr,
+                )
             procs.append(agent)
             wait_for(ready, agent, "the agent", log)
             progress("the load with the agent ...")
@@ -252,17 +303,27 @@ def live(args: argparse.Namespace) -> dict | None:
                     proc.wait(timeout=30)
         spans = load_file_spans(output)
     traces, per_request = complete_traces(span["trace_id"] for span in spans), cpu / args.requests
-    print(f"\nLive: {args.requests} three-hop requests ({SPANS_PER_REQUEST} exchanges each), concurrency "
-          f"{args.concurrency}, agent on gateway + service + backend, file exporter")
+    print(
+        f"\nLive: {args.requests} three-hop requests ({SPANS_PER_REQUEST} exchanges each), concurrency "
+        f"{args.concurrency}, agent on gateway + service + backend, file exporter"
+    )
     print(f"{'':<14} {'req/s':>7} {'ratio':>6} {'agent CPU ms / 1k req':>22} {'µs/exch':>8} {'5-span traces':>14}")
     print(f"{'without agent':<14} {untraced_rps:7.0f} {1:6.3f}")
-    print(f"{'with agent':<14} {traced_rps:7.0f} {traced_rps / untraced_rps:6.3f} {per_request * 1e6:22.0f} "
-          f"{per_request / SPANS_PER_REQUEST * 1e6:8.1f} {f'{traces}/{args.requests}':>14}")
+    print(
+        f"{'with agent':<14} {traced_rps:7.0f} {traced_rps / untraced_rps:6.3f} {per_request * 1e6:22.0f} "
+        f"{per_request / SPANS_PER_REQUEST * 1e6:8.1f} {f'{traces}/{args.requests}':>14}"
+    )
     print(f"(agent CPU {cpu:.2f} s in {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks; {len(spans)} spans written)")
-    return {"requests": args.requests, "concurrency": args.concurrency, "untraced_rps": round(untraced_rps),
-            "traced_rps": round(traced_rps), "ratio": round(traced_rps / untraced_rps, 3),
-            "agent_cpu_ms_per_1k_requests": round(per_request * 1e6), "complete_traces": f"{traces}/{args.requests}",
-            "spans": len(spans)}
+    return {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "untraced_rps": round(untraced_rps),
+        "traced_rps": round(traced_rps),
+        "ratio": round(traced_rps / untraced_rps, 3),
+        "agent_cpu_ms_per_1k_requests": round(per_request * 1e6),
+        "complete_traces": f"{traces}/{args.requests}",
+        "spans": len(spans),
+    }
 
 
 def main() -> None:

@@ -82,7 +82,9 @@ def start_service(python: str) -> tuple[subprocess.Popen[bytes], int]:
 def start_llm_server(python: str, port_file: Path) -> tuple[subprocess.Popen[bytes], int]:
     """The stand-in LLM server on a free port; returns it and its port."""
     env = {**os.environ, "OTEL_SERVICE_NAME": LLM_SERVICE_NAME}
-    proc = subprocess.Popen([python, str(EXAMPLES / "llm_server.py"), str(port_file)], stdout=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [python, str(EXAMPLES / "llm_server.py"), str(port_file)], stdout=subprocess.DEVNULL, env=env
+    )
     deadline = time.monotonic() + 15
     while not (port_file.exists() and port_file.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -96,8 +98,17 @@ def start_agent(agent: str, output: Path, ports: Sequence[int]) -> tuple[subproc
     """Start the agent and wait until its probes are attached; returns it and its log file."""
     ready = output / "agent.ready"
     log = output / "agent.log"
-    cmd = [agent, "run", "--exporter", "file", "--output", str(output), *(f"--port={port}" for port in ports),
-           "--ready-file", str(ready)]
+    cmd = [
+        agent,
+        "run",
+        "--exporter",
+        "file",
+        "--output",
+        str(output),
+        *(f"--port={port}" for port in ports),
+        "--ready-file",
+        str(ready),
+    ]
     print("$ " + " ".join(cmd))
     with log.open("wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)

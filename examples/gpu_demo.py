@@ -69,7 +69,9 @@ def summary(output: Path, pid: int) -> str:
         mode = "sync" if attrs["cuda.memcpy.synchronous"] else "async"
         lines.append(f"    {attrs['cuda.api']:<8} {attrs['cuda.memcpy.direction']:<17} {mode:<5} {value:>12,.0f} B")
     launches = _last_values(metrics, "cuda.kernel.launches", pid)
-    lines.append("  kernel launches: " + ", ".join(f"{dict(k)['cuda.api']} {v:.0f}" for k, v in sorted(launches.items())))
+    lines.append(
+        "  kernel launches: " + ", ".join(f"{dict(k)['cuda.api']} {v:.0f}" for k, v in sorted(launches.items()))
+    )
     nccl: dict[str, float] = defaultdict(float)
     for key, value in _last_values(metrics, "nccl.operation.size", pid).items():
         nccl[dict(key)["nccl.operation"]] += value
@@ -78,8 +80,7 @@ def summary(output: Path, pid: int) -> str:
     logs = output / "logs.jsonl"
     for line in logs.read_text().splitlines() if logs.exists() else []:
         request = from_json_line(line, ExportLogsServiceRequest())
-        reports += [r.body.string_value for rl in request.resource_logs for sl in rl.scope_logs
-                    for r in sl.log_records]
+        reports += [r.body.string_value for rl in request.resource_logs for sl in rl.scope_logs for r in sl.log_records]
     lines.append(f"  leak reports: {len(reports)}" + (f"; the last one:\n    {reports[-1]}" if reports else ""))
     graphs = sorted(p.name for p in (output / "profiles").glob("*.svg")) if (output / "profiles").exists() else []
     lines.append(f"  flame graphs: {', '.join(graphs) or 'none'} (in {output / 'profiles'})")
@@ -97,20 +98,37 @@ def main() -> int:
         return 1
     shutil.rmtree(args.output, ignore_errors=True)
     args.output.mkdir(parents=True)
-    workload = subprocess.Popen([sys.executable, str(EXAMPLES / "gpu_training_standin.py"), "--steps", str(args.steps)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "OTEL_SERVICE_NAME": "demo-training"})
+    workload = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "gpu_training_standin.py"), "--steps", str(args.steps)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OTEL_SERVICE_NAME": "demo-training"},
+    )
     agent = None
     log = args.output / "agent.log"
     try:
         if workload.stdout.readline() != "ready\n":
             raise SystemExit("gpu demo: the training loop did not start")
-        cmd = [args.agent, "run", "--pid", str(workload.pid), "--gpu", "true", "--exporter", "file",
-               "--output", str(args.output), "--ready-file", str(args.output / "ready")]
+        cmd = [
+            args.agent,
+            "run",
+            "--pid",
+            str(workload.pid),
+            "--gpu",
+            "true",
+            "--exporter",
+            "file",
+            "--output",
+            str(args.output),
+            "--ready-file",
+            str(args.output / "ready"),
+        ]
         print("$ " + " ".join(cmd))
         with open(log, "w") as log_file:
-            agent = subprocess.Popen(cmd, stderr=log_file, env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.5",
-                                                                "OTEL_EBPF_GPU_INTERVAL": "2"})
+            agent = subprocess.Popen(
+                cmd, stderr=log_file, env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.5", "OTEL_EBPF_GPU_INTERVAL": "2"}
+            )
         _wait_ready(args.output / "ready", agent, log)
         print(f"agent attached to the running training loop (pid {workload.pid}); go")
         workload.stdin.write("go\n")

@@ -80,8 +80,11 @@ class Gpu:
 
     def malloc(self, size: int, asynchronous: bool = False) -> int:
         ptr = ctypes.c_void_p()
-        err = self.rt.cudaMallocAsync(ctypes.byref(ptr), size, None) if asynchronous else \
-            self.rt.cudaMalloc(ctypes.byref(ptr), size)
+        err = (
+            self.rt.cudaMallocAsync(ctypes.byref(ptr), size, None)
+            if asynchronous
+            else self.rt.cudaMalloc(ctypes.byref(ptr), size)
+        )
         if err:
             self.ledger[f"error runtime {'cudaMallocAsync' if asynchronous else 'cudaMalloc'} {err}"] += 1
             return 0
@@ -117,8 +120,11 @@ class Gpu:
 
     # -- copies, launches, waits --
     def memcpy(self, dst: int, src: int, size: int, kind: int, asynchronous: bool = False) -> None:
-        err = self.rt.cudaMemcpyAsync(dst, src, size, kind, None) if asynchronous else \
-            self.rt.cudaMemcpy(dst, src, size, kind)
+        err = (
+            self.rt.cudaMemcpyAsync(dst, src, size, kind, None)
+            if asynchronous
+            else self.rt.cudaMemcpy(dst, src, size, kind)
+        )
         assert err == 0
         direction = ("host_to_host", "host_to_device", "device_to_host", "device_to_device", "default")[kind]
         self.ledger[f"copy runtime {direction} {'async' if asynchronous else 'sync'}"] += size
@@ -272,8 +278,17 @@ def main() -> int:
         time.sleep(args.step_ms / 1000)
     gpu.driver_copies(driver_buffer, ctypes.addressof(host), 3000)
     collectives_tour(gpu, comm, 1)
-    print(json.dumps({"pid": __import__("os").getpid(), "ledger": dict(gpu.ledger), "leaks": len(_leaked),
-                      "leak_size": LEAK_SIZE}), flush=True)
+    print(
+        json.dumps(
+            {
+                "pid": __import__("os").getpid(),
+                "ledger": dict(gpu.ledger),
+                "leaks": len(_leaked),
+                "leak_size": LEAK_SIZE,
+            }
+        ),
+        flush=True,
+    )
     if not args.no_wait:
         sys.stdin.readline()
     del weights, device1

@@ -24,17 +24,30 @@ PROMPT = [{"role": "user", "content": "Say something about eBPF, one word at a t
 
 
 def _record(name: str, started: float, model: str | None, usage: Any, chunks: int, **extra: Any) -> dict[str, Any]:
-    return {"call": name, "seconds": round(time.monotonic() - started, 4), "model": model,
-            "usage": usage, "chunks": chunks, **extra}
+    return {
+        "call": name,
+        "seconds": round(time.monotonic() - started, 4),
+        "model": model,
+        "usage": usage,
+        "chunks": chunks,
+        **extra,
+    }
 
 
 def httpx_chat_stream(base: str, tokens: int, http2: bool = False) -> dict[str, Any]:
     started = time.monotonic()
-    body = {"model": "llama-3-8b", "messages": PROMPT, "stream": True, "max_tokens": tokens,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "llama-3-8b",
+        "messages": PROMPT,
+        "stream": True,
+        "max_tokens": tokens,
+        "stream_options": {"include_usage": True},
+    }
     model, usage, chunks = None, None, 0
-    with httpx.Client(http1=not http2, http2=http2) as client, \
-            client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+    with (
+        httpx.Client(http1=not http2, http2=http2) as client,
+        client.stream("POST", f"{base}/v1/chat/completions", json=body) as response,
+    ):
         version = response.http_version
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -43,8 +56,9 @@ def httpx_chat_stream(base: str, tokens: int, http2: bool = False) -> dict[str, 
             model = chunk["model"]
             usage = chunk.get("usage") or usage
             chunks += sum(1 for c in chunk["choices"] if c["delta"].get("content"))
-    return _record("httpx_chat_stream_h2" if http2 else "httpx_chat_stream", started, model, usage, chunks,
-                   http_version=version)
+    return _record(
+        "httpx_chat_stream_h2" if http2 else "httpx_chat_stream", started, model, usage, chunks, http_version=version
+    )
 
 
 def httpx_chat_stream_h2(base: str, tokens: int) -> dict[str, Any]:
@@ -55,8 +69,9 @@ def httpx_chat_stream_h2(base: str, tokens: int) -> dict[str, Any]:
 def openai_chat_stream(base: str, tokens: int) -> dict[str, Any]:
     started = time.monotonic()
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test-not-a-secret")
-    stream = client.chat.completions.create(model="gpt-oss-20b", messages=PROMPT, stream=True, max_tokens=tokens,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="gpt-oss-20b", messages=PROMPT, stream=True, max_tokens=tokens, stream_options={"include_usage": True}
+    )
     model, usage, chunks = None, None, 0
     for chunk in stream:
         model = chunk.model
@@ -113,8 +128,15 @@ def tgi_generate_stream(base: str, tokens: int) -> dict[str, Any]:
 
 CALLS: dict[str, Callable[[str, int], dict[str, Any]]] = {
     call.__name__: call
-    for call in (httpx_chat_stream, openai_chat_stream, openai_chat, openai_embeddings, ollama_generate,
-                 tgi_generate_stream, httpx_chat_stream_h2)
+    for call in (
+        httpx_chat_stream,
+        openai_chat_stream,
+        openai_chat,
+        openai_embeddings,
+        ollama_generate,
+        tgi_generate_stream,
+        httpx_chat_stream_h2,
+    )
 }
 
 

@@ -50,8 +50,9 @@ class LLMServer:
             "/generate_stream": self.tgi_stream,
         }
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Send) -> None:
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Send
+    ) -> None:
         if scope["type"] == "lifespan":
             while (message := await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -91,14 +92,26 @@ class LLMServer:
                 text = "".join([token async for token in self._tokens(count)])
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            await _json(send, {"id": ident, "object": "chat.completion" if chat else "text_completion",
-                               "model": served, "choices": [choice], "usage": usage})
+            await _json(
+                send,
+                {
+                    "id": ident,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "model": served,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
             return
         await _start_stream(send, b"text/event-stream")
 
         async def event(chunk: dict[str, Any]) -> None:
-            chunk = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "model": served,
-                     **chunk}
+            chunk = {
+                "id": ident,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "model": served,
+                **chunk,
+            }
             await _write(send, b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
         if chat:  # vLLM opens with the role, before any content
@@ -116,11 +129,15 @@ class LLMServer:
     async def embeddings(self, path: str, body: dict[str, Any], send: Send) -> None:
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         tokens = _prompt_tokens(body)
-        await _json(send, {
-            "object": "list", "model": body["model"],
-            "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i in range(len(inputs))],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        })
+        await _json(
+            send,
+            {
+                "object": "list",
+                "model": body["model"],
+                "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i in range(len(inputs))],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
 
     async def ollama(self, path: str, body: dict[str, Any], send: Send) -> None:
         chat = path == "/api/chat"
@@ -130,8 +147,15 @@ class LLMServer:
             line: dict[str, Any] = {"model": body["model"], "created_at": "2026-11-30T00:00:00Z", "done": False}
             line.update({"message": {"role": "assistant", "content": token}} if chat else {"response": token})
             await _write(send, json.dumps(line).encode() + b"\n")
-        last = {"model": body["model"], "done": True, "done_reason": "length", "prompt_eval_count": _prompt_tokens(body),
-                "eval_count": count, "total_duration": 1, "eval_duration": 1}
+        last = {
+            "model": body["model"],
+            "done": True,
+            "done_reason": "length",
+            "prompt_eval_count": _prompt_tokens(body),
+            "eval_count": count,
+            "total_duration": 1,
+            "eval_duration": 1,
+        }
         last.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
         await _write(send, json.dumps(last).encode() + b"\n", last=True)
 
@@ -141,8 +165,12 @@ class LLMServer:
         sent = 0
         async for token in self._tokens(count):
             sent += 1
-            event: dict[str, Any] = {"index": sent, "token": {"id": sent, "text": token, "logprob": 0.0,
-                                                              "special": False}, "generated_text": None, "details": None}
+            event: dict[str, Any] = {
+                "index": sent,
+                "token": {"id": sent, "text": token, "logprob": 0.0, "special": False},
+                "generated_text": None,
+                "details": None,
+            }
             if sent == count:
                 event["details"] = {"finish_reason": "length", "generated_tokens": count, "seed": None}
             await _write(send, b"data:" + json.dumps(event).encode() + b"\n\n", last=sent == count)
@@ -150,8 +178,13 @@ class LLMServer:
 
 async def _start_stream(send: Send, content_type: bytes) -> None:
     """A streamed response: no length, so HTTP/1.1 frames it chunked and HTTP/2 in DATA frames."""
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache")],
+        }
+    )
 
 
 async def _write(send: Send, data: bytes, last: bool = False) -> None:
@@ -160,8 +193,13 @@ async def _write(send: Send, data: bytes, last: bool = False) -> None:
 
 async def _json(send: Send, document: dict[str, Any], status: int = 200) -> None:
     body = json.dumps(document).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

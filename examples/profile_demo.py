@@ -42,15 +42,31 @@ def main() -> int:
     shutil.rmtree(args.output, ignore_errors=True)
     args.output.mkdir(parents=True)
     ready = args.output / "agent.ready"
-    workload = subprocess.Popen([sys.executable, str(EXAMPLES / "cpu_heavy.py"), "run"],
-                                env={**os.environ, "OTEL_SERVICE_NAME": SERVICE_NAME})
+    workload = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "cpu_heavy.py"), "run"], env={**os.environ, "OTEL_SERVICE_NAME": SERVICE_NAME}
+    )
     agent = None
     try:
         with open(args.output / "agent.log", "w") as log:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "otel_ebpf.cli", "run", "--pid", str(workload.pid), "--profile",
-                 "--exporter", "file", "--output", str(args.output), "--ready-file", str(ready)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "otel_ebpf.cli",
+                    "run",
+                    "--pid",
+                    str(workload.pid),
+                    "--profile",
+                    "--exporter",
+                    "file",
+                    "--output",
+                    str(args.output),
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             deadline = time.monotonic() + READY_TIMEOUT_S
             while not ready.exists():
@@ -71,15 +87,19 @@ def main() -> int:
     stacks = flamegraph.parse_folded(folded_path.read_text())
     total = sum(stacks.values())
     shares = flamegraph.shares(stacks, ["hot_python", "hot_native"])
-    print(f"[profile demo] {total} samples; hot_python {shares['hot_python']:.0%} (expected ~67%), "
-          f"hot_native {shares['hot_native']:.0%} (expected ~33%, mostly inside libz)")
+    print(
+        f"[profile demo] {total} samples; hot_python {shares['hot_python']:.0%} (expected ~67%), "
+        f"hot_native {shares['hot_native']:.0%} (expected ~33%, mostly inside libz)"
+    )
     print("[profile demo] hottest stacks (root -> leaf):")
     for line, count in sorted(stacks.items(), key=lambda kv: -kv[1])[:5]:
         frames = line.split(";")
         print(f"  {count / total:6.1%}  {' -> '.join(frames[-4:])}")
     print(f"[profile demo] flame graph: {args.output / 'profiles' / (SERVICE_NAME + '.svg')}")
-    print(f"[profile demo] OTLP profiles: {args.output / 'profiles.jsonl'} "
-          f"(render any profile file: otel-ebpf flamegraph FILE)")
+    print(
+        f"[profile demo] OTLP profiles: {args.output / 'profiles.jsonl'} "
+        f"(render any profile file: otel-ebpf flamegraph FILE)"
+    )
     return 0
 
 

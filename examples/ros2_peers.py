@@ -18,8 +18,6 @@ received and a final ``{"done": ...}`` line. Roles::
 The loopback-only configuration of REFERENCE.md is used unless CYCLONEDDS_URI is already set.
 """
 
-
-
 import argparse
 import json
 import os
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 LOOPBACK_URI = (
     '<CycloneDDS><Domain Id="any"><General><Interfaces><NetworkInterface name="lo" multicast="false"/>'
     "</Interfaces><AllowMulticast>false</AllowMulticast></General><Discovery>"
-    "<ParticipantIndex>auto</ParticipantIndex><Peers><Peer address=\"127.0.0.1\"/></Peers></Discovery>"
+    '<ParticipantIndex>auto</ParticipantIndex><Peers><Peer address="127.0.0.1"/></Peers></Discovery>'
     "</Domain></CycloneDDS>"
 )
 os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK_URI)
@@ -71,8 +69,7 @@ class AddTwoInts_Response_(IdlStruct, typename="example_interfaces::srv::dds_::A
     sum: int64
 
 
-RELIABLE = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
-               Policy.Durability.Volatile)
+RELIABLE = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll, Policy.Durability.Volatile)
 _print_lock = threading.Lock()
 
 
@@ -126,8 +123,13 @@ def subscribe(args: argparse.Namespace, dp: DomainParticipant) -> None:
     emit({"done": got})
 
 
-def _handle_each(args: argparse.Namespace, dp: DomainParticipant, topic: Topic, writer: DataWriter,
-                 handle: Callable[[object], dict | None]) -> None:
+def _handle_each(
+    args: argparse.Namespace,
+    dp: DomainParticipant,
+    topic: Topic,
+    writer: DataWriter,
+    handle: Callable[[object], dict | None],
+) -> None:
     """Run ``handle`` on every sample of ``topic`` inside the data callback — on the thread that
     delivered it (Cyclone's receive thread), as a ROS 2 callback would — until ``args.count``
     were handled, then let ``writer``'s last samples be acknowledged."""

@@ -242,8 +242,10 @@ def format_traces(spans: Sequence[Span]) -> str:
     with_parent = [s for s in spans if (s.trace_id, s.parent_span_id) in services]
     across = sum(services[(s.trace_id, s.parent_span_id)] != s.service for s in with_parent)
     shape = ", ".join(f"{count} of {size} span{'s' * (size > 1)}" for size, count in sorted(sizes.items()))
-    return (f"Traces: {len(by_trace)} ({shape}); {len(with_parent)} spans have their parent in the trace, "
-            f"{across} of them across services")
+    return (
+        f"Traces: {len(by_trace)} ({shape}); {len(with_parent)} spans have their parent in the trace, "
+        f"{across} of them across services"
+    )
 
 
 def format_llm_calls(spans: Sequence[Span]) -> str:
@@ -257,14 +259,20 @@ def format_llm_calls(spans: Sequence[Span]) -> str:
         return ""
     lines = ["LLM calls (median TTFT / TPOT of streamed calls; tokens in / out summed):"]
     for (service, kind, name), calls in sorted(groups.items()):
-        ttft = sorted(float(a["gen_ai.response.time_to_first_chunk"]) for a in calls
-                      if "gen_ai.response.time_to_first_chunk" in a)
-        tpot = sorted(float(a["otel_ebpf.gen_ai.time_per_output_token"]) for a in calls
-                      if "otel_ebpf.gen_ai.time_per_output_token" in a)
+        ttft = sorted(
+            float(a["gen_ai.response.time_to_first_chunk"]) for a in calls if "gen_ai.response.time_to_first_chunk" in a
+        )
+        tpot = sorted(
+            float(a["otel_ebpf.gen_ai.time_per_output_token"])
+            for a in calls
+            if "otel_ebpf.gen_ai.time_per_output_token" in a
+        )
         tokens = [sum(int(a.get(f"gen_ai.usage.{side}_tokens", 0)) for a in calls) for side in ("input", "output")]
         timing = f"TTFT {percentile(ttft, 50) * 1e3:6.1f} ms  TPOT {percentile(tpot, 50) * 1e3:5.1f} ms" if ttft else ""
-        lines.append(f"  {service:<14} {kind:<6} {name:<28} {len(calls):>4} calls  "
-                     f"tokens {tokens[0]:>6} / {tokens[1]:<6} {timing}".rstrip())
+        lines.append(
+            f"  {service:<14} {kind:<6} {name:<28} {len(calls):>4} calls  "
+            f"tokens {tokens[0]:>6} / {tokens[1]:<6} {timing}".rstrip()
+        )
     return "\n".join(lines)
 
 

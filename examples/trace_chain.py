@@ -210,8 +210,11 @@ def serve_async(name: str, port_file: str, next_url: str, forward: bool = True) 
                 status, body = response.status, await response.read()
         except Exception as exc:
             return web.json_response({"service": name, "error": repr(exc)}, status=502)
-        return web.Response(status=200 if status == 200 else 502, body=_answer(name, work_id, json.loads(body)),
-                            content_type="application/json")
+        return web.Response(
+            status=200 if status == 200 else 502,
+            body=_answer(name, work_id, json.loads(body)),
+            content_type="application/json",
+        )
 
     async def session(app: web.Application):  # type: ignore[no-untyped-def]
         async with ClientSession() as client:

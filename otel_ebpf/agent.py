@@ -72,7 +72,10 @@ class Agent:
     """Wires protocols, pipeline, telemetry and sink from a configuration."""
 
     def __init__(
-        self, config: AgentConfig, clock: Callable[[], int], host_name: str | None = None,
+        self,
+        config: AgentConfig,
+        clock: Callable[[], int],
+        host_name: str | None = None,
         kernel_http_metrics: bool = False,
     ) -> None:
         """``clock`` stamps metric collections: wall time when live, event time when replaying.
@@ -84,11 +87,17 @@ class Agent:
         protocols = load_protocols(config.protocols.enabled, config.protocols.options)
         self.sink = build_sink(config, self.selfmetrics)
         self.telemetry = Telemetry(
-            protocols, self.host_name, config.resource.attributes, self.selfmetrics, config.capture.max_processes,
-            DELTA_KINDS[config.export.metric_temporality], kernel_http_metrics,
+            protocols,
+            self.host_name,
+            config.resource.attributes,
+            self.selfmetrics,
+            config.capture.max_processes,
+            DELTA_KINDS[config.export.metric_temporality],
+            kernel_http_metrics,
             SpanSampler(config.trace.sample_ratio, int(config.trace.keep_slower_than_ms * 1e6)),
             build_scrubber(config.pii.kinds, config.pii.patterns, self.selfmetrics).scrub
-            if config.pii.enabled and (config.pii.kinds or config.pii.patterns) else None,
+            if config.pii.enabled and (config.pii.kinds or config.pii.patterns)
+            else None,
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         trace = config.trace
@@ -131,15 +140,15 @@ class Agent:
         """Attach the CPU profiler (docs/profiling.md); its samples link to this agent's spans."""
         from .profiles.session import CpuProfiling
 
-        profiling = CpuProfiling(self.config, self.selfmetrics, self.host_name,
-                                 self.pipeline.assembler.active_server_span)
+        profiling = CpuProfiling(
+            self.config, self.selfmetrics, self.host_name, self.pipeline.assembler.active_server_span
+        )
         profiling.start()
         return profiling
 
     def profile_horizon_ns(self) -> int:
         """Event time up to which trace assembly is complete: CPU samples up to it can be linked."""
-        return max(self.pipeline.last_timestamp_ns,
-                   time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
+        return max(self.pipeline.last_timestamp_ns, time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
 
     def record_kernel_stats(self, stats: Mapping[str, int], shed: Mapping[str, int]) -> None:
         """The kernel side's own drop counters and the requests it shed (totals since start)."""
@@ -262,9 +271,15 @@ def _start_gpu(agent: Agent, profiling: object | None) -> object:
     """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
     from .probes.gpu import GpuMonitor
 
-    gpu = GpuMonitor(agent.config, agent.selfmetrics, agent.host_name,
-                     DELTA_KINDS[agent.config.export.metric_temporality], profile_sink=getattr(profiling, "sink", None),
-                     link_for=agent.pipeline.assembler.active_server_span, export_spans=agent.sink.export_spans)
+    gpu = GpuMonitor(
+        agent.config,
+        agent.selfmetrics,
+        agent.host_name,
+        DELTA_KINDS[agent.config.export.metric_temporality],
+        profile_sink=getattr(profiling, "sink", None),
+        link_for=agent.pipeline.assembler.active_server_span,
+        export_spans=agent.sink.export_spans,
+    )
     gpu.start()
     agent.metric_sources.append(gpu.collect_metrics)
     return gpu
@@ -277,8 +292,9 @@ def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]
     processed and exported first.
     """
     pipeline_time = lambda: agent.pipeline.last_timestamp_ns  # noqa: E731
-    agent = Agent(config, pipeline_time, host_name=header.host_name or None,
-                  kernel_http_metrics=header.kernel_http_metrics)
+    agent = Agent(
+        config, pipeline_time, host_name=header.host_name or None, kernel_http_metrics=header.kernel_http_metrics
+    )
     batch: list[Event] = []
     try:
         for event in events:
@@ -294,6 +310,14 @@ def replay(config: AgentConfig, header: RecordingHeader, events: Iterable[Event]
 
 def _summary(metrics: SelfMetrics) -> str:
     totals = metrics.snapshot()
-    keys = ("events.received", "events.lost", "spans.exported", "spans.dropped", "parse.errors",
-            "connections.opened", "connections.evicted", "payload.not_captured")
+    keys = (
+        "events.received",
+        "events.lost",
+        "spans.exported",
+        "spans.dropped",
+        "parse.errors",
+        "connections.opened",
+        "connections.evicted",
+        "payload.not_captured",
+    )
     return ", ".join(f"{k}={totals['otel_ebpf.' + k]}" for k in keys)

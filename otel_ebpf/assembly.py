@@ -273,8 +273,9 @@ class TraceAssembler:
         direction, message_id = request.direction, request.message_id
         slot = (_MESSAGE, key[0], direction, message_id)
         announced = self._started.get(slot)
-        context = self._decide_message(key, request.start_ns, len(announced) if announced else 0,
-                                       direction, message_id, tid)
+        context = self._decide_message(
+            key, request.start_ns, len(announced) if announced else 0, direction, message_id, tid
+        )
         self._announce(slot, request.start_ns, context)
         index = self._sent if direction is Direction.EGRESS else self._consuming
         entry = message_id if direction is Direction.EGRESS else (key[0], tid)
@@ -384,7 +385,10 @@ def _unregister(index: dict, key: object, context: RequestContext) -> None:
 def _under_propagated(propagated: PropagatedContext, span_id: int) -> RequestContext:
     flags = _SAMPLED if propagated.sampled else _NOT_SAMPLED
     parent = SpanContext(
-        propagated.trace_id, propagated.span_id, is_remote=True, trace_flags=flags,
+        propagated.trace_id,
+        propagated.span_id,
+        is_remote=True,
+        trace_flags=flags,
         trace_state=propagated.trace_state,
     )
     return RequestContext(propagated.trace_id, span_id, flags, parent=parent, trace_state=propagated.trace_state)

@@ -21,17 +21,29 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 def _add_target_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("targets (none given: every process but the agent)")
     g.add_argument("--pid", type=int, action="append", metavar="PID", help="trace this process (repeatable)")
-    g.add_argument("--port", type=int, action="append", metavar="PORT",
-                   help="only connections with this local or peer port (repeatable)")
-    g.add_argument("--exe", action="append", metavar="GLOB",
-                   help="trace processes whose executable path or name matches (repeatable)")
+    g.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        metavar="PORT",
+        help="only connections with this local or peer port (repeatable)",
+    )
+    g.add_argument(
+        "--exe",
+        action="append",
+        metavar="GLOB",
+        help="trace processes whose executable path or name matches (repeatable)",
+    )
 
 
 def _add_export_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("export")
-    g.add_argument("--exporter", action="append", choices=("otlp", "file", "console"),
-                   help="where telemetry goes (repeatable); default: otlp when "
-                        "OTEL_EXPORTER_OTLP_ENDPOINT is set, else file")
+    g.add_argument(
+        "--exporter",
+        action="append",
+        choices=("otlp", "file", "console"),
+        help="where telemetry goes (repeatable); default: otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set, else file",
+    )
     g.add_argument("--output", metavar="DIR", help="file exporter directory (default ./otel-ebpf-data)")
     g.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default per OTEL_* variables)")
     g.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP transport")
@@ -48,8 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="attach the probes and export telemetry",
-                         argument_default=argparse.SUPPRESS)
+    run = sub.add_parser("run", help="attach the probes and export telemetry", argument_default=argparse.SUPPRESS)
     _add_config_options(run)
     _add_target_options(run)
     _add_export_options(run)
@@ -59,20 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--profile", action="store_const", const=True, help="sample CPU stacks (Python + native)")
     prof.add_argument("--profile-frequency", type=int, metavar="HZ", help="samples per second per CPU (default 49)")
     prof.add_argument("--pyroscope-url", metavar="URL", help="also send profiles to this Pyroscope server")
-    run.add_argument("--gpu", choices=("auto", "true", "false"),
-                     help="CUDA/NCCL views (docs/gpu.md): auto (default) once a target maps a GPU library")
+    run.add_argument(
+        "--gpu",
+        choices=("auto", "true", "false"),
+        help="CUDA/NCCL views (docs/gpu.md): auto (default) once a target maps a GPU library",
+    )
 
     sub.add_parser("doctor", help="check the kernel features, mounts and libraries the agent needs")
 
-    record = sub.add_parser("record", help="save the decoded event stream (no export)",
-                            argument_default=argparse.SUPPRESS)
+    record = sub.add_parser(
+        "record", help="save the decoded event stream (no export)", argument_default=argparse.SUPPRESS
+    )
     _add_config_options(record)
     _add_target_options(record)
     _add_run_options(record)
     record.add_argument("--output", required=True, metavar="FILE", dest="record", help="recording to write")
 
-    replay = sub.add_parser("replay", help="run the pipeline over a recording",
-                            argument_default=argparse.SUPPRESS)
+    replay = sub.add_parser("replay", help="run the pipeline over a recording", argument_default=argparse.SUPPRESS)
     replay.add_argument("recording", metavar="FILE")
     _add_config_options(replay)
     _add_export_options(replay)
@@ -111,8 +125,11 @@ def _cmd_run(args: argparse.Namespace, export: bool) -> int:
 
     config = _load_config(args)
     if os.geteuid() != 0:
-        print("otel-ebpf: attaching eBPF programs needs root (or CAP_BPF + CAP_PERFMON); "
-              "run `otel-ebpf doctor` for details", file=sys.stderr)
+        print(
+            "otel-ebpf: attaching eBPF programs needs root (or CAP_BPF + CAP_PERFMON); "
+            "run `otel-ebpf doctor` for details",
+            file=sys.stderr,
+        )
         return 1
     record_path = getattr(args, "record", None)
     if record_path is None:

@@ -93,8 +93,12 @@ class OTLPConfig:
         A signal-specific endpoint is used as-is. Otherwise gRPC uses the base endpoint and
         http/protobuf appends ``/v1/<signal>`` to it, as the OTLP exporter specification says.
         """
-        explicit = {"traces": self.traces_endpoint, "metrics": self.metrics_endpoint,
-                    "profiles": self.profiles_endpoint, "logs": self.logs_endpoint}[signal]
+        explicit = {
+            "traces": self.traces_endpoint,
+            "metrics": self.metrics_endpoint,
+            "profiles": self.profiles_endpoint,
+            "logs": self.logs_endpoint,
+        }[signal]
         if explicit:
             return explicit
         if signal == "profiles" and self.protocol != "grpc":  # profiles are still in development
@@ -497,8 +501,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace.sample_ratio", _ratio, env="OTEL_EBPF_TRACE_SAMPLE_RATIO"),
     Setting("trace.keep_slower_than_ms", _positive_number, env="OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS"),
     Setting("profiling.enabled", _boolean, env="OTEL_EBPF_PROFILING", flag="profile"),
-    Setting("profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ",
-            flag="profile_frequency"),
+    Setting(
+        "profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ", flag="profile_frequency"
+    ),
     Setting("profiling.interval_s", _positive_number, env="OTEL_EBPF_PROFILING_INTERVAL"),
     Setting("profiling.max_stacks", _integer(1), env="OTEL_EBPF_PROFILING_MAX_STACKS"),
     Setting("profiling.python", _boolean, env="OTEL_EBPF_PROFILING_PYTHON"),
@@ -688,8 +693,13 @@ def _resolve(
     protocol = values.get("otlp.protocol", OTLPConfig.protocol)
     values.setdefault("otlp.endpoint", _DEFAULT_OTLP_ENDPOINTS[protocol])
     if protocol == "grpc":
-        for key in ("otlp.endpoint", "otlp.traces_endpoint", "otlp.metrics_endpoint", "otlp.profiles_endpoint",
-                    "otlp.logs_endpoint"):
+        for key in (
+            "otlp.endpoint",
+            "otlp.traces_endpoint",
+            "otlp.metrics_endpoint",
+            "otlp.profiles_endpoint",
+            "otlp.logs_endpoint",
+        ):
             if key in values and urlsplit(values[key]).path not in ("", "/"):
                 raise layers.error(key, f"a gRPC endpoint takes no path, got {values[key]!r} (is otlp.protocol right?)")
     scheme = urlsplit(values["otlp.endpoint"]).scheme

@@ -384,22 +384,29 @@ def check_tls_libraries(bcc_ok: bool) -> list[CheckResult]:
     results = []
     libraries = system_libssl()
     hookable = [path for path in libraries if set(REQUIRED) <= _ssl_symbols(path)]
-    results.append(CheckResult(
-        "TLS (OpenSSL)",
-        bool(hookable),
-        f"SSL_read/SSL_write found in {', '.join(hookable)}" if hookable
-        else f"no libssl with SSL_read/SSL_write symbols ({', '.join(libraries) or 'none installed'})",
-        "apt-get install -y libssl3  (HTTPS of programs using their own static TLS is not captured)",
-        required=False,
-    ))
+    results.append(
+        CheckResult(
+            "TLS (OpenSSL)",
+            bool(hookable),
+            f"SSL_read/SSL_write found in {', '.join(hookable)}"
+            if hookable
+            else f"no libssl with SSL_read/SSL_write symbols ({', '.join(libraries) or 'none installed'})",
+            "apt-get install -y libssl3  (HTTPS of programs using their own static TLS is not captured)",
+            required=False,
+        )
+    )
     for module in _grpcio_modules():
         if not set(REQUIRED) <= _ssl_symbols(module):
-            results.append(CheckResult(
-                "TLS (grpcio)", False,
-                f"{module} carries BoringSSL without symbols: gRPC over TLS from grpcio is not captured "
-                "(plaintext gRPC is)",
-                "terminate TLS in a proxy using OpenSSL, or use plaintext gRPC inside the node", required=False,
-            ))
+            results.append(
+                CheckResult(
+                    "TLS (grpcio)",
+                    False,
+                    f"{module} carries BoringSSL without symbols: gRPC over TLS from grpcio is not captured "
+                    "(plaintext gRPC is)",
+                    "terminate TLS in a proxy using OpenSSL, or use plaintext gRPC inside the node",
+                    required=False,
+                )
+            )
     return results
 
 

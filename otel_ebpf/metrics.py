@@ -36,8 +36,23 @@ DELTA_KINDS = {
     "lowmemory": frozenset({InstrumentKind.HISTOGRAM, InstrumentKind.COUNTER}),
 }
 # The SDK's default explicit buckets, for histograms that declare none.
-DEFAULT_BOUNDARIES = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0,
-                      7500.0, 10000.0)
+DEFAULT_BOUNDARIES = (
+    0.0,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    75.0,
+    100.0,
+    250.0,
+    500.0,
+    750.0,
+    1000.0,
+    2500.0,
+    5000.0,
+    7500.0,
+    10000.0,
+)
 OVERFLOW_ATTRIBUTES = (("otel.metric.overflow", True),)
 MAX_SERIES = 2000
 
@@ -79,8 +94,16 @@ class ProcessMetrics:
                 series.maximum = value
 
     def merge_histogram(
-        self, scope: InstrumentationScope, instrument: str, attributes: Mapping[str, AttributeValue],
-        count: int, total: float, buckets: Sequence[int], minimum: float, maximum: float, now_ns: int,
+        self,
+        scope: InstrumentationScope,
+        instrument: str,
+        attributes: Mapping[str, AttributeValue],
+        count: int,
+        total: float,
+        buckets: Sequence[int],
+        minimum: float,
+        maximum: float,
+        now_ns: int,
     ) -> None:
         """Add values aggregated elsewhere (the kernel's HTTP/1 counts) into a histogram series:
         ``buckets`` are per-bucket counts for the instrument's boundaries."""
@@ -138,7 +161,8 @@ class ProcessMetrics:
         attributes = dict(s.attributes)
         if spec.kind is InstrumentKind.HISTOGRAM:
             bounds = spec.boundaries or DEFAULT_BOUNDARIES
-            return HistogramDataPoint(attributes, s.start_ns, now_ns, s.count, s.value, list(s.buckets),
-                                      list(bounds), s.minimum, s.maximum)
+            return HistogramDataPoint(
+                attributes, s.start_ns, now_ns, s.count, s.value, list(s.buckets), list(bounds), s.minimum, s.maximum
+            )
         value = int(s.value) if s.value.is_integer() else s.value
         return NumberDataPoint(attributes, s.start_ns, now_ns, value)

@@ -108,38 +108,71 @@ _CREDENTIAL_NAMES = {
     "c": r"lient[-_]?secret",
 }
 _CREDENTIAL_HINTS = ("auth", "api", "access", "aws_secret", "passw", "refresh", "secret")
-_CREDENTIAL = ("(?:" + "|".join(rf"(?<=[{letter}{letter.upper()}])(?i:{rest})" for letter, rest in _CREDENTIAL_NAMES.items())
-               + r")[\"']?\s*[:=]\s*[\"']?(?:(?i:bearer|basic|token|digest)\s+)?(?P<keep>)(?!<|REDACTED\b)"
-               r"[^\s\"',;&<]{4,}")
+_CREDENTIAL = (
+    "(?:"
+    + "|".join(rf"(?<=[{letter}{letter.upper()}])(?i:{rest})" for letter, rest in _CREDENTIAL_NAMES.items())
+    + r")[\"']?\s*[:=]\s*[\"']?(?:(?i:bearer|basic|token|digest)\s+)?(?P<keep>)(?!<|REDACTED\b)"
+    r"[^\s\"',;&<]{4,}"
+)
 _NUMBER_START = r"(?<![.+\-].)"  # numbers: not after a dot, sign or dash either (a word character is excluded already)
 # Order decides between kinds matching at the same position: the more specific first.
 KINDS: tuple[PiiKind, ...] = (
-    PiiKind("private_key", r"----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
-                           r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)", r"\-", hints=("PRIVATE KEY-----",)),
+    PiiKind(
+        "private_key",
+        r"----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
+        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)",
+        r"\-",
+        hints=("PRIVATE KEY-----",),
+    ),
     PiiKind("jwt", r"yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*", "e", hints=("eyJ",)),
     # a credential-named field or header, in JSON, YAML, a query string or a header block
-    PiiKind("credential", _CREDENTIAL, "".join(c + c.upper() for c in _CREDENTIAL_NAMES),
-            hints=_CREDENTIAL_HINTS, hints_folded=True),
-    PiiKind("bearer_token", r"(?:earer|EARER)\s+(?P<keep>)(?!<|REDACTED\b)[A-Za-z0-9._~+/=\-]{8,}",
-            "Bb", hints=("earer", "EARER")),
+    PiiKind(
+        "credential",
+        _CREDENTIAL,
+        "".join(c + c.upper() for c in _CREDENTIAL_NAMES),
+        hints=_CREDENTIAL_HINTS,
+        hints_folded=True,
+    ),
+    PiiKind(
+        "bearer_token",
+        r"(?:earer|EARER)\s+(?P<keep>)(?!<|REDACTED\b)[A-Za-z0-9._~+/=\-]{8,}",
+        "Bb",
+        hints=("earer", "EARER"),
+    ),
     PiiKind("anthropic_key", rf"k-ant-[{_TOKEN}]{{20,}}", "s", hints=("sk-ant-",)),
     PiiKind("openai_key", rf"k-(?:proj-|svcacct-|admin-)?[{_TOKEN}]{{20,}}", "s", hints=("sk-",)),
     PiiKind("huggingface_token", r"f_[A-Za-z0-9]{30,}", "h", hints=("hf_",)),
-    PiiKind("github_token", r"(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})", "g",
-            hints=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
-    PiiKind("aws_access_key", r"(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b", "A",
-            hints=("AKIA", "ASIA", "ABIA", "ACCA")),
+    PiiKind(
+        "github_token",
+        r"(?:h[pousr]_[A-Za-z0-9]{36,255}|ithub_pat_[A-Za-z0-9_]{22,255})",
+        "g",
+        hints=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    ),
+    PiiKind("aws_access_key", r"(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b", "A", hints=("AKIA", "ASIA", "ABIA", "ACCA")),
     PiiKind("gcp_api_key", r"Iza[0-9A-Za-z_\-]{35}", "A", hints=("AIza",)),
-    PiiKind("azure_key", r"(?:(?<=A)ccountKey|(?<=S)haredAccessKey)=(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}",
-            "AS", hints=("Key=",)),
-    PiiKind("email", r"(?<=[\w.%+\-]@)(?:[A-Za-z0-9\-]{1,63}\.)+[A-Za-z]{2,24}\b", "@", hints=("@",),
-            left=re.compile(r"[\w.%+\-]{1,64}\Z"), inside_word=True),
+    PiiKind(
+        "azure_key",
+        r"(?:(?<=A)ccountKey|(?<=S)haredAccessKey)=(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}",
+        "AS",
+        hints=("Key=",),
+    ),
+    PiiKind(
+        "email",
+        r"(?<=[\w.%+\-]@)(?:[A-Za-z0-9\-]{1,63}\.)+[A-Za-z]{2,24}\b",
+        "@",
+        hints=("@",),
+        left=re.compile(r"[\w.%+\-]{1,64}\Z"),
+        inside_word=True,
+    ),
     PiiKind("iban", r"[A-Z]\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b", "A-Z", _is_iban),
     PiiKind("card", rf"{_NUMBER_START}(?:[ \-]?\d){{12,18}}{_END}", "0-9", _is_card),
     # international (+country code) or grouped national numbers; a bare digit run is an id, not a phone
-    PiiKind("phone", rf"{_NUMBER_START}(?:(?<=\+)(?:\d{{1,3}}[ .\-]?(?:\(\d{{2,4}}\)|\d{{2,4}})[ .\-]?{_GROUPS}"
-                     rf"|\d{{7,15}}{_END})|(?<=\()\d{{2,4}}\)[ .\-]?{_GROUPS}|(?<=\d)\d{{1,3}}[ .\-]{_GROUPS})",
-            r"+(0-9"),
+    PiiKind(
+        "phone",
+        rf"{_NUMBER_START}(?:(?<=\+)(?:\d{{1,3}}[ .\-]?(?:\(\d{{2,4}}\)|\d{{2,4}})[ .\-]?{_GROUPS}"
+        rf"|\d{{7,15}}{_END})|(?<=\()\d{{2,4}}\)[ .\-]?{_GROUPS}|(?<=\d)\d{{1,3}}[ .\-]{_GROUPS})",
+        r"+(0-9",
+    ),
 )
 KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
 
@@ -183,7 +216,9 @@ class PiiScrubber:
     def _pattern_for(self, text: str) -> re.Pattern[str] | None:
         """The combined pattern of the kinds whose hints ``text`` holds (None: no kind can match)."""
         folded = text.lower() if self._fold else text
-        active = self._always.union([i for hint, i, in_folded in self._hints if hint in (folded if in_folded else text)])
+        active = self._always.union(
+            [i for hint, i, in_folded in self._hints if hint in (folded if in_folded else text)]
+        )
         if not active:
             return None
         pattern = self._patterns.get(active)
@@ -235,7 +270,7 @@ class PiiScrubber:
             self.counts[kind.name] += 1
             if self._selfmetrics is not None:
                 self._selfmetrics.add("otel_ebpf.pii.scrubbed", 1, {"kind": kind.name})
-            pieces += (text[done:match.end(f"keep{index}") if self._keeps[index] else start], kind.placeholder)
+            pieces += (text[done : match.end(f"keep{index}") if self._keeps[index] else start], kind.placeholder)
             done = end
         if not pieces:
             return text
@@ -251,9 +286,16 @@ def build_scrubber(kinds: Iterable[str], patterns: Mapping[str, str], selfmetric
 
 
 # span attributes that hold captured content (prefixes end with ".")
-CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "http.request.header.",
-                      "http.response.header.", "rpc.grpc.request.metadata.", "rpc.grpc.response.metadata.",
-                      "rpc.request.metadata.", "rpc.response.metadata.")
+CONTENT_ATTRIBUTES = (
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "http.request.header.",
+    "http.response.header.",
+    "rpc.grpc.request.metadata.",
+    "rpc.grpc.response.metadata.",
+    "rpc.request.metadata.",
+    "rpc.response.metadata.",
+)
 
 
 def filter_content(attributes: Mapping[str, Any], content_filter: Callable[[str], str]) -> Mapping[str, Any]:

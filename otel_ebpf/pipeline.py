@@ -13,8 +13,17 @@ from dataclasses import replace
 
 from .assembly import TraceAssembler
 from .connections import ConnectionTracker, Outcome
-from .events import (EXITED, ConnClose, ConnData, ConnOpen, Event, HttpRequestCounts, KernelLoss, ProcessExit,
-                     ProcessInfo)
+from .events import (
+    EXITED,
+    ConnClose,
+    ConnData,
+    ConnOpen,
+    Event,
+    HttpRequestCounts,
+    KernelLoss,
+    ProcessExit,
+    ProcessInfo,
+)
 from .protocol import RequestStart
 from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
@@ -52,8 +61,9 @@ class Pipeline:
         """Process everything held (the agent is stopping). Requests still waiting for a response
         are in flight, not failed: they are counted, not reported as spans with an error."""
         self._process(self.reorderer.release_before())
-        unanswered = sum(1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns)
-                         if not isinstance(item, RequestStart))
+        unanswered = sum(
+            1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns) if not isinstance(item, RequestStart)
+        )
         if unanswered:
             self._metrics.add("otel_ebpf.spans.shed", unanswered, {"reason": "in_flight_at_stop"})
 

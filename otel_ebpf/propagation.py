@@ -22,8 +22,18 @@ B3 = "b3"
 CORRELATION_FIELDS = ("x-request-id", "x-correlation-id")
 # Field names worth looking at; a request rarely has any, so most carriers are rejected by one
 # set lookup per field.
-_FIELDS = frozenset({"traceparent", "tracestate", "b3", "x-b3-traceid", "x-b3-spanid", "x-b3-sampled", "x-b3-flags",
-                     *CORRELATION_FIELDS})
+_FIELDS = frozenset(
+    {
+        "traceparent",
+        "tracestate",
+        "b3",
+        "x-b3-traceid",
+        "x-b3-spanid",
+        "x-b3-sampled",
+        "x-b3-flags",
+        *CORRELATION_FIELDS,
+    }
+)
 # version-traceid-parentid-flags; a version above 00 may append fields after a dash
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\Z")
 _B3_SINGLE = re.compile(r"([0-9a-f]{32}|[0-9a-f]{16})-([0-9a-f]{16})(?:-([01d]))?(?:-[0-9a-f]{16})?\Z")

@@ -339,8 +339,7 @@ def load_protocols(
     missing = [name for name in wanted if name not in found]
     if missing:
         raise LookupError(
-            f"protocol plugin(s) not installed: {', '.join(missing)} "
-            f"(installed: {', '.join(sorted(found)) or 'none'})"
+            f"protocol plugin(s) not installed: {', '.join(missing)} (installed: {', '.join(sorted(found)) or 'none'})"
         )
     options = options or {}
     return [found[name](options.get(name)) for name in wanted]

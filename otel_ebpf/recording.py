@@ -20,7 +20,8 @@ from .protocol import Direction, Endpoint, Role, Transport
 FORMAT = "otel-ebpf-events"
 VERSION = 1
 _TYPES: dict[str, type] = {
-    cls.__name__: cls for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
+    cls.__name__: cls
+    for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
 }
 
 
@@ -113,5 +114,6 @@ def read_recording(stream: IO[str]) -> tuple[RecordingHeader, Iterator[Event]]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise RecordingError(f"line {number}: {exc}") from exc
 
-    return RecordingHeader(header.get("host_name", ""), header.get("agent_version", ""),
-                           bool(header.get("kernel_http_metrics", False))), events()
+    return RecordingHeader(
+        header.get("host_name", ""), header.get("agent_version", ""), bool(header.get("kernel_http_metrics", False))
+    ), events()

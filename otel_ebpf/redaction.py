@@ -25,9 +25,13 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # query-string values
     (re.compile(r"([?&][^=\s&#]+)=[^&\s#]+"), rf"\1={REDACTED}"),
     # name=value / name: value where the name looks sensitive (optional auth scheme kept)
-    (re.compile(rf"(?i)([\w.-]*{_SENSITIVE}[\w.-]*)(\s*[:=]\s*)(?!(?:bearer|basic|token)\s+{REDACTED})"
-                rf"(?:(bearer|basic|token)\s+)?(?!{REDACTED})[^\s&]+"),
-     _keep_scheme),
+    (
+        re.compile(
+            rf"(?i)([\w.-]*{_SENSITIVE}[\w.-]*)(\s*[:=]\s*)(?!(?:bearer|basic|token)\s+{REDACTED})"
+            rf"(?:(bearer|basic|token)\s+)?(?!{REDACTED})[^\s&]+"
+        ),
+        _keep_scheme,
+    ),
     # --password value
     (re.compile(rf"(?i)(\s--?[\w-]*{_SENSITIVE}[\w-]*)\s+(?!{REDACTED})(?!-)\S+"), rf"\1 {REDACTED}"),
 )

@@ -21,5 +21,9 @@ class SpanSampler:
         return self._threshold >= 1 << _RANDOM_BITS
 
     def keep(self, trace_id: int, is_error: bool, duration_ns: int) -> bool:
-        return (self.keeps_everything or is_error or duration_ns >= self._slow_ns
-                or trace_id & ((1 << _RANDOM_BITS) - 1) < self._threshold)
+        return (
+            self.keeps_everything
+            or is_error
+            or duration_ns >= self._slow_ns
+            or trace_id & ((1 << _RANDOM_BITS) - 1) < self._threshold
+        )

@@ -19,62 +19,103 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.payload.not_captured": ("By", "Payload bytes beyond the capture cap, counted not copied", False),
     "otel_ebpf.parse.errors": ("{error}", "Malformed protocol input skipped by a parser", False),
     "otel_ebpf.messages.partial": (
-        "{message}", "Messages reported with parts unknown (e.g. header compression state from before the capture)",
-        False),
+        "{message}",
+        "Messages reported with parts unknown (e.g. header compression state from before the capture)",
+        False,
+    ),
     "otel_ebpf.messages.unmatched": ("{message}", "Messages that found no request/response partner", False),
     "otel_ebpf.connections.tracked": ("{connection}", "Connections in the connection table", True),
     "otel_ebpf.connections.opened": ("{connection}", "Connections the agent started tracking", False),
     "otel_ebpf.connections.evicted": ("{connection}", "Connections evicted from the full table", False),
     "otel_ebpf.connections.without_tuple": (
-        "{connection}", "Connections whose ends the agent could not learn (closed before /proc was read)", False),
+        "{connection}",
+        "Connections whose ends the agent could not learn (closed before /proc was read)",
+        False,
+    ),
     "otel_ebpf.connections.tls": ("{connection}", "Connections read as TLS plaintext from the SSL probes", False),
     "otel_ebpf.connections.unknown_protocol": ("{connection}", "Connections no protocol plugin claimed", False),
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
     "otel_ebpf.spans.dropped": ("{span}", "Spans dropped: export queue full or export failed", False),
     "otel_ebpf.spans.shed": (
-        "{request}", "Requests that got no span, by reason: HTTP/1 exchanges the kernel did not copy because user "
+        "{request}",
+        "Requests that got no span, by reason: HTTP/1 exchanges the kernel did not copy because user "
         "space was behind (backlog) or over its CPU budget (cpu_budget) or an event of it was lost (ring_full), "
         "all still in the HTTP metrics; spans left out by trace.sample_ratio (sampled); requests still "
-        "waiting for a response when the agent stopped (in_flight_at_stop)", False),
+        "waiting for a response when the agent stopped (in_flight_at_stop)",
+        False,
+    ),
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
     "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
     "otel_ebpf.kernel.drops": (
-        "{item}", "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
+        "{item}",
+        "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
         "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket)",
-        False),
+        False,
+    ),
     "otel_ebpf.events.late": (
-        "{event}", "Events that arrived after the reorder window and were handled out of order", False),
+        "{event}",
+        "Events that arrived after the reorder window and were handled out of order",
+        False,
+    ),
     "otel_ebpf.events.reorder_overflow": (
-        "{event}", "Events released before their reorder window closed (reorder buffer full)", False),
+        "{event}",
+        "Events released before their reorder window closed (reorder buffer full)",
+        False,
+    ),
     "otel_ebpf.trace.inflight": ("{request}", "Requests in flight tracked for trace assembly", True),
     "otel_ebpf.trace.inflight_evicted": (
-        "{request}", "In-flight requests forgotten before they completed (timeout or capacity)", False),
+        "{request}",
+        "In-flight requests forgotten before they completed (timeout or capacity)",
+        False,
+    ),
     "otel_ebpf.trace.ambiguous_parents": (
-        "{request}", "Outgoing requests left without a parent: several incoming requests shared their thread",
-        False),
+        "{request}",
+        "Outgoing requests left without a parent: several incoming requests shared their thread",
+        False,
+    ),
     "otel_ebpf.trace.correlated_parents": (
-        "{request}", "Outgoing requests parented through the x-request-id/x-correlation-id they forwarded", False),
+        "{request}",
+        "Outgoing requests parented through the x-request-id/x-correlation-id they forwarded",
+        False,
+    ),
     "otel_ebpf.trace.same_node_parents": (
-        "{request}", "Incoming requests parented by an outgoing request of another process on the node", False),
+        "{request}",
+        "Incoming requests parented by an outgoing request of another process on the node",
+        False,
+    ),
     "otel_ebpf.trace.propagated": ("{request}", "Requests that carried a trace context (traceparent, b3)", False),
     "otel_ebpf.profiles.samples": ("{sample}", "CPU profile samples received from the kernel", False),
     "otel_ebpf.profiles.samples.dropped": (
-        "{sample}", "CPU profile samples lost, by reason (ring buffer full, per-interval stack cap)", False),
+        "{sample}",
+        "CPU profile samples lost, by reason (ring buffer full, per-interval stack cap)",
+        False,
+    ),
     "otel_ebpf.profiles.stacks.truncated": (
-        "{item}", "Python stacks cut short, by reason: samples deeper than the BPF walker's frame limit "
-        "(python_truncated), Python processes the walker's table had no room for (python_table_full)", False),
-    "otel_ebpf.profiles.export.failed": ("{export}", "Profile exports that failed or were dropped, by exporter",
-                                         False),
+        "{item}",
+        "Python stacks cut short, by reason: samples deeper than the BPF walker's frame limit "
+        "(python_truncated), Python processes the walker's table had no room for (python_table_full)",
+        False,
+    ),
+    "otel_ebpf.profiles.export.failed": ("{export}", "Profile exports that failed or were dropped, by exporter", False),
     "otel_ebpf.protocol.drops": (
-        "{item}", "What a plugin's shared state dropped or could not resolve, by protocol and reason (RTPS: "
-        "discovery entries evicted, samples of unknown writers, sample and call table evictions)", False),
+        "{item}",
+        "What a plugin's shared state dropped or could not resolve, by protocol and reason (RTPS: "
+        "discovery entries evicted, samples of unknown writers, sample and call table evictions)",
+        False,
+    ),
     "otel_ebpf.gpu.calls": ("{call}", "GPU library calls decoded from the kernel (CUDA, NCCL, PyTorch USDT)", False),
-    "otel_ebpf.gpu.libraries": ("{file}", "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",
-                                True),
+    "otel_ebpf.gpu.libraries": (
+        "{file}",
+        "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",
+        True,
+    ),
     "otel_ebpf.gpu.allocations.untracked": (
-        "{allocation}", "Allocations the agent could not pair: evicted from the full table, frees of unknown "
-        "pointers (allocated before attach), allocations over a live pointer", False),
+        "{allocation}",
+        "Allocations the agent could not pair: evicted from the full table, frees of unknown "
+        "pointers (allocated before attach), allocations over a live pointer",
+        False,
+    ),
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
     "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),

@@ -81,9 +81,7 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     """Resource of an observed process; its own OTel variables win over what the agent infers."""
     executable_name = os.path.basename(info.executable) or info.command_line.split(" ", 1)[0]
     own = parse_resource_attributes(info.environment.get("OTEL_RESOURCE_ATTRIBUTES", ""))
-    service_name = (
-        info.environment.get("OTEL_SERVICE_NAME") or own.get("service.name") or executable_name or "unknown"
-    )
+    service_name = info.environment.get("OTEL_SERVICE_NAME") or own.get("service.name") or executable_name or "unknown"
     attributes: dict[str, object] = {
         "host.name": host_name,
         "process.pid": info.pid,
@@ -185,8 +183,9 @@ class Telemetry:
         program's own span stands for it) and its metric points."""
         process = self._process(pid)
         scope = self._scopes[protocol]
-        if context.emit and not self._sampler.keep(context.trace_id, description.status is StatusCode.ERROR,
-                                                   description.end_ns - description.start_ns):
+        if context.emit and not self._sampler.keep(
+            context.trace_id, description.status is StatusCode.ERROR, description.end_ns - description.start_ns
+        ):
             self._selfmetrics.add("otel_ebpf.spans.shed", 1, {"reason": "sampled"})
         elif context.emit:
             attributes = description.attributes
@@ -217,11 +216,26 @@ class Telemetry:
         scope = self._scopes.get("http1")
         if scope is None:  # the plugin is disabled: nobody asked for HTTP/1 metrics
             return
-        instrument, attributes = counted_duration(counts.role, counts.method, counts.status, counts.version,
-                                                  counts.tls, counts.server_address, counts.server_port)
+        instrument, attributes = counted_duration(
+            counts.role,
+            counts.method,
+            counts.status,
+            counts.version,
+            counts.tls,
+            counts.server_address,
+            counts.server_port,
+        )
         self._process(counts.pid).merge_histogram(
-            scope, instrument, attributes, counts.count, counts.sum_ns / 1e9, counts.buckets,
-            counts.min_ns / 1e9, counts.max_ns / 1e9, counts.timestamp_ns)
+            scope,
+            instrument,
+            attributes,
+            counts.count,
+            counts.sum_ns / 1e9,
+            counts.buckets,
+            counts.min_ns / 1e9,
+            counts.max_ns / 1e9,
+            counts.timestamp_ns,
+        )
 
     def metric_points(
         self, protocol: str, pid: int, exchange: Exchange, conn: ConnectionInfo, timestamp_ns: int

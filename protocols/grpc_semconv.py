@@ -65,16 +65,38 @@ from .http_semconv import DURATION_BUCKETS, Headers, header_attributes, split_au
 SYSTEM = "grpc"
 OTHER_METHOD = "_OTHER"
 STATUS_NAMES = (
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 )
 OK, CANCELLED, UNKNOWN = 0, 1, 2
 UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 12, 13, 14
 _SERVER_ERRORS = frozenset({UNKNOWN, 4, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, 15})
 # HTTP status of a response that is not a gRPC one -> the code a gRPC client reports
-_HTTP_TO_GRPC = {400: INTERNAL, 401: 16, 403: 7, 404: UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
-                 503: UNAVAILABLE, 504: UNAVAILABLE}
+_HTTP_TO_GRPC = {
+    400: INTERNAL,
+    401: 16,
+    403: 7,
+    404: UNIMPLEMENTED,
+    429: UNAVAILABLE,
+    502: UNAVAILABLE,
+    503: UNAVAILABLE,
+    504: UNAVAILABLE,
+}
 # HTTP/2 RST_STREAM error code -> gRPC code (gRPC's PROTOCOL-HTTP2.md); others are INTERNAL
 _RESET_TO_GRPC = {0x7: UNAVAILABLE, 0x8: CANCELLED, 0xB: 8, 0xC: 7}
 
@@ -100,21 +122,43 @@ def instruments(semconv: Semconv) -> tuple[InstrumentSpec, ...]:
     specs: list[InstrumentSpec] = []
     for side in ("server", "client"):
         if semconv is not Semconv.NEW:  # the old set, alone or with the new
-            specs.append(InstrumentSpec(f"rpc.{side}.duration", InstrumentKind.HISTOGRAM, "ms",
-                                        f"Measures the duration of {_DIRECTION[side]} RPC."))
+            specs.append(
+                InstrumentSpec(
+                    f"rpc.{side}.duration",
+                    InstrumentKind.HISTOGRAM,
+                    "ms",
+                    f"Measures the duration of {_DIRECTION[side]} RPC.",
+                )
+            )
             for kind in ("requests", "responses"):
-                specs.append(InstrumentSpec(f"rpc.{side}.{kind}_per_rpc", InstrumentKind.HISTOGRAM, "{count}",
-                                            f"Measures the number of messages {_MESSAGES[side, kind]} per RPC."))
+                specs.append(
+                    InstrumentSpec(
+                        f"rpc.{side}.{kind}_per_rpc",
+                        InstrumentKind.HISTOGRAM,
+                        "{count}",
+                        f"Measures the number of messages {_MESSAGES[side, kind]} per RPC.",
+                    )
+                )
         if semconv is not Semconv.OLD:  # the new set, alone or with the old
-            specs.append(InstrumentSpec(f"rpc.{side}.call.duration", InstrumentKind.HISTOGRAM, "s",
-                                        f"Measures the duration of {_DIRECTION[side]} remote procedure calls.",
-                                        DURATION_BUCKETS))
+            specs.append(
+                InstrumentSpec(
+                    f"rpc.{side}.call.duration",
+                    InstrumentKind.HISTOGRAM,
+                    "s",
+                    f"Measures the duration of {_DIRECTION[side]} remote procedure calls.",
+                    DURATION_BUCKETS,
+                )
+            )
     return tuple(specs)
 
 
 _DIRECTION = {"server": "inbound", "client": "outbound"}
-_MESSAGES = {("server", "requests"): "received", ("server", "responses"): "sent",
-             ("client", "requests"): "sent", ("client", "responses"): "received"}
+_MESSAGES = {
+    ("server", "requests"): "received",
+    ("server", "responses"): "sent",
+    ("client", "requests"): "sent",
+    ("client", "responses"): "received",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +229,9 @@ def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     return None
 
 
-def _put_endpoints(attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool) -> None:
+def _put_endpoints(
+    attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool
+) -> None:
     server = conn.server
     if call.authority:
         address, port = split_authority(call.authority, conn.scheme)
@@ -237,8 +283,10 @@ def describe_span(
     attributes["network.transport"] = conn.transport.value
     attributes["network.protocol.name"] = "http"
     attributes["network.protocol.version"] = "2"
-    for side, count, compressed in (("request", call.request_messages, call.request_compressed),
-                                    ("response", call.response_messages, call.response_compressed)):
+    for side, count, compressed in (
+        ("request", call.request_messages, call.request_compressed),
+        ("response", call.response_messages, call.response_compressed),
+    ):
         if count is not None:
             attributes[f"otel_ebpf.rpc.{side}.message_count"] = count
         if compressed:

@@ -53,9 +53,7 @@ Headers = Sequence[tuple[str, str]]  # (lower-case name, value) in wire order; n
 
 REDACTED = "REDACTED"
 OTHER_METHOD = "_OTHER"
-KNOWN_METHODS = frozenset(
-    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
-)
+KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
 
 # error.type values for exchanges that did not end with a complete response
 RESPONSE_MISSING = "response_missing"  # the connection ended before any final response
@@ -77,6 +75,7 @@ def capture_headers_option(value: object) -> frozenset[str]:
     if invalid:
         raise ValueError(f"capture_headers: not a header name: {invalid[0]!r}")
     return frozenset(name.lower() for name in value)  # the connection ended in the middle of the response
+
 
 # What a transaction holds for parts of a message the capture could not tell (HTTP/2 header
 # fields compressed against state from before the capture): the method, the target, and the
@@ -202,8 +201,7 @@ def route_template(path: str) -> str:
 def redact_query(query: str) -> str:
     """Keep the keys of a query string, replace every value: values carry tokens and signatures."""
     return "&".join(
-        f"{key}={REDACTED}" if sep else key
-        for key, sep, _ in (item.partition("=") for item in query.split("&"))
+        f"{key}={REDACTED}" if sep else key for key, sep, _ in (item.partition("=") for item in query.split("&"))
     )
 
 
@@ -266,9 +264,7 @@ def first_header(headers: Headers, name: str) -> str | None:
     return None
 
 
-def header_attributes(
-    prefix: str, headers: Headers, allowed: Collection[str]
-) -> dict[str, AttributeValue]:
+def header_attributes(prefix: str, headers: Headers, allowed: Collection[str]) -> dict[str, AttributeValue]:
     """``http.{request,response}.header.<name>`` string arrays for the allow-listed headers.
 
     Secret-bearing headers are exported as ``REDACTED`` even when allow-listed, so that a broad
@@ -305,9 +301,7 @@ class HttpTransaction:
     error: str | None = None
 
 
-def _server(
-    target: Target, authority: str | None, scheme: str, conn: ConnectionInfo
-) -> tuple[str | None, int | None]:
+def _server(target: Target, authority: str | None, scheme: str, conn: ConnectionInfo) -> tuple[str | None, int | None]:
     """``(server.address, server.port)``: the origin the request names, else the socket's server."""
     authority = target.authority or authority
     if authority:
@@ -372,9 +366,7 @@ def _put_server(attributes: dict[str, AttributeValue], address: str | None, port
         attributes["server.port"] = port
 
 
-def describe_span(
-    tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Collection[str] = ()
-) -> SpanDescription:
+def describe_span(tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Collection[str] = ()) -> SpanDescription:
     """The span for one transaction; ``capture_headers`` holds lower-case header names."""
     is_server = conn.role is Role.SERVER
     method, method_original = normalize_method(tx.method)
@@ -417,12 +409,8 @@ def describe_span(
     if error_type is not None:
         attributes["error.type"] = error_type
     if capture_headers:
-        attributes.update(
-            header_attributes("http.request.header.", tx.request_headers, capture_headers)
-        )
-        attributes.update(
-            header_attributes("http.response.header.", tx.response_headers, capture_headers)
-        )
+        attributes.update(header_attributes("http.request.header.", tx.request_headers, capture_headers))
+        attributes.update(header_attributes("http.response.header.", tx.response_headers, capture_headers))
 
     name = _span_name(method, target.path)
     kind = SpanKind.SERVER if is_server else SpanKind.CLIENT
@@ -434,9 +422,7 @@ def describe_span(
     return SpanDescription(name, kind, tx.start_ns, tx.end_ns, attributes, status, description)
 
 
-def _client_attributes(
-    attributes: dict[str, AttributeValue], tx: HttpTransaction, conn: ConnectionInfo
-) -> None:
+def _client_attributes(attributes: dict[str, AttributeValue], tx: HttpTransaction, conn: ConnectionInfo) -> None:
     forwarded = first_header(tx.request_headers, "x-forwarded-for")
     if forwarded:
         attributes["client.address"] = forwarded.split(",", 1)[0].strip()
@@ -449,17 +435,19 @@ def _client_attributes(
 
 # instrument names (duration, request body size, response body size), by "the process serves"
 _INSTRUMENT_NAMES = {
-    is_server: tuple(
-        f"http.{side}.{name}"
-        for name in ("request.duration", "request.body.size", "response.body.size")
-    )
+    is_server: tuple(f"http.{side}.{name}" for name in ("request.duration", "request.body.size", "response.body.size"))
     for is_server, side in ((True, "server"), (False, "client"))
 }
 
 
 def _metric_attributes(
-    is_server: bool, method: str, scheme: str, version: str, status: int | None,
-    server: tuple[str | None, int | None], error_type: str | None,
+    is_server: bool,
+    method: str,
+    scheme: str,
+    version: str,
+    status: int | None,
+    server: tuple[str | None, int | None],
+    error_type: str | None,
 ) -> dict[str, AttributeValue]:
     """The conventions' low-cardinality attributes of the HTTP metrics."""
     attributes: dict[str, AttributeValue] = {
@@ -484,8 +472,7 @@ def counted_duration(
     is_server = role is Role.SERVER
     error_type = str(status) if status >= (500 if is_server else 400) else None
     server = (server_address or None, server_port or None)
-    attributes = _metric_attributes(is_server, method, "https" if tls else "http", version, status, server,
-                                    error_type)
+    attributes = _metric_attributes(is_server, method, "https" if tls else "http", version, status, server, error_type)
     return _INSTRUMENT_NAMES[is_server][0], attributes
 
 
@@ -495,8 +482,9 @@ def metric_points(tx: HttpTransaction, conn: ConnectionInfo) -> list[MetricPoint
     target = split_target(tx.target)
     scheme = target.scheme or conn.scheme
     server = _server(target, tx.authority, scheme, conn) if not is_server else (None, None)
-    attributes = _metric_attributes(is_server, tx.method, scheme, tx.version, tx.status, server,
-                                    _error_type(tx, is_server))
+    attributes = _metric_attributes(
+        is_server, tx.method, scheme, tx.version, tx.status, server, _error_type(tx, is_server)
+    )
     duration, request_size, response_size = _INSTRUMENT_NAMES[is_server]
     points = [MetricPoint(duration, (tx.end_ns - tx.start_ns) / 1e9, attributes)]
     if tx.request_body_size is not None:

@@ -11,8 +11,12 @@ CORPUS: dict[str, tuple[str, ...]] = {
     "phone": ("+14155552671", "+44 20 7946 0958", "(415) 555-2671", "030-1234-5678"),
     "card": ("4111 1111 1111 1111", "5555555555554444", "3782-822463-10005", "6011000990139424"),
     "iban": ("DE89 3704 0044 0532 0130 00", "GB82WEST12345698765432", "FR1420041010050500013M02606"),
-    "jwt": (("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ."
-             "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),),
+    "jwt": (
+        (
+            "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ."
+            "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+        ),
+    ),
     "bearer_token": ("Bearer 9f8e7d6c5b4a3f2e1d0c",),
     "credential": ("client_secret=s3cr3tV4lue99", "password: Tr0ub4dor-and-3"),
     "openai_key": ("sk-proj-Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56",),
@@ -22,10 +26,13 @@ CORPUS: dict[str, tuple[str, ...]] = {
     "aws_access_key": ("AKIAIOSFODNN7EXAMPLE",),
     "gcp_api_key": ("AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",),
     "azure_key": ("AccountKey=" + "Zm9vYmFy" * 11 + "==",),
-    "private_key": (("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo\n"
-                     "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0\n-----END RSA PRIVATE KEY-----"),),
+    "private_key": (
+        (
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo\n"
+            "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0\n-----END RSA PRIVATE KEY-----"
+        ),
+    ),
 }
-
 
 
 def secret_part(kind: str, value: str) -> str:

@@ -43,13 +43,19 @@ RECORDED = Path(__file__).with_name("data") / "trace_chain_events.jsonl"
 class Assembly:
     """A pipeline wired as the agent wires it, with a reorder window of ``WINDOW_MS``."""
 
-    def __init__(self, instrumented_clients: str = "skip", max_inflight: int = 65536,
-                 inflight_timeout_ns: int = 300 * 10**9) -> None:
+    def __init__(
+        self, instrumented_clients: str = "skip", max_inflight: int = 65536, inflight_timeout_ns: int = 300 * 10**9
+    ) -> None:
         self.selfmetrics = SelfMetrics()
         self.telemetry = Telemetry(PROTOCOLS, HOST, {}, self.selfmetrics, 1024, DELTA_KINDS["cumulative"])
         self.assembler = TraceAssembler(self.selfmetrics, inflight_timeout_ns, max_inflight, instrumented_clients)
-        self.pipeline = Pipeline(ConnectionTracker(PROTOCOLS, self.selfmetrics), self.telemetry, self.selfmetrics,
-                                 self.assembler, EventReorderer(self.selfmetrics, WINDOW_MS * MS))
+        self.pipeline = Pipeline(
+            ConnectionTracker(PROTOCOLS, self.selfmetrics),
+            self.telemetry,
+            self.selfmetrics,
+            self.assembler,
+            EventReorderer(self.selfmetrics, WINDOW_MS * MS),
+        )
 
     def run(self, events: list[Event], batch: int = 7) -> list[ReadableSpan]:
         for i in range(0, len(events), batch):
@@ -61,8 +67,9 @@ class Assembly:
         return self.selfmetrics.total(name)
 
 
-def chain(base_ms: float, request_id: str, gateway_headers: bytes = b"", service_headers: bytes = b"",
-          n: int = 0) -> list[Event]:
+def chain(
+    base_ms: float, request_id: str, gateway_headers: bytes = b"", service_headers: bytes = b"", n: int = 0
+) -> list[Event]:
     """The ``n``-th request through gateway → service → backend, each hop on a connection of its own
     (fds 5 + n served, 1005 + n called), in timestamp order."""
     loader, gw_out, svc_out = (Endpoint(e.address, e.port + n) for e in (LOADER, GW_OUT, SVC_OUT))
@@ -149,9 +156,11 @@ def test_arrival_order_within_the_window_does_not_change_the_traces(seed: int, j
     events = [info(GATEWAY), info(SERVICE), info(BACKEND)]
     for i in range(4):  # four requests, overlapping in time, on their own connections
         events += chain(1 + i * 3, f"r{i}", n=i)
+
     def tree(spans: list[ReadableSpan]) -> list[tuple]:
-        return sorted((s.context.trace_id, s.context.span_id, parent_id(s), s.name, s.start_time, s.end_time)
-                      for s in spans)
+        return sorted(
+            (s.context.trace_id, s.context.span_id, parent_id(s), s.name, s.start_time, s.end_time) for s in spans
+        )
 
     expected = tree(Assembly().run(events))
     run = Assembly()
@@ -200,8 +209,9 @@ def test_outgoing_request_of_an_instrumented_program(mode: str) -> None:
     # the gateway's own SERVER span knew nothing of the SDK's context: a trace of its own
     assert s[(GATEWAY, "SERVER")].context.trace_id != int(TRACE_HEX, 16)
     # the skipped span's metrics are still recorded
-    gateway_metrics = [rm for rm in run.telemetry.collect_metrics(at(100))
-                       if rm.resource.attributes["process.pid"] == GATEWAY]
+    gateway_metrics = [
+        rm for rm in run.telemetry.collect_metrics(at(100)) if rm.resource.attributes["process.pid"] == GATEWAY
+    ]
     names = {m.name for rm in gateway_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert "http.client.request.duration" in names
 
@@ -245,22 +255,27 @@ def test_forwarded_request_ids_link_calls_made_on_any_thread() -> None:
     other = Endpoint("127.0.0.1", 41001)
     rid = lambda r: b"x-request-id: %s\r\n" % r  # noqa: E731
     run = Assembly()
-    spans = {s.name: s for s in run.run([
-        info(SERVICE),
-        opened(1, SERVICE, 5, 0, Role.SERVER, SVC, GW_OUT),
-        data(1, SERVICE, 5, IN, get("/work/a", "svc", rid(b"ra")), tid=201),
-        opened(2, SERVICE, 7, 0, Role.SERVER, SVC, other),
-        data(2, SERVICE, 7, IN, get("/work/b", "svc", rid(b"rb")), tid=201),
-        opened(3, SERVICE, 6, 0, Role.CLIENT, SVC_OUT, BE),
-        data(3, SERVICE, 6, OUT, get("/call/for-b", "be", rid(b"rb")), tid=201),
-        data(4, SERVICE, 6, IN, ok(b"1"), tid=201),
-        data(5, SERVICE, 6, OUT, get("/call/for-a", "be", rid(b"ra")), tid=999),  # another thread
-        data(6, SERVICE, 6, IN, ok(b"2"), tid=999),
-        data(7, SERVICE, 6, OUT, get("/call/unknown-id", "be", rid(b"rz")), tid=201),  # no such request
-        data(8, SERVICE, 6, IN, ok(b"3"), tid=201),
-        data(9, SERVICE, 5, OUT, ok(b"a"), tid=201),
-        data(10, SERVICE, 7, OUT, ok(b"b"), tid=201),
-    ])}
+    spans = {
+        s.name: s
+        for s in run.run(
+            [
+                info(SERVICE),
+                opened(1, SERVICE, 5, 0, Role.SERVER, SVC, GW_OUT),
+                data(1, SERVICE, 5, IN, get("/work/a", "svc", rid(b"ra")), tid=201),
+                opened(2, SERVICE, 7, 0, Role.SERVER, SVC, other),
+                data(2, SERVICE, 7, IN, get("/work/b", "svc", rid(b"rb")), tid=201),
+                opened(3, SERVICE, 6, 0, Role.CLIENT, SVC_OUT, BE),
+                data(3, SERVICE, 6, OUT, get("/call/for-b", "be", rid(b"rb")), tid=201),
+                data(4, SERVICE, 6, IN, ok(b"1"), tid=201),
+                data(5, SERVICE, 6, OUT, get("/call/for-a", "be", rid(b"ra")), tid=999),  # another thread
+                data(6, SERVICE, 6, IN, ok(b"2"), tid=999),
+                data(7, SERVICE, 6, OUT, get("/call/unknown-id", "be", rid(b"rz")), tid=201),  # no such request
+                data(8, SERVICE, 6, IN, ok(b"3"), tid=201),
+                data(9, SERVICE, 5, OUT, ok(b"a"), tid=201),
+                data(10, SERVICE, 7, OUT, ok(b"b"), tid=201),
+            ]
+        )
+    }
     a, b = spans["GET /work/a"], spans["GET /work/b"]
     assert parent_id(spans["GET /call/for-b"]) == b.context.span_id
     assert parent_id(spans["GET /call/for-a"]) == a.context.span_id
@@ -329,8 +344,10 @@ def test_recorded_chain_replays_into_one_trace_per_request() -> None:
                 same_process = parent.resource.attributes["process.pid"] == span.resource.attributes["process.pid"]
                 # a CLIENT's parent is its process's SERVER; a SERVER's is another process's CLIENT
                 assert (parent.kind.name, same_process) == (
-                    ("SERVER", True) if span.kind.name == "CLIENT" else ("CLIENT", False))
+                    ("SERVER", True) if span.kind.name == "CLIENT" else ("CLIENT", False)
+                )
     # arrival order scrambled further, within the window: the same traces
     reshuffled = scrambled(events, seed=7, jitter_ms=10)
     assert sorted(sorted(s.context.span_id for s in t) for t in recorded_traces(reshuffled)) == sorted(
-        sorted(s.context.span_id for s in t) for t in traces)
+        sorted(s.context.span_id for s in t) for t in traces
+    )

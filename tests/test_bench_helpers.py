@@ -15,26 +15,47 @@ import harness  # noqa: E402
 import results  # noqa: E402
 
 
-def _point(value: float, time_ns: int, temporality: str, *, pid: int = 1, attributes: dict | None = None,
-           start_ns: int = 0, histogram: bool = False) -> dict:
-    point = {"type": "histogram" if histogram else "sum", "resource": {"process.pid": pid},
-             "attributes": attributes or {}, "start_ns": start_ns, "time_ns": time_ns, "temporality": temporality}
+def _point(
+    value: float,
+    time_ns: int,
+    temporality: str,
+    *,
+    pid: int = 1,
+    attributes: dict | None = None,
+    start_ns: int = 0,
+    histogram: bool = False,
+) -> dict:
+    point = {
+        "type": "histogram" if histogram else "sum",
+        "resource": {"process.pid": pid},
+        "attributes": attributes or {},
+        "start_ns": start_ns,
+        "time_ns": time_ns,
+        "temporality": temporality,
+    }
     point["count" if histogram else "value"] = value
     return point
 
 
 def test_cumulative_points_count_their_latest_value_per_series() -> None:
-    points = [_point(5, 1, "CUMULATIVE"), _point(9, 3, "CUMULATIVE"), _point(7, 2, "CUMULATIVE"),
-              _point(4, 3, "CUMULATIVE", attributes={"reason": "x"}),
-              _point(2, 3, "CUMULATIVE", pid=2),
-              _point(3, 9, "CUMULATIVE", start_ns=5)]  # the series restarted: a new start time
+    points = [
+        _point(5, 1, "CUMULATIVE"),
+        _point(9, 3, "CUMULATIVE"),
+        _point(7, 2, "CUMULATIVE"),
+        _point(4, 3, "CUMULATIVE", attributes={"reason": "x"}),
+        _point(2, 3, "CUMULATIVE", pid=2),
+        _point(3, 9, "CUMULATIVE", start_ns=5),
+    ]  # the series restarted: a new start time
     assert harness.metric_total(points) == 9 + 4 + 2 + 3
     assert harness.metric_total(points, lambda p: p["resource"]["process.pid"] == 2) == 2
 
 
 def test_delta_points_add_up_and_histograms_count() -> None:
-    points = [_point(5, 1, "DELTA", histogram=True), _point(7, 2, "DELTA", histogram=True),
-              _point(11, 2, "CUMULATIVE", histogram=True, pid=3)]
+    points = [
+        _point(5, 1, "DELTA", histogram=True),
+        _point(7, 2, "DELTA", histogram=True),
+        _point(11, 2, "CUMULATIVE", histogram=True, pid=3),
+    ]
     assert harness.metric_total(points) == 5 + 7 + 11
 
 
@@ -44,12 +65,20 @@ def test_a_missing_self_metric_counts_zero() -> None:
 
 def test_span_counts_by_process_kind_and_status(tmp_path: Path) -> None:
     def resource_spans(pid: int, spans: list[dict]) -> dict:
-        return {"resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
-                "scopeSpans": [{"spans": spans}]}
+        return {
+            "resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
+            "scopeSpans": [{"spans": spans}],
+        }
 
-    lines = [{"resourceSpans": [resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
-                                resource_spans(20, [{"kind": 3, "status": {}}])]},
-             {"resourceSpans": [resource_spans(10, [{"kind": 2}])]}]
+    lines = [
+        {
+            "resourceSpans": [
+                resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
+                resource_spans(20, [{"kind": 3, "status": {}}]),
+            ]
+        },
+        {"resourceSpans": [resource_spans(10, [{"kind": 2}])]},
+    ]
     traces = tmp_path / "traces.jsonl"
     traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert harness.span_counts(traces) == {(10, 2, 0): 2, (10, 2, 2): 1, (20, 3, 0): 1}
@@ -84,11 +113,13 @@ Requests/sec:  46583.05
     assert FakeWrk.command[1:3] == ["-s", str(harness.PACING_SCRIPT)] and FakeWrk.env["WRK_RATE"] == "5000"
 
 
-def test_results_file_has_command_date_machine_and_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_file_has_command_date_machine_and_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))
-    path = results.write_result("demo", ["python", "bench/demo.py", "--quick"],
-                                {"loads": [{"offered": "max", "ratio": 0.9}], "note": "x"})
+    path = results.write_result(
+        "demo", ["python", "bench/demo.py", "--quick"], {"loads": [{"offered": "max", "ratio": 0.9}], "note": "x"}
+    )
     doc = json.loads(path.read_text())
     assert path == tmp_path / "demo.json"
     assert doc["command"] == "python bench/demo.py --quick"

@@ -174,7 +174,8 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", "tracepoints", "tracepoints"), ("env", "OTEL_EBPF_SOCKET_MODE", "fd-tracking", "fd-tracking")],
     ),
     "capture.kernel_http_metrics": (
-        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
+        True,
+        [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
     ),
     "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
     "trace.instrumented_clients": (
@@ -182,18 +183,23 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", "child", "child"), ("env", "OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS", "SKIP", "skip")],
     ),
     "trace.inflight_timeout_s": (
-        300.0, [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT", "90", 90.0)],
+        300.0,
+        [("yaml", "", 60, 60.0), ("env", "OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT", "90", 90.0)],
     ),
     "trace.max_inflight": (65536, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_TRACE_MAX_INFLIGHT", "20", 20)]),
     "trace.reorder_window_ms": (
-        50, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
+        50,
+        [("yaml", "", 0, 0), ("env", "OTEL_EBPF_TRACE_REORDER_WINDOW_MS", "200", 200)],
     ),
     "trace.sample_ratio": (1.0, [("yaml", "", 0.5, 0.5), ("env", "OTEL_EBPF_TRACE_SAMPLE_RATIO", "0.1", 0.1)]),
     "trace.keep_slower_than_ms": (
-        1000.0, [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
+        1000.0,
+        [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
     ),
-    "gpu.enabled": ("auto", [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"),
-                             ("cli", "gpu", "auto", "auto")]),
+    "gpu.enabled": (
+        "auto",
+        [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"), ("cli", "gpu", "auto", "auto")],
+    ),
     "gpu.stacks": ("python", [("yaml", "", "native", "native"), ("env", "OTEL_EBPF_GPU_STACKS", "none", "none")]),
     "gpu.leak_age_s": (60.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_GPU_LEAK_AGE", "0.5", 0.5)]),
     "gpu.leak_min_allocations": (2, [("yaml", "", 1, 1), ("env", "OTEL_EBPF_GPU_LEAK_MIN_ALLOCATIONS", "3", 3)]),
@@ -241,17 +247,23 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         ],
     ),
     "profiling.enabled": (
-        False, [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
+        False,
+        [("yaml", "", True, True), ("env", "OTEL_EBPF_PROFILING", "false", False), ("cli", "profile", True, True)],
     ),
     "profiling.frequency_hz": (
         49,
-        [("yaml", "", 19, 19), ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97), ("cli", "profile_frequency", 99, 99)],
+        [
+            ("yaml", "", 19, 19),
+            ("env", "OTEL_EBPF_PROFILING_FREQUENCY_HZ", "97", 97),
+            ("cli", "profile_frequency", 99, 99),
+        ],
     ),
     "profiling.interval_s": (10.0, [("yaml", "", 5, 5.0), ("env", "OTEL_EBPF_PROFILING_INTERVAL", "2.5", 2.5)]),
     "profiling.max_stacks": (16384, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_PROFILING_MAX_STACKS", "20", 20)]),
     "profiling.python": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_PYTHON", "true", True)]),
     "profiling.flamegraphs": (
-        True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_FLAMEGRAPHS", "yes", True)],
+        True,
+        [("yaml", "", False, False), ("env", "OTEL_EBPF_PROFILING_FLAMEGRAPHS", "yes", True)],
     ),
     "profiling.pyroscope_url": (
         None,

@@ -486,9 +486,7 @@ def test_span_encoder_writes_the_protobuf_paths_document() -> None:
     assert [link["flags"] for link in linked["links"]] == [0x300, 0x100] and "traceState" not in linked["links"][1]
     dropped = by_name["dropped events and links"]
     assert (dropped["droppedEventsCount"], dropped["droppedLinksCount"], dropped["status"]) == (1, 1, {})
-    assert by_name[""] == {
-        "traceId": "0" * 32, "spanId": "0" * 16, "parentSpanId": "0" * 16, "kind": 1, "flags": 0x100
-    }
+    assert by_name[""] == {"traceId": "0" * 32, "spanId": "0" * 16, "parentSpanId": "0" * 16, "kind": 1, "flags": 0x100}
 
 
 def test_span_encoder_matches_span_by_span_and_in_small_batches() -> None:

@@ -28,8 +28,9 @@ def _check(name: str, got: object) -> None:
 
 
 def test_replay_matches_golden_output(tmp_path: Path) -> None:
-    result = run_agent_command("replay", str(DATA / "golden_events.jsonl"), "--exporter", "file",
-                               "--output", str(tmp_path))
+    result = run_agent_command(
+        "replay", str(DATA / "golden_events.jsonl"), "--exporter", "file", "--output", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     spans = sorted(load_file_spans(tmp_path / "traces.jsonl"), key=lambda s: (s["start_ns"], s["span_id"]))
     assert len(spans) == 16  # 8 requests, each seen by its client and by the server

@@ -32,8 +32,9 @@ RESOURCE = Resource({"service.name": "svc"})
 DELTA = DELTA_KINDS["delta"]
 
 
-def record(pm: ProcessMetrics, instrument: str, value: float, t: int, scope: InstrumentationScope = SCOPE,
-           **attributes: object) -> None:
+def record(
+    pm: ProcessMetrics, instrument: str, value: float, t: int, scope: InstrumentationScope = SCOPE, **attributes: object
+) -> None:
     pm.record(scope, MetricPoint(instrument, value, attributes), t)
 
 
@@ -73,20 +74,47 @@ def test_histograms_and_sums_aggregate_exactly() -> None:
     got = table(pm.collect(100))
     cumulative = AggregationTemporality.CUMULATIVE
     assert got == {
-        ("otel_ebpf.protocols.test", H, (("route", "/a"),)): (cumulative, None, HistogramDataPoint(
-            {"route": "/a"}, 10, 100, 6, 8.5, [3, 2, 1], [1.0, 2.0], 0.5, 2.5)),  # bounds are inclusive
-        ("otel_ebpf.protocols.test", H, (("route", "/b"),)): (cumulative, None, HistogramDataPoint(
-            {"route": "/b"}, 20, 100, 1, 3.0, [0, 0, 1], [1.0, 2.0], 3.0, 3.0)),
-        ("otel_ebpf.protocols.test", C, (("route", "/a"),)): (cumulative, True, NumberDataPoint(
-            {"route": "/a"}, 11, 100, 3)),
-        ("otel_ebpf.protocols.test", C, (("route", "/b"),)): (cumulative, True, NumberDataPoint(
-            {"route": "/b"}, 13, 100, 0.25)),
+        ("otel_ebpf.protocols.test", H, (("route", "/a"),)): (
+            cumulative,
+            None,
+            HistogramDataPoint({"route": "/a"}, 10, 100, 6, 8.5, [3, 2, 1], [1.0, 2.0], 0.5, 2.5),
+        ),  # bounds are inclusive
+        ("otel_ebpf.protocols.test", H, (("route", "/b"),)): (
+            cumulative,
+            None,
+            HistogramDataPoint({"route": "/b"}, 20, 100, 1, 3.0, [0, 0, 1], [1.0, 2.0], 3.0, 3.0),
+        ),
+        ("otel_ebpf.protocols.test", C, (("route", "/a"),)): (
+            cumulative,
+            True,
+            NumberDataPoint({"route": "/a"}, 11, 100, 3),
+        ),
+        ("otel_ebpf.protocols.test", C, (("route", "/b"),)): (
+            cumulative,
+            True,
+            NumberDataPoint({"route": "/b"}, 13, 100, 0.25),
+        ),
         ("otel_ebpf.protocols.test", U, ()): (cumulative, False, NumberDataPoint({}, 14, 100, -2)),
-        ("otel_ebpf.protocols.test", D, ()): (cumulative, None, HistogramDataPoint(
-            {}, 16, 100, 3, 20010.5, [0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], list(DEFAULT_BOUNDARIES),
-            5, 20000)),
-        ("otel_ebpf.protocols.other", C, (("route", "/a"),)): (cumulative, True, NumberDataPoint(
-            {"route": "/a"}, 19, 100, 7)),
+        ("otel_ebpf.protocols.test", D, ()): (
+            cumulative,
+            None,
+            HistogramDataPoint(
+                {},
+                16,
+                100,
+                3,
+                20010.5,
+                [0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                list(DEFAULT_BOUNDARIES),
+                5,
+                20000,
+            ),
+        ),
+        ("otel_ebpf.protocols.other", C, (("route", "/a"),)): (
+            cumulative,
+            True,
+            NumberDataPoint({"route": "/a"}, 19, 100, 7),
+        ),
     }
     counter = got[("otel_ebpf.protocols.test", C, (("route", "/a"),))][2]
     assert type(counter.value) is int  # whole sums are exported as integers
@@ -108,16 +136,22 @@ def test_cumulative_series_keep_growing_from_their_first_point() -> None:
     record(pm, H, 0.5, 150)
     record(pm, C, 4, 150)
     second = table(pm.collect(200))
-    assert [(p.start_time_unix_nano, p.time_unix_nano, p.count, p.sum, p.bucket_counts)
-            for *_, p in (first[k] for k in first if k[1] == H)] == [(10, 100, 1, 1.5, [0, 1, 0])]
-    assert [(p.start_time_unix_nano, p.time_unix_nano, p.count, p.sum, p.bucket_counts)
-            for *_, p in (second[k] for k in second if k[1] == H)] == [(10, 200, 2, 2.0, [1, 1, 0])]
-    assert [(p.start_time_unix_nano, p.time_unix_nano, p.value) for *_, p in (second[k] for k in second
-                                                                                  if k[1] == C)] == [(10, 200, 5)]
+    assert [
+        (p.start_time_unix_nano, p.time_unix_nano, p.count, p.sum, p.bucket_counts)
+        for *_, p in (first[k] for k in first if k[1] == H)
+    ] == [(10, 100, 1, 1.5, [0, 1, 0])]
+    assert [
+        (p.start_time_unix_nano, p.time_unix_nano, p.count, p.sum, p.bucket_counts)
+        for *_, p in (second[k] for k in second if k[1] == H)
+    ] == [(10, 200, 2, 2.0, [1, 1, 0])]
+    assert [
+        (p.start_time_unix_nano, p.time_unix_nano, p.value) for *_, p in (second[k] for k in second if k[1] == C)
+    ] == [(10, 200, 5)]
     # nothing new: a cumulative series is still reported, unchanged
     third = table(pm.collect(300))
     assert {k: (v[2].start_time_unix_nano, v[2].time_unix_nano) for k, v in third.items()} == {
-        k: (10, 300) for k in second}
+        k: (10, 300) for k in second
+    }
 
 
 def test_delta_kinds_restart_after_each_collection_and_up_down_counters_stay_cumulative() -> None:
@@ -140,9 +174,18 @@ def test_delta_kinds_restart_after_each_collection_and_up_down_counters_stay_cum
     third = table(pm.collect(300, DELTA))
     h = next(v[2] for k, v in third.items() if k[1] == H)
     assert (h.start_time_unix_nano, h.time_unix_nano, h.count, h.sum, h.bucket_counts, h.min, h.max) == (
-        250, 300, 1, 0.5, [1, 0, 0], 0.5, 0.5)
+        250,
+        300,
+        1,
+        0.5,
+        [1, 0, 0],
+        0.5,
+        0.5,
+    )
     assert {k[1]: (v[2].start_time_unix_nano, v[2].value) for k, v in third.items() if k[1] != H} == {
-        C: (260, 3), U: (12, 4)}
+        C: (260, 3),
+        U: (12, 4),
+    }
 
 
 def test_cardinality_cap_folds_new_series_into_the_overflow_series() -> None:
@@ -157,8 +200,9 @@ def test_cardinality_cap_folds_new_series_into_the_overflow_series() -> None:
     assert pm.overflowed == 3
     got = table(pm.collect(100, DELTA))
     overflow = (("otel.metric.overflow", True),)
-    assert {(k[1], k[2]): (v[2].start_time_unix_nano, getattr(v[2], "value", None) or v[2].count)
-            for k, v in got.items()} == {
+    assert {
+        (k[1], k[2]): (v[2].start_time_unix_nano, getattr(v[2], "value", None) or v[2].count) for k, v in got.items()
+    } == {
         (C, (("route", "/1"),)): (1, 2),
         (C, (("route", "/2"),)): (2, 1),
         (C, overflow): (4, 110),
@@ -178,7 +222,9 @@ def test_cumulative_overflow_keeps_folding() -> None:
     record(pm, C, 1, 11, route="/2")
     assert pm.overflowed == 1
     assert {k[2]: v[2].value for k, v in table(pm.collect(20)).items()} == {
-        (("route", "/1"),): 1, (("otel.metric.overflow", True),): 1}
+        (("route", "/1"),): 1,
+        (("otel.metric.overflow", True),): 1,
+    }
 
 
 # ---- SelfMetrics --------------------------------------------------------------------------------
@@ -202,13 +248,16 @@ def test_selfmetrics_counters_gauges_and_totals() -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     sm.register(provider.get_meter("otel_ebpf"))
-    exported = {m.name: m for rm in reader.get_metrics_data().resource_metrics for s in rm.scope_metrics
-                for m in s.metrics}
+    exported = {
+        m.name: m for rm in reader.get_metrics_data().resource_metrics for s in rm.scope_metrics for m in s.metrics
+    }
     errors = exported["otel_ebpf.parse.errors"]
     assert isinstance(errors.data, Sum) and errors.data.is_monotonic
     assert errors.unit == "{error}"
     assert sorted((dict(p.attributes)["protocol"], p.value) for p in errors.data.data_points) == [
-        ("http1", 3), ("other", 3)]
+        ("http1", 3),
+        ("other", 3),
+    ]
     tracked = exported["otel_ebpf.connections.tracked"]
     assert isinstance(tracked.data, Gauge)
     assert [p.value for p in tracked.data.data_points] == [4]

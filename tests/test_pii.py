@@ -48,15 +48,23 @@ def test_prefixes_that_name_the_value_stay() -> None:
     assert dict(scrubber.counts) == {"credential": 2, "bearer_token": 1, "azure_key": 1}
 
 
-@pytest.mark.parametrize("text", [
-    "4111111111111112",  # fails Luhn
-    "1700000000123456789",  # a nanosecond timestamp: no card issuer starts with 1
-    "1234567812345670",  # Luhn-valid, but no issuer prefix
-    "0000000000000000",
-    "DE89 3704 0044 0532 0130 01",  # IBAN with a wrong check
-    "order 12345678901 shipped", "v1.2.3.4", "10.0.0.1:8080", "2024-01-15 10:20:30",
-    "sk-short", "AKIA-not-a-key", "user@localhost",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "4111111111111112",  # fails Luhn
+        "1700000000123456789",  # a nanosecond timestamp: no card issuer starts with 1
+        "1234567812345670",  # Luhn-valid, but no issuer prefix
+        "0000000000000000",
+        "DE89 3704 0044 0532 0130 01",  # IBAN with a wrong check
+        "order 12345678901 shipped",
+        "v1.2.3.4",
+        "10.0.0.1:8080",
+        "2024-01-15 10:20:30",
+        "sk-short",
+        "AKIA-not-a-key",
+        "user@localhost",
+    ],
+)
 def test_lookalikes_stay(text: str) -> None:
     scrubber = PiiScrubber()
     assert scrubber.scrub(text) == text
@@ -70,7 +78,8 @@ _ordinary = st.one_of(
     st.integers(min_value=-(10**12 - 1), max_value=10**12 - 1).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.integers(min_value=1_000_000_000, max_value=2_082_758_399).flatmap(
-        lambda s: st.sampled_from([str(s), str(s * 1000), str(s * 10**6), str(s * 10**9)])),
+        lambda s: st.sampled_from([str(s), str(s * 1000), str(s * 10**6), str(s * 10**9)])
+    ),
     st.datetimes().map(lambda d: d.isoformat()),
     st.uuids().map(str),
     st.binary(min_size=8, max_size=32).map(bytes.hex),  # trace / span / request ids
@@ -94,18 +103,32 @@ def test_user_patterns_and_kind_selection() -> None:
     assert dict(scrubber.counts) == {"employee_id": 1, "email": 1}
 
 
-@pytest.mark.parametrize(("name", "pattern", "problem"), [
-    ("x", "(a)", "non-capturing"), ("x", "[", "invalid regular expression"), ("x", "a?", "empty text"),
-    ("Bad", "a", "lower-case"), ("card", "a", "built-in"),
-])
+@pytest.mark.parametrize(
+    ("name", "pattern", "problem"),
+    [
+        ("x", "(a)", "non-capturing"),
+        ("x", "[", "invalid regular expression"),
+        ("x", "a?", "empty text"),
+        ("Bad", "a", "lower-case"),
+        ("card", "a", "built-in"),
+    ],
+)
 def test_bad_user_patterns_are_refused(name: str, pattern: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         custom_kind(name, pattern)
 
 
 def test_only_content_attributes_are_filtered() -> None:
-    attributes = {"gen_ai.input.messages": "a@example.com", "http.request.header.x-user": ("a@example.com", "b"),
-                  "url.path": "/users/a@example.com", "gen_ai.usage.input_tokens": 3}
+    attributes = {
+        "gen_ai.input.messages": "a@example.com",
+        "http.request.header.x-user": ("a@example.com", "b"),
+        "url.path": "/users/a@example.com",
+        "gen_ai.usage.input_tokens": 3,
+    }
     out = filter_content(attributes, PiiScrubber().scrub)
-    assert out == {"gen_ai.input.messages": "<email>", "http.request.header.x-user": ("<email>", "b"),
-                   "url.path": "/users/a@example.com", "gen_ai.usage.input_tokens": 3}
+    assert out == {
+        "gen_ai.input.messages": "<email>",
+        "http.request.header.x-user": ("<email>", "b"),
+        "url.path": "/users/a@example.com",
+        "gen_ai.usage.input_tokens": 3,
+    }

@@ -57,24 +57,52 @@ def at(ms: float) -> int:
     return T0 + int(ms * MS)
 
 
-def opened(ms: float, pid: int, fd: int, gen: int = 0, role: Role | None = Role.SERVER,
-           local: Endpoint | None = SERVER_END, peer: Endpoint | None = CLIENT_END,
-           transport: Transport = Transport.TCP) -> ConnOpen:
+def opened(
+    ms: float,
+    pid: int,
+    fd: int,
+    gen: int = 0,
+    role: Role | None = Role.SERVER,
+    local: Endpoint | None = SERVER_END,
+    peer: Endpoint | None = CLIENT_END,
+    transport: Transport = Transport.TCP,
+) -> ConnOpen:
     return ConnOpen(at(ms), pid, fd, gen, role, local, peer, transport)
 
 
-def data(ms: float, pid: int, fd: int, direction: Direction, payload: bytes, gen: int = 0,
-         tid: int | None = None, length: int | None = None) -> ConnData:
-    return ConnData(at(ms), pid, pid if tid is None else tid, fd, gen, direction,
-                    len(payload) if length is None else length, payload)
+def data(
+    ms: float,
+    pid: int,
+    fd: int,
+    direction: Direction,
+    payload: bytes,
+    gen: int = 0,
+    tid: int | None = None,
+    length: int | None = None,
+) -> ConnData:
+    return ConnData(
+        at(ms),
+        pid,
+        pid if tid is None else tid,
+        fd,
+        gen,
+        direction,
+        len(payload) if length is None else length,
+        payload,
+    )
 
 
 def closed(ms: float, pid: int, fd: int, gen: int = 0) -> ConnClose:
     return ConnClose(at(ms), pid, fd, gen)
 
 
-def info(pid: int, executable: str = "/usr/bin/python3", command_line: str = "python3 app.py",
-         environment: Mapping[str, str] | None = None, ms: float = 0) -> ProcessInfo:
+def info(
+    pid: int,
+    executable: str = "/usr/bin/python3",
+    command_line: str = "python3 app.py",
+    environment: Mapping[str, str] | None = None,
+    ms: float = 0,
+) -> ProcessInfo:
     return ProcessInfo(at(ms), pid, executable, command_line, dict(environment or {}))
 
 
@@ -89,17 +117,32 @@ def ok(body: bytes = b"", status: bytes = b"200 OK") -> bytes:
 class Run:
     """A fresh pipeline, as the agent wires it."""
 
-    def __init__(self, max_connections: int = 16384, max_processes: int = 1024,
-                 extra: Mapping[str, str] | None = None, delta: str = "cumulative",
-                 kernel_http_metrics: bool = False, sampler: SpanSampler | None = None) -> None:
+    def __init__(
+        self,
+        max_connections: int = 16384,
+        max_processes: int = 1024,
+        extra: Mapping[str, str] | None = None,
+        delta: str = "cumulative",
+        kernel_http_metrics: bool = False,
+        sampler: SpanSampler | None = None,
+    ) -> None:
         self.selfmetrics = SelfMetrics()
         self.unknown: list[ConnKey] = []
         self.tracker = ConnectionTracker(PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append)
-        self.telemetry = Telemetry(PROTOCOLS, HOST, dict(extra or {}), self.selfmetrics, max_processes,
-                                   DELTA_KINDS[delta], kernel_http_metrics, sampler)
+        self.telemetry = Telemetry(
+            PROTOCOLS,
+            HOST,
+            dict(extra or {}),
+            self.selfmetrics,
+            max_processes,
+            DELTA_KINDS[delta],
+            kernel_http_metrics,
+            sampler,
+        )
         # no reorder window: each feed's spans come out at once (tests/test_assembly.py covers it)
-        self.pipeline = Pipeline(self.tracker, self.telemetry, self.selfmetrics,
-                                 reorderer=EventReorderer(self.selfmetrics, window_ns=0))
+        self.pipeline = Pipeline(
+            self.tracker, self.telemetry, self.selfmetrics, reorderer=EventReorderer(self.selfmetrics, window_ns=0)
+        )
 
     def feed(self, events: Iterable[Event]) -> list[ReadableSpan]:
         self.pipeline.handle(events)
@@ -110,8 +153,15 @@ class Run:
 
 
 def summary(span: ReadableSpan) -> tuple:
-    return (span.name, span.kind, span.start_time, span.end_time, span.status.status_code,
-            span.status.description, dict(span.attributes))
+    return (
+        span.name,
+        span.kind,
+        span.start_time,
+        span.end_time,
+        span.status.status_code,
+        span.status.description,
+        dict(span.attributes),
+    )
 
 
 def ids(span: ReadableSpan) -> tuple[int, int]:
@@ -137,19 +187,33 @@ def attrs(**kv: object) -> tuple:
     return tuple(sorted((k.replace("__", "."), v) for k, v in kv.items()))
 
 
-def server_attrs(path: str, status: int | None, *, method: str = "GET", query: str | None = None,
-                 request_body: int | None = 0, response_body: int | None = None,
-                 error: str | None = None, extra: Mapping[str, object] | None = None) -> dict:
+def server_attrs(
+    path: str,
+    status: int | None,
+    *,
+    method: str = "GET",
+    query: str | None = None,
+    request_body: int | None = 0,
+    response_body: int | None = None,
+    error: str | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> dict:
     """Span attributes of a server exchange on the default endpoints with ``Host: api.local:8080``."""
     a: dict[str, object] = {"http.request.method": method, "url.path": path}
     if query is not None:
         a["url.query"] = query
-    a.update({
-        "url.scheme": "http", "server.address": "api.local", "server.port": 8080,
-        "client.address": "10.0.0.2", "client.port": 51000,
-        "network.peer.address": "10.0.0.2", "network.peer.port": 51000,
-        "network.protocol.version": "1.1",
-    })
+    a.update(
+        {
+            "url.scheme": "http",
+            "server.address": "api.local",
+            "server.port": 8080,
+            "client.address": "10.0.0.2",
+            "client.port": 51000,
+            "network.peer.address": "10.0.0.2",
+            "network.peer.port": 51000,
+            "network.protocol.version": "1.1",
+        }
+    )
     if status is not None:
         a["http.response.status_code"] = status
     a.update(extra or {})
@@ -181,8 +245,7 @@ def keepalive_stream() -> list[Event]:
         data(1, PID, 7, IN, get("/items/42?x=1&sig=abc", extra=b"User-Agent: t/1\r\n"), tid=101),
         data(4, PID, 7, OUT, ok(b"hello"), tid=101),
         # a POST whose head and body arrive in two reads, on another thread
-        data(10, PID, 7, IN, b"POST /items HTTP/1.1\r\nHost: api.local:8080\r\nContent-Length: 7\r\n\r\n",
-             tid=102),
+        data(10, PID, 7, IN, b"POST /items HTTP/1.1\r\nHost: api.local:8080\r\nContent-Length: 7\r\n\r\n", tid=102),
         data(11, PID, 7, IN, b'{"a":1}', tid=102),
         data(20, PID, 7, OUT, ok(status=b"201 Created"), tid=102),
         data(30, PID, 7, IN, b"DELETE /items/42 HTTP/1.1\r\nHost: api.local:8080\r\n\r\n", tid=103),
@@ -198,15 +261,36 @@ def test_keepalive_connection_gives_one_exact_span_per_request() -> None:
     run = Run()
     spans = run.feed(keepalive_stream())
     assert [summary(s) for s in spans] == [
-        ("GET /items/{id}", SERVER, at(1), at(4), UNSET, None,
-         server_attrs("/items/42", 200, query="x=REDACTED&sig=REDACTED", response_body=5,
-                      extra={"user_agent.original": "t/1"})),
-        ("POST /items", SERVER, at(10), at(20), UNSET, None,
-         server_attrs("/items", 201, method="POST", request_body=7, response_body=0)),
-        ("DELETE /items/{id}", SERVER, at(30), at(130), ERROR, None,
-         server_attrs("/items/42", 500, method="DELETE", response_body=11, error="500")),
-        ("GET /items/{id}", SERVER, at(140), at(150), UNSET, None,
-         server_attrs("/items/7", 200, response_body=3)),
+        (
+            "GET /items/{id}",
+            SERVER,
+            at(1),
+            at(4),
+            UNSET,
+            None,
+            server_attrs(
+                "/items/42", 200, query="x=REDACTED&sig=REDACTED", response_body=5, extra={"user_agent.original": "t/1"}
+            ),
+        ),
+        (
+            "POST /items",
+            SERVER,
+            at(10),
+            at(20),
+            UNSET,
+            None,
+            server_attrs("/items", 201, method="POST", request_body=7, response_body=0),
+        ),
+        (
+            "DELETE /items/{id}",
+            SERVER,
+            at(30),
+            at(130),
+            ERROR,
+            None,
+            server_attrs("/items/42", 500, method="DELETE", response_body=11, error="500"),
+        ),
+        ("GET /items/{id}", SERVER, at(140), at(150), UNSET, None, server_attrs("/items/7", 200, response_body=3)),
     ]
     assert len({s.context.span_id for s in spans}) == 4
     assert len({s.context.trace_id for s in spans}) == 4
@@ -227,20 +311,39 @@ def test_keepalive_metrics_are_exact() -> None:
     run = Run()
     run.feed(keepalive_stream())
     table = points(run.telemetry.collect_metrics(at(1000)))
-    base = dict(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                http__response__status_code=200)
+    base = dict(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        http__response__status_code=200,
+    )
     get_attrs = attrs(**base)
     post_attrs = attrs(**{**base, "http__request__method": "POST", "http__response__status_code": 201})
-    delete_attrs = attrs(**{**base, "http__request__method": "DELETE", "http__response__status_code": 500,
-                            "error__type": "500"})
+    delete_attrs = attrs(
+        **{**base, "http__request__method": "DELETE", "http__response__status_code": 500, "error__type": "500"}
+    )
     assert set(table) == {
         ("api", name, a)
-        for name in ("http.server.request.duration", "http.server.request.body.size",
-                     "http.server.response.body.size")
+        for name in ("http.server.request.duration", "http.server.request.body.size", "http.server.response.body.size")
         for a in (get_attrs, post_attrs, delete_attrs)
     }
-    body_bounds = [0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0,
-                   7500.0, 10000.0]
+    body_bounds = [
+        0.0,
+        5.0,
+        10.0,
+        25.0,
+        50.0,
+        75.0,
+        100.0,
+        250.0,
+        500.0,
+        750.0,
+        1000.0,
+        2500.0,
+        5000.0,
+        7500.0,
+        10000.0,
+    ]
 
     duration = table[("api", "http.server.request.duration", get_attrs)]
     # 3 ms, then exactly 10 ms: an upper bound belongs to its own bucket
@@ -264,9 +367,7 @@ def test_keepalive_metrics_are_exact() -> None:
     assert (zero.count, zero.sum, zero.bucket_counts) == (2, 0, buckets(body_bounds, 0, 0))
 
     rm = run.telemetry.collect_metrics(at(1000))[0]
-    assert {m.data.aggregation_temporality for m in rm.scope_metrics[0].metrics} == {
-        AggregationTemporality.CUMULATIVE
-    }
+    assert {m.data.aggregation_temporality for m in rm.scope_metrics[0].metrics} == {AggregationTemporality.CUMULATIVE}
 
 
 def test_same_stream_through_fresh_pipelines_gives_identical_telemetry() -> None:
@@ -275,8 +376,13 @@ def test_same_stream_through_fresh_pipelines_gives_identical_telemetry() -> None
         run = Run()
         spans = run.feed(keepalive_stream())
         metrics = run.telemetry.collect_metrics(at(1000))
-        outputs.append(([(ids(s), summary(s), dict(s.resource.attributes)) for s in spans],
-                        [rm.to_json() for rm in metrics], run.selfmetrics.snapshot()))
+        outputs.append(
+            (
+                [(ids(s), summary(s), dict(s.resource.attributes)) for s in spans],
+                [rm.to_json() for rm in metrics],
+                run.selfmetrics.snapshot(),
+            )
+        )
     assert outputs[0] == outputs[1]
     assert len(outputs[0][0]) == 4
 
@@ -288,14 +394,20 @@ def test_ids_depend_on_position_and_connection_identity() -> None:
     answers = ok(b"1") + ok(b"2")
 
     def stream(gen: int) -> list[Event]:
-        return [opened(0, PID, 9, gen), data(1, PID, 9, IN, two, gen), data(2, PID, 9, OUT, answers, gen),
-                closed(3, PID, 9, gen)]
+        return [
+            opened(0, PID, 9, gen),
+            data(1, PID, 9, IN, two, gen),
+            data(2, PID, 9, OUT, answers, gen),
+            closed(3, PID, 9, gen),
+        ]
 
     run = Run()
     first = run.feed(stream(1))
     second = run.feed(stream(2))
     assert [(s.name, s.start_time, s.end_time) for s in first + second] == [
-        ("GET /a", at(1), at(2)), ("GET /b", at(1), at(2))] * 2
+        ("GET /a", at(1), at(2)),
+        ("GET /b", at(1), at(2)),
+    ] * 2
     assert len({ids(s)[0] for s in first + second}) == 4
     assert len({ids(s)[1] for s in first + second}) == 4
     # not a random draw: a fresh pipeline gives the very same ids
@@ -308,16 +420,18 @@ def test_ids_depend_on_position_and_connection_identity() -> None:
 
 def test_capture_starting_mid_body_is_claimed_at_the_first_clean_request() -> None:
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, b'x": [1, 2, 3], "tail": true}\n'),  # end of an upload the agent missed
-        data(2, PID, 7, IN, b"ail, the rest of the body"),
-        data(5, PID, 7, IN, get("/one")),
-        data(6, PID, 7, OUT, ok(b"1")),
-        data(7, PID, 7, IN, get("/two")),
-        data(9, PID, 7, OUT, ok(b"22")),
-        closed(10, PID, 7),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, b'x": [1, 2, 3], "tail": true}\n'),  # end of an upload the agent missed
+            data(2, PID, 7, IN, b"ail, the rest of the body"),
+            data(5, PID, 7, IN, get("/one")),
+            data(6, PID, 7, OUT, ok(b"1")),
+            data(7, PID, 7, IN, get("/two")),
+            data(9, PID, 7, OUT, ok(b"22")),
+            closed(10, PID, 7),
+        ]
+    )
     assert [summary(s) for s in spans] == [
         ("GET /one", SERVER, at(5), at(6), UNSET, None, server_attrs("/one", 200, response_body=1)),
         ("GET /two", SERVER, at(7), at(9), UNSET, None, server_attrs("/two", 200, response_body=2)),
@@ -330,14 +444,16 @@ def test_capture_starting_mid_body_is_claimed_at_the_first_clean_request() -> No
 def test_capture_starting_before_an_orphan_response_counts_it_unmatched() -> None:
     """The response to a request the agent never saw claims the connection; it pairs with nothing."""
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, b"...end of body}\n"),
-        data(2, PID, 7, OUT, ok(b"late", b"201 Created")),
-        data(5, PID, 7, IN, get("/next")),
-        data(6, PID, 7, OUT, ok()),
-        closed(10, PID, 7),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, b"...end of body}\n"),
+            data(2, PID, 7, OUT, ok(b"late", b"201 Created")),
+            data(5, PID, 7, IN, get("/next")),
+            data(6, PID, 7, OUT, ok()),
+            closed(10, PID, 7),
+        ]
+    )
     assert [summary(s) for s in spans] == [
         ("GET /next", SERVER, at(5), at(6), UNSET, None, server_attrs("/next", 200, response_body=0)),
     ]
@@ -348,12 +464,14 @@ def test_capture_starting_before_an_orphan_response_counts_it_unmatched() -> Non
 def test_request_line_split_over_two_reads_is_sniffed_whole() -> None:
     request = get("/split")
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, request[:2]),  # "GE"
-        data(2, PID, 7, IN, request[2:]),
-        data(3, PID, 7, OUT, ok()),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, request[:2]),  # "GE"
+            data(2, PID, 7, IN, request[2:]),
+            data(3, PID, 7, OUT, ok()),
+        ]
+    )
     assert [(s.name, s.start_time, s.end_time) for s in spans] == [("GET /split", at(1), at(3))]
 
 
@@ -361,31 +479,34 @@ def test_garbage_that_looks_like_a_request_prefix_does_not_hide_the_next_request
     """Capture starts inside a text body whose last line could begin a request line ("WORD x"):
     the next read, a clean request, must still claim the connection."""
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, b"NOTE see-attached"),
-        data(2, PID, 7, IN, get("/after")),
-        data(3, PID, 7, OUT, ok()),
-        closed(4, PID, 7),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, b"NOTE see-attached"),
+            data(2, PID, 7, IN, get("/after")),
+            data(3, PID, 7, OUT, ok()),
+            closed(4, PID, 7),
+        ]
+    )
     assert [(s.name, s.start_time, s.end_time, s.attributes["url.path"]) for s in spans] == [
-        ("GET /after", at(2), at(3), "/after")]
+        ("GET /after", at(2), at(3), "/after")
+    ]
     assert run.total("otel_ebpf.parse.errors") == 0
 
 
 # ---- protocols no plugin claims -----------------------------------------------------------------
 
-TLS_CLIENT_HELLO = bytes.fromhex(
-    "16030100f8010000f40303" + "5a" * 32 + "20" + "c3" * 32 + "0008130213031301c02f0100"
-)
+TLS_CLIENT_HELLO = bytes.fromhex("16030100f8010000f40303" + "5a" * 32 + "20" + "c3" * 32 + "0008130213031301c02f0100")
 
 
 def test_tls_connection_is_given_up_after_the_sniff_budget() -> None:
     key = (PID, 7, 3)
     run = Run()
     events: list[Event] = [opened(0, PID, 7, 3), data(1, PID, 7, OUT, TLS_CLIENT_HELLO, 3)]
-    events += [data(2 + i, PID, 7, i % 2 and OUT or IN, bytes([0x17, 3, 3, 0, 32]) + bytes(range(i, i + 32)), 3)
-               for i in range(SNIFF_MAX_EVENTS - 2)]
+    events += [
+        data(2 + i, PID, 7, i % 2 and OUT or IN, bytes([0x17, 3, 3, 0, 32]) + bytes(range(i, i + 32)), 3)
+        for i in range(SNIFF_MAX_EVENTS - 2)
+    ]
     assert run.feed(events) == []
     assert run.unknown == []  # one event short of the budget
     assert run.total("otel_ebpf.connections.unknown_protocol") == 0
@@ -393,8 +514,16 @@ def test_tls_connection_is_given_up_after_the_sniff_budget() -> None:
     assert run.unknown == [key]
     assert run.total("otel_ebpf.connections.unknown_protocol") == 1
     # from now on its bytes are ignored, even ones a plugin would have claimed
-    assert run.feed([data(60, PID, 7, IN, get("/x"), 3), data(61, PID, 7, OUT, ok(), 3),
-                     data(62, PID, 7, IN, b"\x00" * 100, 3, length=5000)]) == []
+    assert (
+        run.feed(
+            [
+                data(60, PID, 7, IN, get("/x"), 3),
+                data(61, PID, 7, OUT, ok(), 3),
+                data(62, PID, 7, IN, b"\x00" * 100, 3, length=5000),
+            ]
+        )
+        == []
+    )
     assert run.unknown == [key]
     assert run.total("otel_ebpf.connections.unknown_protocol") == 1
     assert run.total("otel_ebpf.payload.not_captured") == 4900
@@ -433,18 +562,27 @@ def test_bytes_past_the_capture_cap_are_counted_and_content_length_bodies_keep_t
     download_head = b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n"
     download = download_head + b"d" * 5000
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        # the first syscall is still being sniffed when its gap arrives
-        data(1, PID, 7, IN, upload[:cap], length=len(upload)),
-        data(2, PID, 7, OUT, download[:cap], length=3000),
-        data(3, PID, 7, OUT, download[3000:3000 + cap], length=len(download) - 3000),
-        data(4, PID, 7, IN, get("/small")),
-        data(5, PID, 7, OUT, ok(b"x" * 200)[:cap], length=len(ok(b"x" * 200))),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            # the first syscall is still being sniffed when its gap arrives
+            data(1, PID, 7, IN, upload[:cap], length=len(upload)),
+            data(2, PID, 7, OUT, download[:cap], length=3000),
+            data(3, PID, 7, OUT, download[3000 : 3000 + cap], length=len(download) - 3000),
+            data(4, PID, 7, IN, get("/small")),
+            data(5, PID, 7, OUT, ok(b"x" * 200)[:cap], length=len(ok(b"x" * 200))),
+        ]
+    )
     assert [summary(s) for s in spans] == [
-        ("POST /upload", SERVER, at(1), at(3), UNSET, None,
-         server_attrs("/upload", 200, method="POST", request_body=1000, response_body=5000)),
+        (
+            "POST /upload",
+            SERVER,
+            at(1),
+            at(3),
+            UNSET,
+            None,
+            server_attrs("/upload", 200, method="POST", request_body=1000, response_body=5000),
+        ),
         ("GET /small", SERVER, at(4), at(5), UNSET, None, server_attrs("/small", 200, response_body=200)),
     ]
     not_captured = (len(upload) - cap) + (3000 - cap) + (len(download) - 3000 - cap) + (len(ok(b"x" * 200)) - cap)
@@ -457,14 +595,18 @@ def test_bytes_past_the_capture_cap_are_counted_and_content_length_bodies_keep_t
 
 def test_lru_cap_evicts_the_least_recently_used_connections() -> None:
     run = Run(max_connections=3)
-    spans = run.feed([
-        opened(0, PID, 1), opened(1, PID, 2), opened(2, PID, 3),
-        data(3, PID, 2, IN, get("/two")),
-        data(4, PID, 3, IN, get("/three")),
-        data(5, PID, 1, IN, get("/one")),  # fd 1, opened first, is now the most recently used
-        opened(6, PID, 4),  # evicts fd 2
-        opened(7, PID, 5),  # evicts fd 3
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 1),
+            opened(1, PID, 2),
+            opened(2, PID, 3),
+            data(3, PID, 2, IN, get("/two")),
+            data(4, PID, 3, IN, get("/three")),
+            data(5, PID, 1, IN, get("/one")),  # fd 1, opened first, is now the most recently used
+            opened(6, PID, 4),  # evicts fd 2
+            opened(7, PID, 5),  # evicts fd 3
+        ]
+    )
     assert spans == []
     assert len(run.tracker) == 3
     assert run.total("otel_ebpf.connections.tracked") == 3
@@ -483,32 +625,69 @@ def test_lru_cap_evicts_the_least_recently_used_connections() -> None:
 
 def test_data_on_a_connection_never_opened_is_tracked_and_its_role_sniffed() -> None:
     run = Run()
-    spans = run.feed([
-        # a server whose ConnOpen was lost
-        data(1, PID, 7, IN, get("/in")),
-        data(2, PID, 7, OUT, ok(b"ab")),
-        # a client, same process, whose ConnOpen was lost too
-        data(3, PID, 8, OUT, b"GET http://backend:9000/v1/models?key=s3cr3t HTTP/1.1\r\nHost: backend:9000\r\n\r\n"),
-        data(4, PID, 8, IN, ok(b"{}", b"404 Not Found")),
-    ])
+    spans = run.feed(
+        [
+            # a server whose ConnOpen was lost
+            data(1, PID, 7, IN, get("/in")),
+            data(2, PID, 7, OUT, ok(b"ab")),
+            # a client, same process, whose ConnOpen was lost too
+            data(
+                3, PID, 8, OUT, b"GET http://backend:9000/v1/models?key=s3cr3t HTTP/1.1\r\nHost: backend:9000\r\n\r\n"
+            ),
+            data(4, PID, 8, IN, ok(b"{}", b"404 Not Found")),
+        ]
+    )
     assert [summary(s) for s in spans] == [
-        ("GET /in", SERVER, at(1), at(2), UNSET, None, {
-            "http.request.method": "GET", "url.path": "/in", "url.scheme": "http",
-            "server.address": "api.local", "server.port": 8080, "network.protocol.version": "1.1",
-            "http.response.status_code": 200, "http.request.body.size": 0, "http.response.body.size": 2,
-        }),
-        ("GET /v1/models", CLIENT, at(3), at(4), ERROR, None, {
-            "http.request.method": "GET", "url.full": "http://backend:9000/v1/models?key=REDACTED",
-            "server.address": "backend", "server.port": 9000, "network.protocol.version": "1.1",
-            "http.response.status_code": 404, "http.request.body.size": 0, "http.response.body.size": 2,
-            "error.type": "404",
-        }),
+        (
+            "GET /in",
+            SERVER,
+            at(1),
+            at(2),
+            UNSET,
+            None,
+            {
+                "http.request.method": "GET",
+                "url.path": "/in",
+                "url.scheme": "http",
+                "server.address": "api.local",
+                "server.port": 8080,
+                "network.protocol.version": "1.1",
+                "http.response.status_code": 200,
+                "http.request.body.size": 0,
+                "http.response.body.size": 2,
+            },
+        ),
+        (
+            "GET /v1/models",
+            CLIENT,
+            at(3),
+            at(4),
+            ERROR,
+            None,
+            {
+                "http.request.method": "GET",
+                "url.full": "http://backend:9000/v1/models?key=REDACTED",
+                "server.address": "backend",
+                "server.port": 9000,
+                "network.protocol.version": "1.1",
+                "http.response.status_code": 404,
+                "http.request.body.size": 0,
+                "http.response.body.size": 2,
+                "error.type": "404",
+            },
+        ),
     ]
     assert run.total("otel_ebpf.connections.opened") == 2
     table = points(run.telemetry.collect_metrics(at(10)))
-    client = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                   http__response__status_code=404, server__address="backend", server__port=9000,
-                   error__type="404")
+    client = attrs(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        http__response__status_code=404,
+        server__address="backend",
+        server__port=9000,
+        error__type="404",
+    )
     assert table[("unknown_process", "http.client.request.duration", client)].count == 1
 
 
@@ -523,15 +702,18 @@ def test_tls_plaintext_replaces_the_ciphertext_seen_before_it() -> None:
     handshake = bytes([0x16, 0x03, 0x01, 0x02, 0x00]) + bytes(range(256)) * 2
     run = Run()
     events = [opened(0, PID, 7)] + [data(0.1 * i, PID, 7, IN, handshake) for i in range(1, 17)]
-    spans = run.feed([
-        *events,
-        tls(5, PID, 7, IN, get("/secure")),
-        data(5.5, PID, 7, OUT, b"\x17\x03\x03\x00\x20" + bytes(32)),  # ciphertext in flight: ignored
-        tls(6, PID, 7, OUT, ok(b"{}")),
-    ])
+    spans = run.feed(
+        [
+            *events,
+            tls(5, PID, 7, IN, get("/secure")),
+            data(5.5, PID, 7, OUT, b"\x17\x03\x03\x00\x20" + bytes(32)),  # ciphertext in flight: ignored
+            tls(6, PID, 7, OUT, ok(b"{}")),
+        ]
+    )
     assert run.unknown == [(PID, 7, 0)]  # the kernel was told to stop copying the ciphertext
     assert [(s.name, s.attributes["url.scheme"], s.attributes["http.response.status_code"]) for s in spans] == [
-        ("GET /secure", "https", 200)]
+        ("GET /secure", "https", 200)
+    ]
     assert run.total("otel_ebpf.connections.tls") == 1
     assert run.total("otel_ebpf.parse.errors") == 0
 
@@ -541,10 +723,10 @@ def test_open_sorted_after_its_data_fills_in_the_connection() -> None:
     for a key in the table announces that very connection, e.g. one recorded before announcements
     were stamped like the data that revealed them: the request is kept and gets its ends."""
     run = Run()
-    spans = run.feed([data(1, PID, 7, IN, get("/late-open")), opened(2, PID, 7),
-                      data(3, PID, 7, OUT, ok(b"x"))])
+    spans = run.feed([data(1, PID, 7, IN, get("/late-open")), opened(2, PID, 7), data(3, PID, 7, OUT, ok(b"x"))])
     assert [(s.name, s.attributes["client.address"], s.attributes["http.response.status_code"]) for s in spans] == [
-        ("GET /late-open", CLIENT_END.address, 200)]
+        ("GET /late-open", CLIENT_END.address, 200)
+    ]
     assert len(run.tracker) == 1
     assert run.total("otel_ebpf.connections.opened") == 1
 
@@ -554,25 +736,45 @@ def test_open_sorted_after_its_data_fills_in_the_connection() -> None:
 
 def test_connection_closed_before_the_response_is_an_error_span() -> None:
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, get("/slow")),
-        closed(30, PID, 7),
-        opened(40, PID, 8),
-        data(41, PID, 8, IN, get("/cut")),
-        data(42, PID, 8, OUT, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789"),
-        data(43, PID, 8, OUT, b"0123456789"),
-        closed(50, PID, 8),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/slow")),
+            closed(30, PID, 7),
+            opened(40, PID, 8),
+            data(41, PID, 8, IN, get("/cut")),
+            data(42, PID, 8, OUT, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789"),
+            data(43, PID, 8, OUT, b"0123456789"),
+            closed(50, PID, 8),
+        ]
+    )
     assert [summary(s) for s in spans] == [
-        ("GET /slow", SERVER, at(1), at(30), ERROR, "the connection ended before a response",
-         server_attrs("/slow", None, error="response_missing")),
-        ("GET /cut", SERVER, at(41), at(43), ERROR, "the connection ended in the middle of the response",
-         server_attrs("/cut", 200, response_body=20, error="connection_closed")),
+        (
+            "GET /slow",
+            SERVER,
+            at(1),
+            at(30),
+            ERROR,
+            "the connection ended before a response",
+            server_attrs("/slow", None, error="response_missing"),
+        ),
+        (
+            "GET /cut",
+            SERVER,
+            at(41),
+            at(43),
+            ERROR,
+            "the connection ended in the middle of the response",
+            server_attrs("/cut", 200, response_body=20, error="connection_closed"),
+        ),
     ]
     table = points(run.telemetry.collect_metrics(at(100)))
-    missing = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                    error__type="response_missing")
+    missing = attrs(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        error__type="response_missing",
+    )
     point = table[("unknown_process", "http.server.request.duration", missing)]
     assert (point.count, point.sum) == (1, 0.029)
     assert ("unknown_process", "http.server.response.body.size", missing) not in table
@@ -580,18 +782,24 @@ def test_connection_closed_before_the_response_is_an_error_span() -> None:
 
 def test_process_exit_flushes_only_that_process_and_the_stop_counts_the_rest() -> None:
     run = Run()
-    spans = run.feed([
-        info(100), info(200, environment={"OTEL_SERVICE_NAME": "other"}),
-        opened(0, 100, 7), opened(0, 100, 8), opened(0, 200, 7),
-        data(1, 100, 7, IN, get("/a")),
-        data(2, 100, 8, IN, get("/b")),
-        data(3, 200, 7, IN, get("/c")),
-        ProcessExit(at(20), 100),
-        KernelLoss(at(25), 0),  # the latest event time, which the final flush uses
-    ])
-    assert [(s.name, s.start_time, s.end_time, s.attributes["error.type"], s.resource.attributes["process.pid"])
-            for s in spans] == [("GET /a", at(1), at(20), "response_missing", 100),
-                                ("GET /b", at(2), at(20), "response_missing", 100)]
+    spans = run.feed(
+        [
+            info(100),
+            info(200, environment={"OTEL_SERVICE_NAME": "other"}),
+            opened(0, 100, 7),
+            opened(0, 100, 8),
+            opened(0, 200, 7),
+            data(1, 100, 7, IN, get("/a")),
+            data(2, 100, 8, IN, get("/b")),
+            data(3, 200, 7, IN, get("/c")),
+            ProcessExit(at(20), 100),
+            KernelLoss(at(25), 0),  # the latest event time, which the final flush uses
+        ]
+    )
+    assert [
+        (s.name, s.start_time, s.end_time, s.attributes["error.type"], s.resource.attributes["process.pid"])
+        for s in spans
+    ] == [("GET /a", at(1), at(20), "response_missing", 100), ("GET /b", at(2), at(20), "response_missing", 100)]
     assert all(s.attributes["otel_ebpf.process.exited"] is True for s in spans)  # cut by the exit
     assert len(run.tracker) == 1
     assert run.total("otel_ebpf.connections.tracked") == 1
@@ -625,34 +833,62 @@ def test_kernel_loss_and_received_events_are_counted() -> None:
 def test_each_process_gets_its_own_resource() -> None:
     extra = {"deployment.environment.name": "staging", "k8s.cluster.name": "c1", "service.name": "agent-default"}
     run = Run(extra=extra)
-    spans = run.feed([
-        info(1, "/usr/bin/python3.11", "python3 serve.py --api-key sekrit --port 8080", {
-            "OTEL_SERVICE_NAME": "svc",
-            "OTEL_RESOURCE_ATTRIBUTES": "service.name=ignored,deployment.environment.name=prod,team=ml%20infra",
-            "PATH": "/usr/bin",
-        }),
-        info(2, "/opt/app/bin/worker", "worker", {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"}),
-        info(3, "/usr/local/bin/uvicorn", "uvicorn main:app"),
-        info(4, "", "node server.js"),
-        *[e for pid in (1, 2, 3, 4) for e in (data(pid, pid, 7, IN, get("/")), data(pid + 0.5, pid, 7, OUT, ok()))],
-        data(9, 5, 7, IN, get("/")), data(10, 5, 7, OUT, ok()),  # no identity: overflow resource
-    ])
+    spans = run.feed(
+        [
+            info(
+                1,
+                "/usr/bin/python3.11",
+                "python3 serve.py --api-key sekrit --port 8080",
+                {
+                    "OTEL_SERVICE_NAME": "svc",
+                    "OTEL_RESOURCE_ATTRIBUTES": "service.name=ignored,deployment.environment.name=prod,team=ml%20infra",
+                    "PATH": "/usr/bin",
+                },
+            ),
+            info(2, "/opt/app/bin/worker", "worker", {"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"}),
+            info(3, "/usr/local/bin/uvicorn", "uvicorn main:app"),
+            info(4, "", "node server.js"),
+            *[e for pid in (1, 2, 3, 4) for e in (data(pid, pid, 7, IN, get("/")), data(pid + 0.5, pid, 7, OUT, ok()))],
+            data(9, 5, 7, IN, get("/")),
+            data(10, 5, 7, OUT, ok()),  # no identity: overflow resource
+        ]
+    )
     resources = [dict(s.resource.attributes) for s in spans]
 
     def own(pid: int, exe: str, name: str, cmd: str, service: str, **more: str) -> dict:
-        return {"deployment.environment.name": "staging", "k8s.cluster.name": "c1", "host.name": HOST,
-                "process.pid": pid, "process.executable.name": name, "process.executable.path": exe,
-                "process.command_line": cmd, "service.instance.id": f"{HOST}/{pid}", **more,
-                "service.name": service, **SDK}
+        return {
+            "deployment.environment.name": "staging",
+            "k8s.cluster.name": "c1",
+            "host.name": HOST,
+            "process.pid": pid,
+            "process.executable.name": name,
+            "process.executable.path": exe,
+            "process.command_line": cmd,
+            "service.instance.id": f"{HOST}/{pid}",
+            **more,
+            "service.name": service,
+            **SDK,
+        }
 
     assert resources == [
-        own(1, "/usr/bin/python3.11", "python3.11", "python3 serve.py --api-key REDACTED --port 8080", "svc",
-            **{"deployment.environment.name": "prod", "team": "ml infra"}),
+        own(
+            1,
+            "/usr/bin/python3.11",
+            "python3.11",
+            "python3 serve.py --api-key REDACTED --port 8080",
+            "svc",
+            **{"deployment.environment.name": "prod", "team": "ml infra"},
+        ),
         own(2, "/opt/app/bin/worker", "worker", "worker", "from-attrs"),
         own(3, "/usr/local/bin/uvicorn", "uvicorn", "uvicorn main:app", "uvicorn"),
         own(4, "", "node", "node server.js", "node"),
-        {"deployment.environment.name": "staging", "k8s.cluster.name": "c1", "service.name": "unknown_process",
-         "host.name": HOST, **SDK},
+        {
+            "deployment.environment.name": "staging",
+            "k8s.cluster.name": "c1",
+            "service.name": "unknown_process",
+            "host.name": HOST,
+            **SDK,
+        },
     ]
     # metrics carry the same resources
     metric_resources = [dict(rm.resource.attributes) for rm in run.telemetry.collect_metrics(at(20))]
@@ -661,25 +897,39 @@ def test_each_process_gets_its_own_resource() -> None:
 
 def test_processes_past_max_processes_share_the_overflow_resource() -> None:
     run = Run(max_processes=2)
-    spans = run.feed([
-        info(1, "/bin/a"), info(2, "/bin/b"), info(3, "/bin/c"), info(3, "/bin/c"),
-        *[e for pid in (1, 2, 3) for e in (data(pid, pid, 7, IN, get("/")), data(pid + 0.5, pid, 7, OUT, ok()))],
-    ])
+    spans = run.feed(
+        [
+            info(1, "/bin/a"),
+            info(2, "/bin/b"),
+            info(3, "/bin/c"),
+            info(3, "/bin/c"),
+            *[e for pid in (1, 2, 3) for e in (data(pid, pid, 7, IN, get("/")), data(pid + 0.5, pid, 7, OUT, ok()))],
+        ]
+    )
     assert [s.resource.attributes["service.name"] for s in spans] == ["a", "b", "unknown_process"]
     assert run.total("otel_ebpf.resources.overflow") == 2
     assert [rm.resource.attributes["service.name"] for rm in run.telemetry.collect_metrics(at(10))] == [
-        "a", "b", "unknown_process"]
+        "a",
+        "b",
+        "unknown_process",
+    ]
 
 
 def test_the_overflow_resource_takes_no_process_slot() -> None:
     """Spans of a process whose identity was lost must not push a real process out of the table."""
     run = Run(max_processes=2)
-    spans = run.feed([
-        data(1, 9, 7, IN, get("/")), data(2, 9, 7, OUT, ok()),  # pid 9: no ProcessInfo
-        info(1, "/bin/a"), info(2, "/bin/b"),
-        data(3, 1, 7, IN, get("/")), data(4, 1, 7, OUT, ok()),
-        data(5, 2, 7, IN, get("/")), data(6, 2, 7, OUT, ok()),
-    ])
+    spans = run.feed(
+        [
+            data(1, 9, 7, IN, get("/")),
+            data(2, 9, 7, OUT, ok()),  # pid 9: no ProcessInfo
+            info(1, "/bin/a"),
+            info(2, "/bin/b"),
+            data(3, 1, 7, IN, get("/")),
+            data(4, 1, 7, OUT, ok()),
+            data(5, 2, 7, IN, get("/")),
+            data(6, 2, 7, OUT, ok()),
+        ]
+    )
     assert [s.resource.attributes["service.name"] for s in spans] == ["unknown_process", "a", "b"]
     assert run.total("otel_ebpf.resources.overflow") == 0
 
@@ -694,8 +944,15 @@ def test_exited_processes_are_forgotten_at_the_first_collection_past_the_grace()
         assert [(rm.resource.attributes["service.name"], len(points([rm]))) for rm in collected] == [("a", 3)]
     assert run.telemetry.collect_metrics(at(3) + EXITED_GRACE_NS + MS) == []
     # its slot is free again: a new process gets its own resource, no overflow
-    spans = run.feed([info(2, "/bin/b"), data(21, 2, 7, IN, get("/")), data(22, 2, 7, OUT, ok()),
-                      data(23, 1, 8, IN, get("/")), data(24, 1, 8, OUT, ok())])
+    spans = run.feed(
+        [
+            info(2, "/bin/b"),
+            data(21, 2, 7, IN, get("/")),
+            data(22, 2, 7, OUT, ok()),
+            data(23, 1, 8, IN, get("/")),
+            data(24, 1, 8, OUT, ok()),
+        ]
+    )
     assert [s.resource.attributes["service.name"] for s in spans] == ["b", "unknown_process"]
     assert run.total("otel_ebpf.resources.overflow") == 0
 
@@ -703,15 +960,24 @@ def test_exited_processes_are_forgotten_at_the_first_collection_past_the_grace()
 def test_exec_keeps_the_old_images_uncollected_points() -> None:
     """After exec a process announces a new identity; what its old image recorded is not lost."""
     run = Run()
-    spans = run.feed([
-        info(1, "/bin/sh", "sh -c ./server"), data(1, 1, 7, IN, get("/")), data(2, 1, 7, OUT, ok()),
-        info(1, "/srv/server", "./server", ms=3), data(4, 1, 8, IN, get("/")), data(5, 1, 8, OUT, ok()),
-    ])
+    spans = run.feed(
+        [
+            info(1, "/bin/sh", "sh -c ./server"),
+            data(1, 1, 7, IN, get("/")),
+            data(2, 1, 7, OUT, ok()),
+            info(1, "/srv/server", "./server", ms=3),
+            data(4, 1, 8, IN, get("/")),
+            data(5, 1, 8, OUT, ok()),
+        ]
+    )
     assert [s.resource.attributes["service.name"] for s in spans] == ["sh", "server"]
     collected = run.telemetry.collect_metrics(at(10))
-    durations = {rm.resource.attributes["service.name"]: (p.count, p.start_time_unix_nano, p.time_unix_nano)
-                 for rm in collected for (_, name, _), p in points([rm]).items()
-                 if name == "http.server.request.duration"}
+    durations = {
+        rm.resource.attributes["service.name"]: (p.count, p.start_time_unix_nano, p.time_unix_nano)
+        for rm in collected
+        for (_, name, _), p in points([rm]).items()
+        if name == "http.server.request.duration"
+    }
     # the old image's series end when it was replaced
     assert durations == {"sh": (1, at(2), at(3)), "server": (1, at(5), at(10))}
     assert [rm.resource.attributes["service.name"] for rm in run.telemetry.collect_metrics(at(20))] == ["server"]
@@ -720,9 +986,16 @@ def test_exec_keeps_the_old_images_uncollected_points() -> None:
 def test_delta_temporality_restarts_series_after_each_collection() -> None:
     run = Run(delta="delta")
     run.feed([info(1, "/bin/a"), data(1, 1, 7, IN, get("/")), data(2, 1, 7, OUT, ok(b"abc"))])
-    key = ("a", "http.server.response.body.size",
-           attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                 http__response__status_code=200))
+    key = (
+        "a",
+        "http.server.response.body.size",
+        attrs(
+            http__request__method="GET",
+            url__scheme="http",
+            network__protocol__version="1.1",
+            http__response__status_code=200,
+        ),
+    )
     first = points(run.telemetry.collect_metrics(at(10)))[key]
     assert (first.count, first.sum, first.start_time_unix_nano, first.time_unix_nano) == (1, 3, at(2), at(10))
     assert run.telemetry.collect_metrics(at(20)) == []
@@ -730,17 +1003,27 @@ def test_delta_temporality_restarts_series_after_each_collection() -> None:
     rms = run.telemetry.collect_metrics(at(40))
     second = points(rms)[key]
     assert (second.count, second.sum, second.start_time_unix_nano, second.time_unix_nano) == (1, 5, at(31), at(40))
-    assert {m.data.aggregation_temporality for m in rms[0].scope_metrics[0].metrics} == {
-        AggregationTemporality.DELTA}
+    assert {m.data.aggregation_temporality for m in rms[0].scope_metrics[0].metrics} == {AggregationTemporality.DELTA}
 
 
 # ---- hostile input -----------------------------------------------------------------------------
 
 _HTTP_PIECES = [
-    get("/a"), get("/b?q=1"), ok(b"hello"), ok(), b"HTTP/1.1 100 Continue\r\n\r\n",
-    b"POST /p HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-    b"5\r\nhello\r\n0\r\n\r\n", b"HEAD / HTTP/1.1\r\n\r\n", b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
-    b"CONNECT h:443 HTTP/1.1\r\n\r\n", TLS_CLIENT_HELLO, b"\r\n", b"GE", b"HTTP/1.",
+    get("/a"),
+    get("/b?q=1"),
+    ok(b"hello"),
+    ok(),
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"POST /p HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"5\r\nhello\r\n0\r\n\r\n",
+    b"HEAD / HTTP/1.1\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+    b"CONNECT h:443 HTTP/1.1\r\n\r\n",
+    TLS_CLIENT_HELLO,
+    b"\r\n",
+    b"GE",
+    b"HTTP/1.",
 ]
 
 
@@ -801,8 +1084,9 @@ def test_random_event_streams_never_raise_and_stay_bounded(events: list[Event], 
         for span in spans:
             assert span.start_time <= span.end_time
         metrics = run.telemetry.collect_metrics(run.pipeline.last_timestamp_ns)
-        outputs.append(([(ids(s), summary(s)) for s in spans], [rm.to_json() for rm in metrics],
-                        run.selfmetrics.snapshot()))
+        outputs.append(
+            ([(ids(s), summary(s)) for s in spans], [rm.to_json() for rm in metrics], run.selfmetrics.snapshot())
+        )
         assert run.total("otel_ebpf.events.received") == len(events)
     assert outputs[0] == outputs[1]
 
@@ -815,56 +1099,96 @@ def test_events_after_a_loss_drop_the_partial_exchange_it_left() -> None:
     /a is dropped unreported instead of becoming a failed span, /b is whole."""
     run = Run()
     lost_then = ConnData(at(20), PID, PID, 7, 0, IN, len(get("/b")), get("/b"), after_loss=True)
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, get("/a")),
-        lost_then,
-        data(21, PID, 7, OUT, ok(b"b")),
-        closed(30, PID, 7),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/a")),
+            lost_then,
+            data(21, PID, 7, OUT, ok(b"b")),
+            closed(30, PID, 7),
+        ]
+    )
     assert [(s.name, s.start_time, s.end_time, s.status.status_code) for s in spans] == [
-        ("GET /b", at(20), at(21), UNSET)]
+        ("GET /b", at(20), at(21), UNSET)
+    ]
     assert run.total("otel_ebpf.messages.unmatched") == 0
 
 
 def test_a_close_after_a_loss_reports_no_failed_request() -> None:
     run = Run()
-    spans = run.feed([
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, get("/a")),
-        ConnClose(at(30), PID, 7, 0, after_loss=True),
-    ])
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/a")),
+            ConnClose(at(30), PID, 7, 0, after_loss=True),
+        ]
+    )
     assert spans == []
 
 
-def counts(ms: float, pid: int, role: Role, status: int, count: int, sum_ms: float,
-           buckets: tuple[int, ...], server_address: str = "", server_port: int = 8080) -> HttpRequestCounts:
-    return HttpRequestCounts(at(ms), pid, role, "GET", status, "1.1", False, server_address, server_port, count,
-                             int(sum_ms * MS), buckets, 1 * MS, 30 * MS)
+def counts(
+    ms: float,
+    pid: int,
+    role: Role,
+    status: int,
+    count: int,
+    sum_ms: float,
+    buckets: tuple[int, ...],
+    server_address: str = "",
+    server_port: int = 8080,
+) -> HttpRequestCounts:
+    return HttpRequestCounts(
+        at(ms),
+        pid,
+        role,
+        "GET",
+        status,
+        "1.1",
+        False,
+        server_address,
+        server_port,
+        count,
+        int(sum_ms * MS),
+        buckets,
+        1 * MS,
+        30 * MS,
+    )
 
 
 def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> None:
     run = Run(kernel_http_metrics=True)
     buckets = (2, 1) + (0,) * 13
-    run.feed([
-        info(PID),
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, get("/a")),
-        data(2, PID, 7, OUT, ok(b"a")),
-        counts(5, PID, Role.SERVER, 200, 3, 12.0, buckets),
-        counts(6, PID, Role.CLIENT, 503, 1, 30.0, (0,) * 3 + (1,) + (0,) * 11, "10.0.0.9", 9000),
-        counts(7, PID, Role.SERVER, 200, 1, 2.0, (1,) + (0,) * 14),
-    ])
+    run.feed(
+        [
+            info(PID),
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/a")),
+            data(2, PID, 7, OUT, ok(b"a")),
+            counts(5, PID, Role.SERVER, 200, 3, 12.0, buckets),
+            counts(6, PID, Role.CLIENT, 503, 1, 30.0, (0,) * 3 + (1,) + (0,) * 11, "10.0.0.9", 9000),
+            counts(7, PID, Role.SERVER, 200, 1, 2.0, (1,) + (0,) * 14),
+        ]
+    )
     table = points(run.telemetry.collect_metrics(at(100)))
-    server = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                   http__response__status_code=200)
+    server = attrs(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        http__response__status_code=200,
+    )
     point = table[("python3", "http.server.request.duration", server)]
     assert (point.count, point.sum, list(point.bucket_counts)) == (4, 0.014, [3, 1] + [0] * 13)
     assert (point.min, point.max) == (0.001, 0.03)
     assert list(point.explicit_bounds) == list(DURATION_BUCKETS)
-    client = attrs(http__request__method="GET", url__scheme="http", network__protocol__version="1.1",
-                   http__response__status_code=503, server__address="10.0.0.9", server__port=9000,
-                   error__type="503")
+    client = attrs(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        http__response__status_code=503,
+        server__address="10.0.0.9",
+        server__port=9000,
+        error__type="503",
+    )
     assert table[("python3", "http.client.request.duration", client)].count == 1
     # the exchange still gives its body sizes; its duration is the kernel's to count
     assert ("python3", "http.server.response.body.size", server) in table
@@ -873,13 +1197,18 @@ def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> N
 
 def test_sampling_keeps_errors_and_slow_requests_and_counts_the_rest_metrics_untouched() -> None:
     run = Run(sampler=SpanSampler(1e-9, keep_slower_than_ns=50 * MS))  # plain spans: (almost) never
-    spans = run.feed([
-        info(PID),
-        opened(0, PID, 7),
-        data(1, PID, 7, IN, get("/fast")), data(2, PID, 7, OUT, ok(b"a")),
-        data(3, PID, 7, IN, get("/boom")), data(4, PID, 7, OUT, ok(status=b"500 Internal Server Error")),
-        data(5, PID, 7, IN, get("/slow")), data(60, PID, 7, OUT, ok(b"c")),
-    ])
+    spans = run.feed(
+        [
+            info(PID),
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/fast")),
+            data(2, PID, 7, OUT, ok(b"a")),
+            data(3, PID, 7, IN, get("/boom")),
+            data(4, PID, 7, OUT, ok(status=b"500 Internal Server Error")),
+            data(5, PID, 7, IN, get("/slow")),
+            data(60, PID, 7, OUT, ok(b"c")),
+        ]
+    )
     assert [s.name for s in spans] == ["GET /boom", "GET /slow"]
     assert run.selfmetrics.snapshot()["otel_ebpf.spans.shed"] == 1
     table = points(run.telemetry.collect_metrics(at(100)))

@@ -23,8 +23,12 @@ def test_socket_tuples_of_a_connected_pair() -> None:
                 got = procfs.socket_tuples({pid: [client.fileno(), accepted.fileno(), 10**6]})
                 got_client, got_server = got[(pid, client.fileno())], got[(pid, accepted.fileno())]
                 assert len(got) == 2
-    assert got_client == procfs.SocketTuple(Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port), Role.CLIENT)
-    assert got_server == procfs.SocketTuple(Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", client_port), Role.SERVER)
+    assert got_client == procfs.SocketTuple(
+        Endpoint("127.0.0.1", client_port), Endpoint("127.0.0.1", port), Role.CLIENT
+    )
+    assert got_server == procfs.SocketTuple(
+        Endpoint("127.0.0.1", port), Endpoint("127.0.0.1", client_port), Role.SERVER
+    )
 
 
 def test_socket_tuples_ipv6_and_non_sockets() -> None:
@@ -43,16 +47,23 @@ def test_socket_tuples_ipv6_and_non_sockets() -> None:
 
 
 def test_process_identity_reads_only_resource_variables() -> None:
-    env = {"PATH": os.environ["PATH"], "OTEL_SERVICE_NAME": "checkout", "SECRET_TOKEN": "x",
-           "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
-    child = subprocess.Popen([sys.executable, "-c", "print(flush=True); import time; time.sleep(30)"],
-                             env=env, stdout=subprocess.PIPE)
+    env = {
+        "PATH": os.environ["PATH"],
+        "OTEL_SERVICE_NAME": "checkout",
+        "SECRET_TOKEN": "x",
+        "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import time; time.sleep(30)"], env=env, stdout=subprocess.PIPE
+    )
     try:
         child.stdout.readline()  # exec has completed
         ident = procfs.process_identity(child.pid)
         assert ident is not None
-        assert ident.environment == {"OTEL_SERVICE_NAME": "checkout",
-                                     "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod"}
+        assert ident.environment == {
+            "OTEL_SERVICE_NAME": "checkout",
+            "OTEL_RESOURCE_ATTRIBUTES": "team=ml,deployment.environment=prod",
+        }
         assert ident.executable == os.path.realpath(sys.executable)
         assert ident.command_line == f"{sys.executable} -c print(flush=True); import time; time.sleep(30)"
         assert procfs.executable_matches(child.pid, ["python3*"])

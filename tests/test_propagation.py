@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from otel_ebpf.propagation import B3, W3C, PropagatedContext, read_carrier
 
+
 def extract(carrier: list[tuple[str, str]]) -> PropagatedContext | None:
     return read_carrier(carrier)[0]
 
@@ -61,8 +62,9 @@ def test_b3_single_and_multi() -> None:
 
 def test_w3c_wins_over_b3_and_the_first_field_counts() -> None:
     other = "1" * 32
-    found = extract([("b3", f"{other}-{SPAN}"), ("traceparent", f"00-{TRACE}-{SPAN}-01"),
-                     ("traceparent", f"00-{other}-{SPAN}-01")])
+    found = extract(
+        [("b3", f"{other}-{SPAN}"), ("traceparent", f"00-{TRACE}-{SPAN}-01"), ("traceparent", f"00-{other}-{SPAN}-01")]
+    )
     assert (found.trace_id, found.format) == (int(TRACE, 16), W3C)
     # an invalid traceparent falls back to b3
     assert extract([("traceparent", "bad"), ("b3", f"{other}-{SPAN}")]).trace_id == int(other, 16)
@@ -81,8 +83,16 @@ def test_no_context() -> None:
     assert extract([("host", "a"), ("x-request-id", "r1")]) is None
 
 
-@given(st.lists(st.tuples(st.sampled_from(["traceparent", "tracestate", "b3", "x-b3-traceid", "x-b3-spanid",
-                                           "x-b3-sampled", "x-b3-flags", "host"]), st.text(max_size=80))))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["traceparent", "tracestate", "b3", "x-b3-traceid", "x-b3-spanid", "x-b3-sampled", "x-b3-flags", "host"]
+            ),
+            st.text(max_size=80),
+        )
+    )
+)
 def test_hostile_fields_never_raise(fields: list[tuple[str, str]]) -> None:
     found = extract(fields)
     if found is not None:

@@ -19,8 +19,22 @@ EVENTS = [
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 3, b"GET", after_loss=True),
     ConnClose(5, 42, 7, 99),
     ConnClose(5, 42, 8, 100, after_loss=True),
-    HttpRequestCounts(6, 42, Role.CLIENT, "GET", 200, "1.1", True, "10.0.0.1", 443, 3, 9_000_000,
-                      (2, 1) + (0,) * 13, 1_000_000, 5_000_000),
+    HttpRequestCounts(
+        6,
+        42,
+        Role.CLIENT,
+        "GET",
+        200,
+        "1.1",
+        True,
+        "10.0.0.1",
+        443,
+        3,
+        9_000_000,
+        (2, 1) + (0,) * 13,
+        1_000_000,
+        5_000_000,
+    ),
     KernelLoss(6, 3),
     ProcessExit(7, 42),
 ]
@@ -37,8 +51,10 @@ def test_round_trip() -> None:
 
 def test_fields_added_later_take_their_defaults() -> None:
     """Recordings made before ConnData had ``tls`` still replay."""
-    old = '{"type":"ConnData","timestamp_ns":4,"pid":42,"tid":43,"fd":7,"generation":99,"direction":1,' \
-          '"length":2,"data":"T0s="}'
+    old = (
+        '{"type":"ConnData","timestamp_ns":4,"pid":42,"tid":43,"fd":7,"generation":99,"direction":1,'
+        '"length":2,"data":"T0s="}'
+    )
     _, events = read_recording(io.StringIO('{"format": "otel-ebpf-events", "version": 1}\n' + old + "\n"))
     assert list(events) == [ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 2, b"OK", tls=False)]
 

@@ -11,8 +11,10 @@ from otel_ebpf.redaction import redact_command_line
     ("command_line", "expected"),
     [
         ("python3 -m http.server 8000", "python3 -m http.server 8000"),
-        ("curl -H Authorization: Bearer abc.def http://h/x?api_key=k1&q=cats",
-         "curl -H Authorization: Bearer REDACTED http://h/x?api_key=REDACTED&q=REDACTED"),
+        (
+            "curl -H Authorization: Bearer abc.def http://h/x?api_key=k1&q=cats",
+            "curl -H Authorization: Bearer REDACTED http://h/x?api_key=REDACTED&q=REDACTED",
+        ),
         ("app --password hunter2 --port 80", "app --password REDACTED --port 80"),
         ("app --db-password=abc --verbose", "app --db-password=REDACTED --verbose"),
         ("psql postgres://bob:s3cret@db/x", "psql postgres://bob:REDACTED@db/x"),

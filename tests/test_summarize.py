@@ -204,12 +204,18 @@ def test_traces_are_summarized_by_shape(summarize: ModuleType, tmp_path: Path) -
             s.parent_span_id = bytes([parent]) * 8
         return s
 
-    jsonl(tmp_path / "traces.jsonl", [
-        traces("gateway", [linked("GET /a", SERVER, 1, 1), linked("GET /b", CLIENT, 1, 2, parent=1)]),
-        traces("backend", [linked("GET /b", SERVER, 1, 3, parent=2), linked("GET /c", SERVER, 2, 4, parent=9)]),
-    ])
+    jsonl(
+        tmp_path / "traces.jsonl",
+        [
+            traces("gateway", [linked("GET /a", SERVER, 1, 1), linked("GET /b", CLIENT, 1, 2, parent=1)]),
+            traces("backend", [linked("GET /b", SERVER, 1, 3, parent=2), linked("GET /c", SERVER, 2, 4, parent=9)]),
+        ],
+    )
     text = summarize.format_traces(summarize.read_spans(tmp_path / "traces.jsonl"))
-    assert text == "Traces: 2 (1 of 1 span, 1 of 3 spans); 2 spans have their parent in the trace, 1 of them across services"
+    assert (
+        text
+        == "Traces: 2 (1 of 1 span, 1 of 3 spans); 2 spans have their parent in the trace, 1 of them across services"
+    )
     assert "Traces: 2" in summarize.format_summary(tmp_path)
 
 
@@ -221,16 +227,39 @@ def test_empty_directory_and_usage(summarize: ModuleType, tmp_path: Path, capsys
 
 def test_llm_calls_are_summarized(summarize: ModuleType) -> None:
     def call(ttft: float | None, tpot: float | None, tokens_in: int, tokens_out: int) -> object:
-        attributes = {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": tokens_in,
-                      "gen_ai.usage.output_tokens": tokens_out}
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.usage.input_tokens": tokens_in,
+            "gen_ai.usage.output_tokens": tokens_out,
+        }
         if ttft is not None:
             attributes["gen_ai.response.time_to_first_chunk"] = ttft
             attributes["otel_ebpf.gen_ai.time_per_output_token"] = tpot
         return summarize.Span("llm", "chat m", "SERVER", 1.0, False, attributes)
 
-    spans = [call(0.30, 0.040, 20, 25), call(0.32, 0.042, 20, 25), call(None, None, 7, 3),
-             summarize.Span("web", "GET /", "SERVER", 1.0, False, {})]
+    spans = [
+        call(0.30, 0.040, 20, 25),
+        call(0.32, 0.042, 20, 25),
+        call(None, None, 7, 3),
+        summarize.Span("web", "GET /", "SERVER", 1.0, False, {}),
+    ]
     text = summarize.format_llm_calls(spans)
-    assert text.splitlines()[1].split() == ["llm", "SERVER", "chat", "m", "3", "calls", "tokens", "47", "/", "53",
-                                            "TTFT", "300.0", "ms", "TPOT", "40.0", "ms"]
+    assert text.splitlines()[1].split() == [
+        "llm",
+        "SERVER",
+        "chat",
+        "m",
+        "3",
+        "calls",
+        "tokens",
+        "47",
+        "/",
+        "53",
+        "TTFT",
+        "300.0",
+        "ms",
+        "TPOT",
+        "40.0",
+        "ms",
+    ]
     assert summarize.format_llm_calls(spans[3:]) == ""

@@ -58,17 +58,29 @@ class Recorder:
 
 
 def test_each_file_is_hooked_once_with_the_symbols_it_has(tmp_path: Path) -> None:
-    libssl, copy, cygrpc, libc, broken = (tmp_path / name for name in (
-        "libssl.so.3", "libssl-copy.so", "cygrpc.cpython-311-x86_64-linux-gnu.so", "libc.so.6", "libssl-broken.so"))
+    libssl, copy, cygrpc, libc, broken = (
+        tmp_path / name
+        for name in (
+            "libssl.so.3",
+            "libssl-copy.so",
+            "cygrpc.cpython-311-x86_64-linux-gnu.so",
+            "libc.so.6",
+            "libssl-broken.so",
+        )
+    )
     for path in (libssl, cygrpc, libc, broken):
         path.write_bytes(b"\x7fELF")
     shutil.copy(libssl, copy)
     os.link(libssl, tmp_path / "libssl.so")  # the same file under another name
-    recorder = Recorder({
-        str(libssl): {"SSL_read", "SSL_write", "SSL_read_ex", "SSL_write_ex", "SSL_do_handshake"},
-        str(copy): {"SSL_read", "SSL_write"},
-        str(broken): {"SSL_read", "SSL_write"},
-    }, failing=str(broken), fail_after=1)
+    recorder = Recorder(
+        {
+            str(libssl): {"SSL_read", "SSL_write", "SSL_read_ex", "SSL_write_ex", "SSL_do_handshake"},
+            str(copy): {"SSL_read", "SSL_write"},
+            str(broken): {"SSL_read", "SSL_write"},
+        },
+        failing=str(broken),
+        fail_after=1,
+    )
     attacher = TLSAttacher(recorder.lookup, recorder.attach, recorder.detach)
     assert not attacher.per_process
     attacher.scan([], [str(libssl), str(tmp_path / "libssl.so"), str(copy), str(cygrpc), str(libc), str(broken)])
@@ -132,14 +144,18 @@ def libraries(tmp_path: Path) -> dict[str, Path]:
 
 
 def _recorder(libraries: dict[str, Path], **kwargs: object) -> Recorder:
-    return Recorder({
-        str(libraries["libssl.so.3"]): {"SSL_read", "SSL_write", "SSL_read_ex", "SSL_write_ex"},
-        str(libraries["libssl-wheel.so"]): {"SSL_read", "SSL_write"},
-    }, **kwargs)
+    return Recorder(
+        {
+            str(libraries["libssl.so.3"]): {"SSL_read", "SSL_write", "SSL_read_ex", "SSL_write_ex"},
+            str(libraries["libssl-wheel.so"]): {"SSL_read", "SSL_write"},
+        },
+        **kwargs,
+    )
 
 
 def test_targets_get_their_own_probes_and_untraced_processes_none(
-        libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     node = Node(monkeypatch)
     system, wheel, crypto = (str(libraries[n]) for n in ("libssl.so.3", "libssl-wheel.so", "libcrypto.so.3"))
     first, second, bystander = sleepers
@@ -155,8 +171,10 @@ def test_targets_get_their_own_probes_and_untraced_processes_none(
     assert attacher.attachments == {first: {system}, second: {system, wheel}}
     assert all(pid is not None for *_, pid in recorder.attached)  # never for every process
     assert len([p for p in recorder.live.values() if p[:1] == (system,) and p[4] == first]) == 8  # 4 symbols x 2
-    assert attacher.libraries.hooked == {system: ("SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"),
-                                         wheel: ("SSL_read", "SSL_write")}
+    assert attacher.libraries.hooked == {
+        system: ("SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"),
+        wheel: ("SSL_read", "SSL_write"),
+    }
     assert attacher.libraries.refused == 0
     # each file's symbols are read once, through the process's own root
     assert sorted(recorder.lookups) == sorted([seen_by(first, system), seen_by(first, crypto), seen_by(second, wheel)])
@@ -169,7 +187,8 @@ def test_targets_get_their_own_probes_and_untraced_processes_none(
 
 
 def test_targets_that_come_later_and_targets_that_go(
-        libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     node = Node(monkeypatch)
     system, wheel = str(libraries["libssl.so.3"]), str(libraries["libssl-wheel.so"])
     first, child, other = sleepers
@@ -216,16 +235,15 @@ def test_targets_that_come_later_and_targets_that_go(
 
 
 def test_attachments_are_capped_counted_and_retried(
-        libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     node = Node(monkeypatch)
     system, wheel = str(libraries["libssl.so.3"]), str(libraries["libssl-wheel.so"])
     first, second, third = sleepers
     node.maps = {first: {wheel}}
     node.traced = {first, second, third}
     recorder = _recorder(libraries)
-    attacher = TLSAttacher(recorder.lookup, recorder.attach, recorder.detach, targets=node.is_target,
-                           max_attachments=3)
+    attacher = TLSAttacher(recorder.lookup, recorder.attach, recorder.detach, targets=node.is_target, max_attachments=3)
     with caplog.at_level(logging.DEBUG, logger="otel_ebpf.probes.tls"):
         attacher.scan([first, second, third], [system])
     assert recorder.pairs() == {(system, first), (wheel, first), (system, second)}
@@ -244,7 +262,8 @@ def test_attachments_are_capped_counted_and_retried(
 
 
 def test_a_failed_attachment_leaves_nothing_and_is_not_retried(
-        libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    libraries: dict[str, Path], sleepers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     node = Node(monkeypatch)
     system, wheel = str(libraries["libssl.so.3"]), str(libraries["libssl-wheel.so"])
     first, gone, _ = sleepers

@@ -42,16 +42,23 @@ def _account(selfmetrics: SelfMetrics, exporter: str) -> Account:
 class LogSink:
     """Fans log records out to exporters without blocking the caller (see the module doc)."""
 
-    def __init__(self, selfmetrics: SelfMetrics, exporters: Mapping[str, LogRecordExporter],
-                 interval_s: float = 1.0) -> None:
+    def __init__(
+        self, selfmetrics: SelfMetrics, exporters: Mapping[str, LogRecordExporter], interval_s: float = 1.0
+    ) -> None:
         self._exporters = dict(exporters)
 
         def export_with(exporter: LogRecordExporter):  # noqa: ANN202 — a closure per exporter
             return lambda batch: exporter.export(batch) is LogRecordExportResult.SUCCESS
 
         self._workers = {
-            name: _ExportWorker(f"logs-{name}", export_with(exporter), _account(selfmetrics, name),
-                                capacity=MAX_QUEUE_RECORDS, max_batch=MAX_BATCH, interval_s=interval_s)
+            name: _ExportWorker(
+                f"logs-{name}",
+                export_with(exporter),
+                _account(selfmetrics, name),
+                capacity=MAX_QUEUE_RECORDS,
+                max_batch=MAX_BATCH,
+                interval_s=interval_s,
+            )
             for name, exporter in self._exporters.items()
         }
 

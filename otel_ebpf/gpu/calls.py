@@ -70,10 +70,12 @@ _SPECS = (
     OpSpec(22, "cuMemcpyHtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device"),
     OpSpec(23, "cuMemcpyDtoH_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_host"),
     OpSpec(24, "cuMemcpyDtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_device"),
-    OpSpec(25, "cuMemcpyHtoDAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device",
-           asynchronous=True),
-    OpSpec(26, "cuMemcpyDtoHAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_host",
-           asynchronous=True),
+    OpSpec(
+        25, "cuMemcpyHtoDAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device", asynchronous=True
+    ),
+    OpSpec(
+        26, "cuMemcpyDtoHAsync_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="device_to_host", asynchronous=True
+    ),
     OpSpec(27, "cuMemcpy", Library.DRIVER, Kind.COPY, size_arg=2, direction="default"),
     OpSpec(28, "cuMemcpyAsync", Library.DRIVER, Kind.COPY, size_arg=2, direction="default", asynchronous=True),
     OpSpec(30, "cudaDeviceSynchronize", Library.RUNTIME, Kind.SYNC),
@@ -109,33 +111,62 @@ OPS: dict[int, OpSpec] = {spec.op: spec for spec in _SPECS}
 BY_SYMBOL: dict[str, OpSpec] = {spec.symbol: spec for spec in _SPECS}
 FUNCTION_SYMBOLS: tuple[str, ...] = tuple(spec.symbol for spec in _SPECS if not spec.usdt)
 USDT_PROBES: dict[tuple[str, str], OpSpec] = {
-    tuple(spec.symbol.split(":")): spec for spec in _SPECS if spec.usdt  # type: ignore[misc]
+    tuple(spec.symbol.split(":")): spec
+    for spec in _SPECS
+    if spec.usdt  # type: ignore[misc]
 }
 
 MEMCPY_KINDS = {0: "host_to_host", 1: "host_to_device", 2: "device_to_host", 3: "device_to_device", 4: "default"}
 
 # ncclDataType_t -> (name, bytes per element)
 NCCL_DATATYPES: dict[int, tuple[str, int]] = {
-    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
-    6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
+    0: ("int8", 1),
+    1: ("uint8", 1),
+    2: ("int32", 4),
+    3: ("uint32", 4),
+    4: ("int64", 8),
+    5: ("uint64", 8),
+    6: ("float16", 2),
+    7: ("float32", 4),
+    8: ("float64", 8),
+    9: ("bfloat16", 2),
+    10: ("float8e4m3", 1),
     11: ("float8e5m2", 1),
 }
 
 # Error names for the codes a caller most often meets (cudaError_t, CUresult, ncclResult_t).
 CUDA_ERRORS = {
-    1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation", 3: "cudaErrorInitializationError",
-    4: "cudaErrorCudartUnloading", 35: "cudaErrorInsufficientDriver", 100: "cudaErrorNoDevice",
-    101: "cudaErrorInvalidDevice", 209: "cudaErrorNoKernelImageForDevice", 400: "cudaErrorInvalidResourceHandle",
-    700: "cudaErrorIllegalAddress", 999: "cudaErrorUnknown",
+    1: "cudaErrorInvalidValue",
+    2: "cudaErrorMemoryAllocation",
+    3: "cudaErrorInitializationError",
+    4: "cudaErrorCudartUnloading",
+    35: "cudaErrorInsufficientDriver",
+    100: "cudaErrorNoDevice",
+    101: "cudaErrorInvalidDevice",
+    209: "cudaErrorNoKernelImageForDevice",
+    400: "cudaErrorInvalidResourceHandle",
+    700: "cudaErrorIllegalAddress",
+    999: "cudaErrorUnknown",
 }
 DRIVER_ERRORS = {
-    1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 3: "CUDA_ERROR_NOT_INITIALIZED",
-    4: "CUDA_ERROR_DEINITIALIZED", 100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
-    201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE", 999: "CUDA_ERROR_UNKNOWN",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    4: "CUDA_ERROR_DEINITIALIZED",
+    100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    999: "CUDA_ERROR_UNKNOWN",
 }
 NCCL_ERRORS = {
-    1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError", 4: "ncclInvalidArgument",
-    5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
 }
 _ERRORS = {Library.RUNTIME: CUDA_ERRORS, Library.DRIVER: DRIVER_ERRORS, Library.NCCL: NCCL_ERRORS}
 

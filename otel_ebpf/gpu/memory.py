@@ -135,8 +135,19 @@ class AllocationTable:
             if len(allocs) < min_count:
                 continue
             usage = self._usage[(pid, layer, device)]
-            reports.append(LeakReport(pid, layer, device, stack, len(allocs), sum(a.size for a in allocs),
-                                      min(a.ts_ns for a in allocs), usage.in_use, growing[(pid, layer, device)]))
+            reports.append(
+                LeakReport(
+                    pid,
+                    layer,
+                    device,
+                    stack,
+                    len(allocs),
+                    sum(a.size for a in allocs),
+                    min(a.ts_ns for a in allocs),
+                    usage.in_use,
+                    growing[(pid, layer, device)],
+                )
+            )
         return reports
 
 

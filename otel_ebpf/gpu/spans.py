@@ -32,8 +32,9 @@ def span_id_of(call: GpuCall) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
-def collective_span(call: GpuCall, parent: tuple[int, int], resource: Mapping[str, object],
-                    rank: tuple[int, int] | None = None) -> ReadableSpan | None:
+def collective_span(
+    call: GpuCall, parent: tuple[int, int], resource: Mapping[str, object], rank: tuple[int, int] | None = None
+) -> ReadableSpan | None:
     """The span of an NCCL collective or group call made under ``parent`` (trace id, span id);
     None for other calls. ``rank``: (rank, communicator size) when the communicator is known."""
     spec = call.spec

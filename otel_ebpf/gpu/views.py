@@ -47,15 +47,19 @@ INSTRUMENTS: dict[str, InstrumentSpec] = {
         InstrumentSpec("cuda.memory.allocations", _C, "{allocation}", "Successful device memory allocations"),
         InstrumentSpec("cuda.memory.in_use", _U, "By", "Device memory allocated and not yet freed"),
         InstrumentSpec("cuda.memcpy.size", _H, "By", "Bytes per memory copy", _BYTES_BUCKETS),
-        InstrumentSpec("cuda.memcpy.duration", _H, "s", "Time in the copy call (the whole copy when synchronous)",
-                       _SECONDS_BUCKETS),
-        InstrumentSpec("cuda.synchronize.duration", _H, "s", "Time the CPU waited in a synchronize call",
-                       _SECONDS_BUCKETS),
+        InstrumentSpec(
+            "cuda.memcpy.duration", _H, "s", "Time in the copy call (the whole copy when synchronous)", _SECONDS_BUCKETS
+        ),
+        InstrumentSpec(
+            "cuda.synchronize.duration", _H, "s", "Time the CPU waited in a synchronize call", _SECONDS_BUCKETS
+        ),
         InstrumentSpec("cuda.kernel.launches", _C, "{launch}", "Kernel launches"),
-        InstrumentSpec("nccl.operation.size", _H, "By", "Bytes per NCCL operation (count x datatype size)",
-                       _BYTES_BUCKETS),
-        InstrumentSpec("nccl.operation.duration", _H, "s", "Time to enqueue an NCCL operation (the call itself)",
-                       _SECONDS_BUCKETS),
+        InstrumentSpec(
+            "nccl.operation.size", _H, "By", "Bytes per NCCL operation (count x datatype size)", _BYTES_BUCKETS
+        ),
+        InstrumentSpec(
+            "nccl.operation.duration", _H, "s", "Time to enqueue an NCCL operation (the call itself)", _SECONDS_BUCKETS
+        ),
         InstrumentSpec("nccl.operations", _C, "{operation}", "NCCL calls, by operation, rank and error"),
     )
 }
@@ -63,16 +67,24 @@ INSTRUMENTS: dict[str, InstrumentSpec] = {
 # Profile views: sample types, period type (Pyroscope names non-CPU profiles after it)
 BYTES, COUNT, NANOS = "bytes", "count", "nanoseconds"
 PROFILE_TYPES: dict[str, tuple[tuple[ValueType, ...], ValueType]] = {
-    "allocated": ((ValueType("alloc_space", BYTES), ValueType("alloc_objects", COUNT)),
-                  ValueType("cuda_memory_allocated", BYTES)),
-    "in_use": ((ValueType("inuse_space", BYTES), ValueType("inuse_objects", COUNT)),
-               ValueType("cuda_memory_in_use", BYTES)),
-    "copies": ((ValueType("memcpy_space", BYTES), ValueType("memcpy_time", NANOS), ValueType("memcpy_calls", COUNT)),
-               ValueType("cuda_memcpy", BYTES)),
+    "allocated": (
+        (ValueType("alloc_space", BYTES), ValueType("alloc_objects", COUNT)),
+        ValueType("cuda_memory_allocated", BYTES),
+    ),
+    "in_use": (
+        (ValueType("inuse_space", BYTES), ValueType("inuse_objects", COUNT)),
+        ValueType("cuda_memory_in_use", BYTES),
+    ),
+    "copies": (
+        (ValueType("memcpy_space", BYTES), ValueType("memcpy_time", NANOS), ValueType("memcpy_calls", COUNT)),
+        ValueType("cuda_memcpy", BYTES),
+    ),
     "waits": ((ValueType("wait_time", NANOS), ValueType("waits", COUNT)), ValueType("cuda_wait", NANOS)),
     "launches": ((ValueType("launches", COUNT),), ValueType("cuda_launch", COUNT)),
-    "collectives": ((ValueType("nccl_space", BYTES), ValueType("nccl_enqueue_time", NANOS),
-                     ValueType("nccl_calls", COUNT)), ValueType("nccl", BYTES)),
+    "collectives": (
+        (ValueType("nccl_space", BYTES), ValueType("nccl_enqueue_time", NANOS), ValueType("nccl_calls", COUNT)),
+        ValueType("nccl", BYTES),
+    ),
 }
 
 StackOf = Callable[[GpuCall], Stack]
@@ -93,9 +105,14 @@ class GpuViewsConfig:
 class GpuViews:
     """Aggregates GPU calls; see the module doc."""
 
-    def __init__(self, stack_of: StackOf, resource_of: ResourceOf, selfmetrics: SelfMetrics,
-                 config: GpuViewsConfig = GpuViewsConfig(),
-                 delta_kinds: frozenset[InstrumentKind] = frozenset()) -> None:
+    def __init__(
+        self,
+        stack_of: StackOf,
+        resource_of: ResourceOf,
+        selfmetrics: SelfMetrics,
+        config: GpuViewsConfig = GpuViewsConfig(),
+        delta_kinds: frozenset[InstrumentKind] = frozenset(),
+    ) -> None:
         self._stack_of = stack_of
         self._resource_of = resource_of
         self._selfmetrics = selfmetrics
@@ -104,8 +121,10 @@ class GpuViews:
         self.table = AllocationTable(config.max_allocations)
         self._leaks = LeakReporter()
         self._metrics: dict[int, ProcessMetrics] = {}
-        self._profiles = {name: ProfileBuilder(samples, period, 1, config.max_stacks)
-                          for name, (samples, period) in PROFILE_TYPES.items()}
+        self._profiles = {
+            name: ProfileBuilder(samples, period, 1, config.max_stacks)
+            for name, (samples, period) in PROFILE_TYPES.items()
+        }
         self._devices: OrderedDict[tuple[int, int], int] = OrderedDict()  # (pid, tid) -> current device
         self._comms: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()  # (pid, comm) -> (rank, n)
         self._reported_drops = {name: 0 for name in self._profiles}
@@ -135,8 +154,7 @@ class GpuViews:
         elif kind is Kind.COPY:
             self._copy(call)
         elif kind is Kind.SYNC:
-            self._record(call.pid, "cuda.synchronize.duration", call.duration_ns / 1e9,
-                         {"cuda.function": spec.symbol})
+            self._record(call.pid, "cuda.synchronize.duration", call.duration_ns / 1e9, {"cuda.function": spec.symbol})
             self._profile("waits", call, (call.duration_ns, 1), {"cuda.function": spec.symbol})
         elif kind is Kind.LAUNCH:
             self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value})
@@ -165,8 +183,9 @@ class GpuViews:
             for builder in self._profiles.values():
                 profiles += builder.take_resource(resource, now_ns, EXITED)
         self._selfmetrics.add("otel_ebpf.gpu.stacks.dropped", at_exit.dropped, {"view": "in_use"})
-        return at_exit.take(now_ns, min((a.ts_ns for allocs in held.values() for a in allocs), default=now_ns)) \
-            + profiles
+        return (
+            at_exit.take(now_ns, min((a.ts_ns for allocs in held.values() for a in allocs), default=now_ns)) + profiles
+        )
 
     def rank_of(self, pid: int, comm: int) -> tuple[int, int] | None:
         """(rank, communicator size) of an NCCL communicator whose initialisation was seen."""
@@ -210,8 +229,11 @@ class GpuViews:
         spec = call.spec
         direction = spec.direction or MEMCPY_KINDS.get(call.arg(spec.kind_arg), "unknown")
         size = call.arg(spec.size_arg)
-        attributes = {"cuda.api": spec.library.value, "cuda.memcpy.direction": direction,
-                      "cuda.memcpy.synchronous": not spec.asynchronous}
+        attributes = {
+            "cuda.api": spec.library.value,
+            "cuda.memcpy.direction": direction,
+            "cuda.memcpy.synchronous": not spec.asynchronous,
+        }
         self._record(call.pid, "cuda.memcpy.size", size, attributes)
         self._record(call.pid, "cuda.memcpy.duration", call.duration_ns / 1e9, attributes)
         stack = self._stack_of(call)
@@ -224,8 +246,9 @@ class GpuViews:
         if spec.kind is Kind.COMM_INIT:
             if call.ok and call.out:
                 rank = call.arg(spec.peer_arg, signed32=True)
-                self._remember(self._comms, (call.pid, call.out), (rank, call.arg(spec.size_arg, signed32=True)),
-                               MAX_COMMS)
+                self._remember(
+                    self._comms, (call.pid, call.out), (rank, call.arg(spec.size_arg, signed32=True)), MAX_COMMS
+                )
             attributes: dict[str, object] = {"nccl.operation": spec.symbol.removeprefix("nccl")}
             if call.ok:
                 attributes["nccl.rank"] = call.arg(spec.peer_arg, signed32=True)
@@ -249,8 +272,9 @@ class GpuViews:
         attributes["nccl.datatype"] = name
         self._record(call.pid, "nccl.operation.size", size, attributes)
         self._record(call.pid, "nccl.operation.duration", call.duration_ns / 1e9, attributes)
-        self._profile("collectives", call, (size, call.duration_ns, 1),
-                      {"nccl.operation": attributes["nccl.operation"]})
+        self._profile(
+            "collectives", call, (size, call.duration_ns, 1), {"nccl.operation": attributes["nccl.operation"]}
+        )
 
     @staticmethod
     def _remember(mapping: OrderedDict, key: Hashable, value: object, cap: int) -> None:
@@ -265,10 +289,21 @@ class GpuViews:
             metrics = self._metrics[pid] = ProcessMetrics(Resource(dict(self._resource_of(pid))), INSTRUMENTS)
         metrics.record(SCOPE, MetricPoint(instrument, value, attributes), self._now_ns)
 
-    def _profile(self, view: str, call: GpuCall, values: tuple[int, ...],
-                 attributes: Mapping[str, object] | None = None, stack: Stack | None = None) -> None:
-        self._profiles[view].add(self._resource_of(call.pid), stack if stack is not None else self._stack_of(call),
-                                 values, attributes=attributes, timestamp_ns=call.ts_ns)
+    def _profile(
+        self,
+        view: str,
+        call: GpuCall,
+        values: tuple[int, ...],
+        attributes: Mapping[str, object] | None = None,
+        stack: Stack | None = None,
+    ) -> None:
+        self._profiles[view].add(
+            self._resource_of(call.pid),
+            stack if stack is not None else self._stack_of(call),
+            values,
+            attributes=attributes,
+            timestamp_ns=call.ts_ns,
+        )
 
     # ---- output ------------------------------------------------------------------------------
 
@@ -322,19 +357,28 @@ class GpuViews:
             if origin.line:
                 attributes["code.line.number"] = origin.line
         where = origin.label() if origin is not None else "an unknown stack"
-        body = (f"CUDA memory leak suspected: {report.count} allocations ({report.bytes} bytes, {report.layer} "
-                f"layer, device {report.device}) alive for more than {self.config.leak_age_ns / 1e9:g} s "
-                f"while in-use memory grows, allocated by {where}")
-        record = LogRecord(timestamp=now_ns, observed_timestamp=now_ns, severity_text="WARN",
-                           severity_number=SeverityNumber.WARN, body=body, attributes=attributes,
-                           event_name="cuda.memory.leak")
+        body = (
+            f"CUDA memory leak suspected: {report.count} allocations ({report.bytes} bytes, {report.layer} "
+            f"layer, device {report.device}) alive for more than {self.config.leak_age_ns / 1e9:g} s "
+            f"while in-use memory grows, allocated by {where}"
+        )
+        record = LogRecord(
+            timestamp=now_ns,
+            observed_timestamp=now_ns,
+            severity_text="WARN",
+            severity_number=SeverityNumber.WARN,
+            body=body,
+            attributes=attributes,
+            event_name="cuda.memory.leak",
+        )
         return ReadableLogRecord(record, Resource(dict(self._resource_of(report.pid))), SCOPE)
 
     def _count_drops(self) -> None:
         for name, builder in self._profiles.items():
             if builder.dropped > self._reported_drops[name]:
-                self._selfmetrics.add("otel_ebpf.gpu.stacks.dropped", builder.dropped - self._reported_drops[name],
-                                      {"view": name})
+                self._selfmetrics.add(
+                    "otel_ebpf.gpu.stacks.dropped", builder.dropped - self._reported_drops[name], {"view": name}
+                )
                 self._reported_drops[name] = builder.dropped
         table = (self.table.evicted, self.table.unmatched_frees, self.table.replaced)
         for name, now, before in zip(("evicted", "unmatched_free", "replaced"), table, self._reported_table):

@@ -72,15 +72,17 @@ def sample_from_bytes(raw: bytes, clock_offset_ns: int) -> RawSample:
     kernel = tuple(s.kern[: max(0, s.kern_len) // 8])
     depth = min(s.py.depth, PY_MAX_FRAMES)
     frames = tuple((f.code, f.instr, f.flags) for f in s.py.frames[:depth])
-    return RawSample(s.ts + clock_offset_ns, s.pid, s.tid, s.cpu, s.comm.decode(errors="replace"), user, kernel,
-                     s.py.status, frames)
+    return RawSample(
+        s.ts + clock_offset_ns, s.pid, s.tid, s.cpu, s.comm.decode(errors="replace"), user, kernel, s.py.status, frames
+    )
 
 
 class CpuProbe:
     """Samples on-CPU stacks of the target processes at ``frequency_hz`` per CPU."""
 
-    def __init__(self, frequency_hz: int, targets: TargetsConfig, ring_buffer_kb: int = 1024,
-                 python: bool = True) -> None:
+    def __init__(
+        self, frequency_hz: int, targets: TargetsConfig, ring_buffer_kb: int = 1024, python: bool = True
+    ) -> None:
         self.frequency_hz = frequency_hz
         self.targets = targets
         self.ring_buffer_kb = ring_buffer_kb
@@ -117,7 +119,9 @@ class CpuProbe:
         self._bpf["samples"].open_ring_buffer(self._on_sample)
         try:
             self._bpf.attach_perf_event(
-                ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK, fn_name="on_sample",
+                ev_type=PerfType.SOFTWARE,
+                ev_config=PerfSWConfig.CPU_CLOCK,
+                fn_name="on_sample",
                 sample_freq=self.frequency_hz,
             )
         except Exception as exc:
@@ -239,5 +243,5 @@ def _parent(pid: int) -> int | None:
     except OSError:
         return None
     # comm may hold spaces and parentheses: the fields after the last ')' are fixed
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = stat[stat.rfind(b")") + 2 :].split()
     return int(fields[1]) if len(fields) > 1 else None

@@ -53,10 +53,22 @@ FLAG_USDT, FLAG_ENTRY, FLAG_RETURN = 1, 2, 4
 SYMBOL_PATTERN = "^(%s)$" % "|".join(FUNCTION_SYMBOLS)
 # x86-64 register names (64/32/16/8-bit) -> the index gpu_trace.c's reg_value() reads
 _REGISTERS = {
-    **{name: i for i, names in enumerate((
-        ("rax", "eax", "ax", "al"), ("rbx", "ebx", "bx", "bl"), ("rcx", "ecx", "cx", "cl"), ("rdx", "edx", "dx", "dl"),
-        ("rsi", "esi", "si", "sil"), ("rdi", "edi", "di", "dil"), ("rbp", "ebp", "bp", "bpl"),
-        ("rsp", "esp", "sp", "spl"))) for name in names},
+    **{
+        name: i
+        for i, names in enumerate(
+            (
+                ("rax", "eax", "ax", "al"),
+                ("rbx", "ebx", "bx", "bl"),
+                ("rcx", "ecx", "cx", "cl"),
+                ("rdx", "edx", "dx", "dl"),
+                ("rsi", "esi", "si", "sil"),
+                ("rdi", "edi", "di", "dil"),
+                ("rbp", "ebp", "bp", "bpl"),
+                ("rsp", "esp", "sp", "spl"),
+            )
+        )
+        for name in names
+    },
     **{f"r{n}{suffix}": n for n in range(8, 16) for suffix in ("", "d", "w", "b")},
     "rip": 16,
 }
@@ -125,8 +137,9 @@ def read_usdt_probes(path: str) -> list[UsdtProbe]:
             if notes is None:
                 return []
             base_section = elf.get_section_by_name(".stapsdt.base")
-            segments = [(s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments()
-                        if s["p_type"] == "PT_LOAD"]
+            segments = [
+                (s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
+            ]
             data = notes.data()
             base_addr = base_section["sh_addr"] if base_section is not None else None
     except (OSError, ELFError, ValueError):
@@ -143,9 +156,9 @@ def read_usdt_probes(path: str) -> list[UsdtProbe]:
     while pos + 12 <= len(data):
         namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
         pos += 12
-        name = data[pos:pos + namesz]
+        name = data[pos : pos + namesz]
         pos += (namesz + 3) & ~3
-        desc = data[pos:pos + descsz]
+        desc = data[pos : pos + descsz]
         pos += (descsz + 3) & ~3
         if ntype != 3 or not name.startswith(b"stapsdt") or len(desc) < 24:
             continue
@@ -165,8 +178,15 @@ def read_usdt_probes(path: str) -> list[UsdtProbe]:
         except ValueError as exc:
             log.info("GPU: %s: USDT %s:%s skipped: %s", path, strings[0].decode(), strings[1].decode(), exc)
             continue
-        probes.append(UsdtProbe(strings[0].decode(), strings[1].decode(), pc_offset,
-                                file_offset(semaphore) or 0 if semaphore else 0, args))
+        probes.append(
+            UsdtProbe(
+                strings[0].decode(),
+                strings[1].decode(),
+                pc_offset,
+                file_offset(semaphore) or 0 if semaphore else 0,
+                args,
+            )
+        )
     return probes
 
 
@@ -197,8 +217,9 @@ AttachUsdt = Callable[[str, UsdtProbe], None]
 class GpuAttacher:
     """Hooks every GPU library the given processes map, once per file."""
 
-    def __init__(self, symbols: SymbolLookup, usdt: UsdtLookup, attach: AttachFunction,
-                 attach_usdt: AttachUsdt) -> None:
+    def __init__(
+        self, symbols: SymbolLookup, usdt: UsdtLookup, attach: AttachFunction, attach_usdt: AttachUsdt
+    ) -> None:
         self._symbols = symbols
         self._usdt = usdt
         self._attach = attach
@@ -251,8 +272,12 @@ class GpuAttacher:
             if not done:
                 return False
         self.libraries.hooked[path] = tuple(done)
-        log.info("GPU: hooked %s (%d functions%s)", path, len(symbols),
-                 f", USDT {', '.join(d for d in done if ':' in d)}" if probes else "")
+        log.info(
+            "GPU: hooked %s (%d functions%s)",
+            path,
+            len(symbols),
+            f", USDT {', '.join(d for d in done if ':' in d)}" if probes else "",
+        )
         return True
 
 
@@ -303,8 +328,11 @@ def decode(raw: bytes, clock_offset_ns: int, py_frames: int) -> GpuCall | CallRe
     ts, duration, pid, tid, op, ret, flags, user_len = _HEADER.unpack_from(raw)
     ts += clock_offset_ns
     if flags & FLAG_RETURN:
-        return CallReturn(ts, pid, tid, op, ret, duration, _OUT.unpack_from(raw, _HEADER.size)[0]) \
-            if len(raw) >= _HEADER.size + _OUT.size else None
+        return (
+            CallReturn(ts, pid, tid, op, ret, duration, _OUT.unpack_from(raw, _HEADER.size)[0])
+            if len(raw) >= _HEADER.size + _OUT.size
+            else None
+        )
     if op in (OP_EXEC, OP_EXIT):
         return ProcessEvent(ts, pid, op == OP_EXIT)
     if len(raw) < event_size(0):
@@ -317,8 +345,9 @@ def decode(raw: bytes, clock_offset_ns: int, py_frames: int) -> GpuCall | CallRe
     pos += _PY_HEADER.size
     depth = min(depth, py_frames, (len(raw) - pos) // _PY_FRAME.size)
     python = tuple(_PY_FRAME.unpack_from(raw, pos + i * _PY_FRAME.size) for i in range(depth))
-    return GpuCall(ts, 0 if flags & FLAG_USDT else duration, pid, tid, op, ret, values[:7], values[7],
-                   user, python, status)
+    return GpuCall(
+        ts, 0 if flags & FLAG_USDT else duration, pid, tid, op, ret, values[:7], values[7], user, python, status
+    )
 
 
 class CallPairing:
@@ -356,8 +385,16 @@ class _BccUprobes:
     def __init__(self) -> None:
         from bcc.libbcc import lib  # noqa: PLC0415
 
-        self._attach = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
-                                        ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32)(("bpf_attach_uprobe", lib))
+        self._attach = ctypes.CFUNCTYPE(
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_uint64,
+            ctypes.c_int,
+            ctypes.c_uint32,
+        )(("bpf_attach_uprobe", lib))
 
     def attach(self, bpf: object, fn_name: str, path: str, offset: int, ref_ctr_offset: int) -> None:
         from bcc import BPF  # noqa: PLC0415
@@ -373,8 +410,9 @@ class _BccUprobes:
 class GpuProbe:
     """Kernel side of the GPU views. ``poll`` returns decoded calls and process events."""
 
-    def __init__(self, targets: TargetsConfig, *, stacks: str = "python", ring_buffer_kb: int = 4096,
-                 max_targets: int = 1024) -> None:
+    def __init__(
+        self, targets: TargetsConfig, *, stacks: str = "python", ring_buffer_kb: int = 4096, max_targets: int = 1024
+    ) -> None:
         self.targets = targets
         self.stacks = stacks  # "none", "native", "python" (native + Python)
         self.ring_buffer_kb = ring_buffer_kb
@@ -398,8 +436,12 @@ class GpuProbe:
         bpf_dir = resources.files("otel_ebpf.bpf")
         source = bpf_dir.joinpath("gpu_trace.c").read_text()
         pages = ring_buffer_pages(self.ring_buffer_kb)
-        cflags = [f"-DRINGBUF_PAGES={pages}", f"-DUSER_FRAMES={USER_FRAMES}",
-                  f"-DMAX_TARGETS={self.max_targets}", "-Wno-macro-redefined"]
+        cflags = [
+            f"-DRINGBUF_PAGES={pages}",
+            f"-DUSER_FRAMES={USER_FRAMES}",
+            f"-DMAX_TARGETS={self.max_targets}",
+            "-Wno-macro-redefined",
+        ]
         attempts = [True, False] if self.stacks == "python" else [False]
         error: Exception | None = None
         for python in attempts:
@@ -411,8 +453,10 @@ class GpuProbe:
             except Exception as exc:  # BCC raises bare Exception with the compiler's or verifier's verdict
                 error = exc
                 if python:
-                    log.warning("GPU: Python stacks unavailable (python_stack.h did not load: %s); "
-                                "native stacks only", str(exc).splitlines()[0] if str(exc) else exc)
+                    log.warning(
+                        "GPU: Python stacks unavailable (python_stack.h did not load: %s); native stacks only",
+                        str(exc).splitlines()[0] if str(exc) else exc,
+                    )
                 continue
             self._bpf, self.python_stacks = bpf, python
             self._py_frames = PY_MAX_FRAMES if python else 0
@@ -421,8 +465,9 @@ class GpuProbe:
             raise RuntimeError(f"cannot load the GPU probe: {error} (run `otel-ebpf doctor`)") from error
         release_compiler_memory()
         mode = {"none": 0, "native": STACKS_NATIVE, "python": STACKS_NATIVE | STACKS_PYTHON}[self.stacks]
-        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes,
-                                   SET_STACKS: mode})
+        write_settings(
+            self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes, SET_STACKS: mode}
+        )
         for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
             self.add_target(pid)
         self._bpf["gpu_events"].open_ring_buffer(self._on_event)
@@ -488,7 +533,9 @@ class GpuProbe:
             self.gpu_pids = self._attacher.scan(self._scan_pids())
         elif execs:
             # A fresh image maps its libraries at once; dlopen-ed ones come with the next rescan.
-            self.gpu_pids |= self._attacher.scan(execs & self._target_pids if self.targets.selects_processes else execs, False)
+            self.gpu_pids |= self._attacher.scan(
+                execs & self._target_pids if self.targets.selects_processes else execs, False
+            )
         return out
 
     def _on_event(self, _ctx: int, data: int, size: int) -> None:
@@ -568,10 +615,16 @@ class GpuMonitor:
     process maps a GPU library by name (so an agent on a machine without GPU work pays nothing).
     """
 
-    def __init__(self, config: AgentConfig, selfmetrics: SelfMetrics, host_name: str,
-                 delta_kinds: frozenset = frozenset(), profile_sink: object | None = None,
-                 link_for: Callable[[int, int], tuple[int, int] | None] | None = None,
-                 export_spans: Callable[[list], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        selfmetrics: SelfMetrics,
+        host_name: str,
+        delta_kinds: frozenset = frozenset(),
+        profile_sink: object | None = None,
+        link_for: Callable[[int, int], tuple[int, int] | None] | None = None,
+        export_spans: Callable[[list], None] | None = None,
+    ) -> None:
         """``profile_sink``: a :class:`~otel_ebpf.profiles.exporter.ProfileSink` to share (the CPU
         profiler's, which owns it); by default the monitor builds and owns its own.
         ``link_for(pid, tid)``: the (trace id, span id) of the request a thread serves now (the
@@ -584,16 +637,23 @@ class GpuMonitor:
         self.mode = config.gpu.enabled
         self._selfmetrics = selfmetrics
         self._host_name = host_name
-        self.probe = GpuProbe(config.targets, stacks=config.gpu.stacks, ring_buffer_kb=config.gpu.ring_buffer_kb,
-                              max_targets=config.capture.max_processes)
+        self.probe = GpuProbe(
+            config.targets,
+            stacks=config.gpu.stacks,
+            ring_buffer_kb=config.gpu.ring_buffer_kb,
+            max_targets=config.capture.max_processes,
+        )
         self._symbolizer = Symbolizer()
         self._code_resolver = None
         self._pythons: dict[int, object | None] = {}  # pid -> cpython.PythonProcess (None: not CPython)
         self._resources: OrderedDict[int, dict[str, object]] = OrderedDict()
         self._stacks = StackCache(self._resolve_stack)
         views_config = GpuViewsConfig(
-            leak_age_ns=int(config.gpu.leak_age_s * 1e9), leak_min_count=config.gpu.leak_min_allocations,
-            max_allocations=config.gpu.max_allocations, max_stacks=config.gpu.max_stacks)
+            leak_age_ns=int(config.gpu.leak_age_s * 1e9),
+            leak_min_count=config.gpu.leak_min_allocations,
+            max_allocations=config.gpu.max_allocations,
+            max_stacks=config.gpu.max_stacks,
+        )
         self.views = GpuViews(self._stacks, self._resource, selfmetrics, views_config, delta_kinds)
         self.started = False
         self._next_check = 0.0
@@ -643,8 +703,11 @@ class GpuMonitor:
             self._profile_sink = build_profile_sink(self.config, self._selfmetrics)
         self._log_sink = build_log_sink(self.config, self._selfmetrics)
         self.started = True
-        log.info("GPU probe attached (stacks: %s%s)", self.config.gpu.stacks,
-                 "" if self.probe.python_stacks or self.config.gpu.stacks != "python" else ", Python frames unavailable")
+        log.info(
+            "GPU probe attached (stacks: %s%s)",
+            self.config.gpu.stacks,
+            "" if self.probe.python_stacks or self.config.gpu.stacks != "python" else ", Python frames unavailable",
+        )
         self._install_pythons()
 
     def poll(self, timeout_ms: int = 0, horizon_ns: int | None = None) -> int:
@@ -761,10 +824,16 @@ class GpuMonitor:
             from ..telemetry import SDK_ATTRIBUTES, process_resource_attributes  # noqa: PLC0415
 
             ident = procfs.process_identity(pid)
-            info = ProcessInfo(0, pid, ident.executable, ident.command_line, ident.environment) if ident else \
-                ProcessInfo(0, pid, "", "", {})
-            resource = {**self.config.resource.attributes, **process_resource_attributes(info, self._host_name),
-                        **SDK_ATTRIBUTES}
+            info = (
+                ProcessInfo(0, pid, ident.executable, ident.command_line, ident.environment)
+                if ident
+                else ProcessInfo(0, pid, "", "", {})
+            )
+            resource = {
+                **self.config.resource.attributes,
+                **process_resource_attributes(info, self._host_name),
+                **SDK_ATTRIBUTES,
+            }
             self._resources[pid] = resource
             if len(self._resources) > MAX_RESOURCES:
                 self._resources.popitem(last=False)
@@ -799,5 +868,19 @@ class GpuMonitor:
                 self._profile_sink.shutdown(timeout_s)
 
 
-__all__ = ["CallPairing", "CallReturn", "GpuAttacher", "GpuLibraries", "GpuMonitor", "GpuProbe", "ProcessEvent", "StackCache", "UsdtProbe",
-           "decode", "maps_gpu_library", "native_stack", "parse_usdt_args", "read_usdt_probes"]
+__all__ = [
+    "CallPairing",
+    "CallReturn",
+    "GpuAttacher",
+    "GpuLibraries",
+    "GpuMonitor",
+    "GpuProbe",
+    "ProcessEvent",
+    "StackCache",
+    "UsdtProbe",
+    "decode",
+    "maps_gpu_library",
+    "native_stack",
+    "parse_usdt_args",
+    "read_usdt_probes",
+]

@@ -52,8 +52,9 @@ class HttpRedReader:
                 moved = reported_moves(buckets, before_buckets)
                 minimum = min((v.min_ns for v in per_cpu if v.min_ns), default=0)
                 maximum = max(v.max_ns for v in per_cpu)
-                reports.append(self._report(now, key, count - before_count, sum_ns - before_sum, moved,
-                                            minimum, maximum))
+                reports.append(
+                    self._report(now, key, count - before_count, sum_ns - before_sum, moved, minimum, maximum)
+                )
                 self._totals[raw_key] = (count, sum_ns, tuple(map(sum, zip(before_buckets, moved))))
             if key.tgid in self._exited:
                 finished.append(key)
@@ -64,15 +65,30 @@ class HttpRedReader:
         return reports
 
     @staticmethod
-    def _report(now: int, key: Any, count: int, sum_ns: int, buckets: tuple[int, ...], minimum: int,
-                maximum: int) -> HttpRequestCounts:
+    def _report(
+        now: int, key: Any, count: int, sum_ns: int, buckets: tuple[int, ...], minimum: int, maximum: int
+    ) -> HttpRequestCounts:
         role = _ROLES.get(key.role, Role.SERVER)
         address = ""
         if role is Role.CLIENT and key.family:
             address = endpoint(key.family, bytes(key.server_addr), key.server_port).address
         method = METHODS[key.method] if key.method < len(METHODS) else "_OTHER"
-        return HttpRequestCounts(now, key.tgid, role, method, key.status, f"1.{key.minor}", bool(key.tls),
-                                 address, key.server_port, count, sum_ns, buckets, minimum, maximum)
+        return HttpRequestCounts(
+            now,
+            key.tgid,
+            role,
+            method,
+            key.status,
+            f"1.{key.minor}",
+            bool(key.tls),
+            address,
+            key.server_port,
+            count,
+            sum_ns,
+            buckets,
+            minimum,
+            maximum,
+        )
 
 
 def reported_moves(current: tuple[int, ...], reported: tuple[int, ...]) -> tuple[int, ...]:

@@ -37,8 +37,9 @@ class RingBufferReader:
         self._mask = data_size - 1
         self.size = data_size
         self._consumer = mmap.mmap(map_fd, self._page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        self._producer = mmap.mmap(map_fd, self._page + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ,
-                                   offset=self._page)
+        self._producer = mmap.mmap(
+            map_fd, self._page + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self._page
+        )
         self._epoll = select.epoll()
         self._epoll.register(map_fd, select.EPOLLIN)
         self.consumed = _POS.unpack_from(self._consumer)[0]
@@ -92,4 +93,3 @@ class RingBufferReader:
         self._epoll.close()
         self._producer.close()
         self._consumer.close()
-

@@ -26,7 +26,14 @@ from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, 
 from ..protocol import Direction, Endpoint, Role, Transport
 from .addresses import endpoint
 from .http_red import HttpRedReader
-from .loading import close_program, compile_program, inline_headers, power_of_two_at_least, ring_buffer_pages, write_settings
+from .loading import (
+    close_program,
+    compile_program,
+    inline_headers,
+    power_of_two_at_least,
+    ring_buffer_pages,
+    write_settings,
+)
 from .ringbuf import RingBufferReader
 from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
@@ -35,8 +42,15 @@ log = logging.getLogger(__name__)
 EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM = 1, 2, 3, 4, 5, 6
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
 SET_SHED_BACKLOG, SET_KEEP_1024 = 5, 6
-STAT_NAMES = ("ringbuf_full", "active_full", "iov_bytes_not_captured", "mmsg_not_copied", "tls_unattributed",
-              "http_red_full", "http_pipeline_full")
+STAT_NAMES = (
+    "ringbuf_full",
+    "active_full",
+    "iov_bytes_not_captured",
+    "mmsg_not_copied",
+    "tls_unattributed",
+    "http_red_full",
+    "http_pipeline_full",
+)
 # stats[] slots 7.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 MAX_IOV = 64  # iovec segments copied per vectored syscall (grpcio writes one per HPACK field)
@@ -178,7 +192,9 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = inline_headers(bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text())
+        source = inline_headers(
+            bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text()
+        )
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         cflags = [
@@ -195,17 +211,25 @@ class SocketProbe:
             cflags.append("-DFD_TRACKING")
         self._bpf = compile_program(source, cflags, "socket probe")
         filtering = self.targets.selects_processes
-        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: filtering,
-                                   SET_WATCH_EXEC: bool(self.targets.executables),
-                                   SET_SHED_BACKLOG: int(ring_bytes * SHED_BACKLOG_SHARE), SET_KEEP_1024: 1024})
+        write_settings(
+            self._bpf,
+            {
+                SET_AGENT_TGID: os.getpid(),
+                SET_FILTER_PIDS: filtering,
+                SET_WATCH_EXEC: bool(self.targets.executables),
+                SET_SHED_BACKLOG: int(ring_bytes * SHED_BACKLOG_SHARE),
+                SET_KEEP_1024: 1024,
+            },
+        )
         if self.targets.ports:
             ports = self._bpf["ports"]
             for port in self.targets.ports:
                 ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
             write_settings(self._bpf, {SET_FILTER_PORTS: 1})
         # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
-        self._tls = TLSAttacher(_tls_symbols, self._attach_tls, self._detach_tls,
-                                targets=self._is_target if filtering else None)
+        self._tls = TLSAttacher(
+            _tls_symbols, self._attach_tls, self._detach_tls, targets=self._is_target if filtering else None
+        )
         for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
             self.add_target(pid)
         if not filtering:
@@ -243,8 +267,11 @@ class SocketProbe:
             self._ring = None
         if self._bpf is not None:
             if self._tls is not None and self._tls.libraries.refused:
-                log.warning("TLS: %d (library, process) pairs were not hooked: more than %d at once",
-                            self._tls.libraries.refused, self._tls.max_attachments)
+                log.warning(
+                    "TLS: %d (library, process) pairs were not hooked: more than %d at once",
+                    self._tls.libraries.refused,
+                    self._tls.max_attachments,
+                )
             self._uprobe_closer.stop()
             close_program(self._bpf)
             self._bpf = None
@@ -363,18 +390,36 @@ class SocketProbe:
             direction, length, captured, data_flags = _DATA.unpack_from(raw, _HEADER.size)
             start = _HEADER.size + _DATA.size
             self._events.append(
-                ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
-                         raw[start : start + captured], bool(data_flags & DATA_TLS),
-                         after_loss=bool(flags & HDR_AFTER_LOSS))
+                ConnData(
+                    ts,
+                    tgid,
+                    tid,
+                    fd,
+                    generation,
+                    Direction(direction),
+                    length,
+                    raw[start : start + captured],
+                    bool(data_flags & DATA_TLS),
+                    after_loss=bool(flags & HDR_AFTER_LOSS),
+                )
             )
         elif kind == EV_DGRAM:
             direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
             family, port, addr = _DGRAM_PEER.unpack_from(raw, _HEADER.size + _DATA.size)
             start = _HEADER.size + _DATA.size + _DGRAM_PEER.size
             self._events.append(
-                ConnData(ts, tgid, tid, fd, generation, Direction(direction), length,
-                         raw[start : start + captured], False,
-                         endpoint(family, addr, port) if family in (2, 10) else None)
+                ConnData(
+                    ts,
+                    tgid,
+                    tid,
+                    fd,
+                    generation,
+                    Direction(direction),
+                    length,
+                    raw[start : start + captured],
+                    False,
+                    endpoint(family, addr, port) if family in (2, 10) else None,
+                )
             )
         elif kind == EV_OPEN:
             opened = self._conn_open(raw, ts, tgid, fd, generation)
@@ -393,10 +438,18 @@ class SocketProbe:
         # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard
         # address, and never a peer (each datagram has its own).
         local_known = family and (any(laddr) or udp and lport)
-        opening = _Opening(len(self._events), ts, (tgid, fd, generation), _ROLES.get(role_code), family,
-                           endpoint(family, laddr, lport) if local_known else None,
-                           endpoint(family, raddr, rport) if family and not udp else None, lport, rport,
-                           transport=Transport.UDP if udp else Transport.TCP)
+        opening = _Opening(
+            len(self._events),
+            ts,
+            (tgid, fd, generation),
+            _ROLES.get(role_code),
+            family,
+            endpoint(family, laddr, lport) if local_known else None,
+            endpoint(family, raddr, rport) if family and not udp else None,
+            lport,
+            rport,
+            transport=Transport.UDP if udp else Transport.TCP,
+        )
         if opening.local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,
             # only the peer address: /proc knows the rest while the socket is open. Its tables
@@ -444,7 +497,8 @@ class SocketProbe:
         kernel is told to ignore it)."""
         if (
             opening.unwanted
-            or self.targets.ports and not (opening.lport in self.targets.ports or opening.rport in self.targets.ports)
+            or self.targets.ports
+            and not (opening.lport in self.targets.ports or opening.rport in self.targets.ports)
             or self._talks_to_agent(opening.local, opening.peer)
         ):
             self.ignore_connection(opening.key)
@@ -490,4 +544,3 @@ class SocketProbe:
             self._known_pids.discard(pid)
             self._http_red.process_exited(pid)
             self._events.append(ProcessExit(ts, pid))
-

@@ -130,9 +130,15 @@ class TLSAttacher:
     children join at fork and exiting processes leave); giving it selects per-process probes.
     """
 
-    def __init__(self, symbols: SymbolLookup, attach: Attach, detach: Detach | None = None, *,
-                 targets: Callable[[int], bool] | None = None,
-                 max_attachments: int = MAX_PROCESS_ATTACHMENTS) -> None:
+    def __init__(
+        self,
+        symbols: SymbolLookup,
+        attach: Attach,
+        detach: Detach | None = None,
+        *,
+        targets: Callable[[int], bool] | None = None,
+        max_attachments: int = MAX_PROCESS_ATTACHMENTS,
+    ) -> None:
         if targets is not None and detach is None:
             raise ValueError("per-process probes need a detach callback")
         self._symbols = symbols
@@ -265,8 +271,12 @@ class TLSAttacher:
                 log.debug("TLS: hooked %s for process %d", path, pid)
             else:
                 self.libraries.hooked[path] = symbols
-                log.info("TLS: hooked %s (%s) for process %d (per target process: others do not trap)", path,
-                         ", ".join(symbols), pid)
+                log.info(
+                    "TLS: hooked %s (%s) for process %d (per target process: others do not trap)",
+                    path,
+                    ", ".join(symbols),
+                    pid,
+                )
 
     def _refuse(self, proc: _Process, identity: Identity, path: str, pid: int) -> None:
         if identity in proc.refused:
@@ -274,8 +284,14 @@ class TLSAttacher:
         proc.refused.add(identity)
         self.libraries.refused += 1
         level = logging.WARNING if self.libraries.refused == 1 else logging.DEBUG  # then counted only
-        log.log(level, "TLS: %d (library, process) pairs hooked already, the most allowed: %s is not hooked "
-                "for process %d, whose TLS is not captured until other targets exit", self.max_attachments, path, pid)
+        log.log(
+            level,
+            "TLS: %d (library, process) pairs hooked already, the most allowed: %s is not hooked "
+            "for process %d, whose TLS is not captured until other targets exit",
+            self.max_attachments,
+            path,
+            pid,
+        )
 
     # ---- shared ----------------------------------------------------------------------------------
 

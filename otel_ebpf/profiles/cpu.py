@@ -64,9 +64,7 @@ class CpuProfiler:
     def add(self, samples: Iterable[RawSampleLike], python: Mapping[int, PythonProcess | None]) -> None:
         self.add_resolved(self.resolve(samples, python))
 
-    def resolve(
-        self, samples: Iterable[RawSampleLike], python: Mapping[int, PythonProcess | None]
-    ) -> list[Resolved]:
+    def resolve(self, samples: Iterable[RawSampleLike], python: Mapping[int, PythonProcess | None]) -> list[Resolved]:
         """Each sample with its merged, symbolized stack and its process's resource. Done as samples
         arrive: code objects, maps and /proc are read from the live process, which may be gone a
         second later."""
@@ -88,7 +86,11 @@ class CpuProfiler:
             self.samples += 1
             link = self.link_for(sample.pid, sample.tid) if self.link_for else None
             self.builder.add(
-                resource, stack, (1,), link=link, attributes={"thread.id": sample.tid},
+                resource,
+                stack,
+                (1,),
+                link=link,
+                attributes={"thread.id": sample.tid},
                 timestamp_ns=sample.timestamp_ns,
             )
 

@@ -94,8 +94,15 @@ class OTLPProfiles(ProfileDestination):
 
     name = "otlp"
 
-    def __init__(self, endpoint: str, protocol: str, headers: dict[str, str], timeout_s: float,
-                 insecure: bool = True, compression: str = "none") -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        protocol: str,
+        headers: dict[str, str],
+        timeout_s: float,
+        insecure: bool = True,
+        compression: str = "none",
+    ) -> None:
         self.endpoint, self.protocol, self.headers = endpoint, protocol, dict(headers)
         self.timeout_s, self.compression = timeout_s, compression
         self._channel = None
@@ -106,16 +113,23 @@ class OTLPProfiles(ProfileDestination):
             )
 
             target = urllib.parse.urlsplit(endpoint).netloc or endpoint
-            self._channel = (grpc.insecure_channel(target) if insecure
-                             else grpc.secure_channel(target, grpc.ssl_channel_credentials()))
+            self._channel = (
+                grpc.insecure_channel(target)
+                if insecure
+                else grpc.secure_channel(target, grpc.ssl_channel_credentials())
+            )
             self._stub = profiles_service_pb2_grpc.ProfilesServiceStub(self._channel)
             self._grpc_compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
 
     def export(self, profiles: Sequence[Profile]) -> None:
         request = otlp.encode(profiles)
         if self._channel is not None:
-            self._stub.Export(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()),
-                              compression=self._grpc_compression)
+            self._stub.Export(
+                request,
+                timeout=self.timeout_s,
+                metadata=tuple(self.headers.items()),
+                compression=self._grpc_compression,
+            )
             return
         body = request.SerializeToString()
         headers = {"Content-Type": "application/x-protobuf", **self.headers}
@@ -162,9 +176,13 @@ class PyroscopeProfiles(ProfileDestination):
             query["sampleRate"] = str(hz)
         boundary = uuid.uuid4().hex
         body = (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n"
-            f"Content-Type: application/octet-stream\r\n\r\n"
-        ).encode() + gzip.compress(pprof.encode(profile)) + f"\r\n--{boundary}--\r\n".encode()
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="profile"; filename="profile.pprof"\r\n'
+                f"Content-Type: application/octet-stream\r\n\r\n"
+            ).encode()
+            + gzip.compress(pprof.encode(profile))
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
         headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", **self.headers}
         _post(f"{self.url}/ingest?{urllib.parse.urlencode(query)}", body, headers, self.timeout_s)
 
@@ -228,8 +246,11 @@ def build_profile_sink(config, selfmetrics: SelfMetrics) -> ProfileSink:  # conf
             destinations.append(FileProfiles(config.file.output_dir, config.profiling.flamegraphs))
         if "otlp" in config.exporters:
             o = config.otlp
-            destinations.append(OTLPProfiles(o.signal_endpoint("profiles"), o.protocol, dict(o.headers), o.timeout_s,
-                                             o.insecure, o.compression))
+            destinations.append(
+                OTLPProfiles(
+                    o.signal_endpoint("profiles"), o.protocol, dict(o.headers), o.timeout_s, o.insecure, o.compression
+                )
+            )
         if config.profiling.pyroscope_url:
             destinations.append(PyroscopeProfiles(config.profiling.pyroscope_url, config.otlp.timeout_s))
     return ProfileSink(destinations, selfmetrics)

@@ -110,8 +110,10 @@ def render_svg(stacks: Mapping[str, int], title: str = "CPU flame graph", unit: 
         share = 100.0 * node.value / total
         name = html.escape(node.name)
         fill = "rgb(230,230,230)" if depth == 0 else _colour(node.name)
-        out.append(f'<g><title>{name} ({node.value} {unit}, {share:.2f}%)</title>'
-                   f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{FRAME_HEIGHT - 1}" fill="{fill}" rx="2"/>')
+        out.append(
+            f"<g><title>{name} ({node.value} {unit}, {share:.2f}%)</title>"
+            f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{FRAME_HEIGHT - 1}" fill="{fill}" rx="2"/>'
+        )
         chars = int(width / (FONT_SIZE * 0.6))
         if chars >= 3:
             text = node.name if len(node.name) <= chars else node.name[: chars - 2] + ".."

@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from otel_ebpf.profiles.model import Frame, Stack
 
 EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
-THREAD_ROOTS = frozenset({"_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
-                          "start_thread", "__clone", "__clone3"})
+THREAD_ROOTS = frozenset(
+    {"_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3", "start_thread", "__clone", "__clone3"}
+)
 
 
 def python_groups(frames: Sequence[Frame], entries: Sequence[bool]) -> list[list[Frame]]:

@@ -163,8 +163,10 @@ class ProfileBuilder:
             return []
         self._stacks -= len(profile.samples)
         profile.start_ns, profile.end_ns = self._start_ns or end_ns, end_ns
-        relabel = {key: replace(key, attributes=tuple(sorted({**dict(key.attributes), **label}.items())))
-                   for key in profile.samples}
+        relabel = {
+            key: replace(key, attributes=tuple(sorted({**dict(key.attributes), **label}.items())))
+            for key in profile.samples
+        }
         profile.samples = {relabel[key]: values for key, values in profile.samples.items()}
         profile.timestamps = {relabel[key]: stamps for key, stamps in profile.timestamps.items()}
         return [profile]
@@ -188,8 +190,14 @@ def merge_profiles(profiles: Sequence[Profile]) -> list[Profile]:
         key = (tuple(sorted(profile.resource.items())), profile.sample_types, profile.period_type)
         into = merged.get(key)
         if into is None:
-            merged[key] = into = Profile(profile.resource, profile.sample_types, profile.period_type, profile.period,
-                                         profile.start_ns, profile.end_ns)
+            merged[key] = into = Profile(
+                profile.resource,
+                profile.sample_types,
+                profile.period_type,
+                profile.period,
+                profile.start_ns,
+                profile.end_ns,
+            )
         into.start_ns = min(into.start_ns, profile.start_ns) if into.start_ns else profile.start_ns
         into.end_ns = max(into.end_ns, profile.end_ns)
         for sample, values in profile.samples.items():

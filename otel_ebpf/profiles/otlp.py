@@ -98,8 +98,9 @@ class _Encoder:
         i, new = self._functions.add((name, filename))
         if new:
             n = self.string(name)
-            self.dictionary.function_table.add(name_strindex=n, system_name_strindex=n,
-                                               filename_strindex=self.string(filename))
+            self.dictionary.function_table.add(
+                name_strindex=n, system_name_strindex=n, filename_strindex=self.string(filename)
+            )
         return i
 
     def mapping(self, module: str, build_id: str) -> int:
@@ -178,9 +179,16 @@ def encode(profiles: Iterable[Profile], scope_name: str = SCOPE_NAME) -> ExportP
 
 
 def _only(profile: Profile, index: int) -> Profile:
-    return Profile(profile.resource, (profile.sample_types[index],), profile.period_type, profile.period,
-                   profile.start_ns, profile.end_ns,
-                   {k: [v[index]] for k, v in profile.samples.items()}, profile.timestamps)
+    return Profile(
+        profile.resource,
+        (profile.sample_types[index],),
+        profile.period_type,
+        profile.period,
+        profile.start_ns,
+        profile.end_ns,
+        {k: [v[index]] for k, v in profile.samples.items()},
+        profile.timestamps,
+    )
 
 
 def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
@@ -207,9 +215,12 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         mapping = d.mapping_table[location.mapping_index]
         filename = text(function.filename_strindex)
         frames[li] = known = Frame(
-            text(function.name_strindex), file=filename if kind is FrameKind.PYTHON else "", line=line.line,
+            text(function.name_strindex),
+            file=filename if kind is FrameKind.PYTHON else "",
+            line=line.line,
             module=text(mapping.filename_strindex) or (filename if kind is not FrameKind.PYTHON else ""),
-            kind=kind, address=location.address,
+            kind=kind,
+            address=location.address,
             build_id=str(attributes(mapping.attribute_indices).get(BUILD_ID, "")),
         )
         return known
@@ -222,8 +233,14 @@ def decode(request: ExportProfilesServiceRequest) -> list[Profile]:
         resource = {kv.key: plain_value(kv.value) for kv in resource_profiles.resource.attributes}
         for scope in resource_profiles.scope_profiles:
             for p in scope.profiles:
-                profile = Profile(resource, (value_type(p.sample_type),), value_type(p.period_type), p.period,
-                                  p.time_unix_nano, p.time_unix_nano + p.duration_nano)
+                profile = Profile(
+                    resource,
+                    (value_type(p.sample_type),),
+                    value_type(p.period_type),
+                    p.period,
+                    p.time_unix_nano,
+                    p.time_unix_nano + p.duration_nano,
+                )
                 for sample in p.samples:
                     stack = tuple(frame(i) for i in d.stack_table[sample.stack_index].location_indices)
                     link = None

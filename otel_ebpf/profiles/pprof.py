@@ -76,8 +76,13 @@ def encode(profile: Profile) -> bytes:
                 fname = frame.file if frame.kind is FrameKind.PYTHON else frame.module
                 fid = functions.setdefault((frame.function, fname), len(functions) + 1)
                 line = _field_varint(1, fid) + _field_varint(2, frame.line)
-                body += _field_bytes(4, _field_varint(1, lid) + _field_varint(2, mid) + _field_varint(3, frame.address)
-                                     + _field_bytes(4, line))
+                body += _field_bytes(
+                    4,
+                    _field_varint(1, lid)
+                    + _field_varint(2, mid)
+                    + _field_varint(3, frame.address)
+                    + _field_bytes(4, line),
+                )
             ids.append(lid)
         sample = _packed(1, ids) + _packed(2, list(values))
         if key.link is not None:
@@ -85,14 +90,21 @@ def encode(profile: Profile) -> bytes:
             sample += _field_bytes(3, _field_varint(1, s("trace_id")) + _field_varint(2, s(f"{key.link[0]:032x}")))
         out += _field_bytes(2, sample)
     for (module, build_id), mid in mappings.items():
-        out += _field_bytes(3, _field_varint(1, mid) + _field_varint(5, s(module)) + _field_varint(6, s(build_id))
-                            + _field_varint(7, 1))
+        out += _field_bytes(
+            3, _field_varint(1, mid) + _field_varint(5, s(module)) + _field_varint(6, s(build_id)) + _field_varint(7, 1)
+        )
     out += body
     for (name, filename), fid in functions.items():
-        out += _field_bytes(5, _field_varint(1, fid) + _field_varint(2, s(name)) + _field_varint(3, s(name))
-                            + _field_varint(4, s(filename)))
-    period_type = _field_bytes(11, _field_varint(1, s(profile.period_type.type))
-                               + _field_varint(2, s(profile.period_type.unit)))
+        out += _field_bytes(
+            5,
+            _field_varint(1, fid)
+            + _field_varint(2, s(name))
+            + _field_varint(3, s(name))
+            + _field_varint(4, s(filename)),
+        )
+    period_type = _field_bytes(
+        11, _field_varint(1, s(profile.period_type.type)) + _field_varint(2, s(profile.period_type.unit))
+    )
     tail = _field_varint(9, profile.start_ns) + _field_varint(10, max(0, profile.end_ns - profile.start_ns))
     tail += period_type + _field_varint(12, profile.period)
     for text in s.table:
@@ -124,13 +136,13 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             yield number, wire, value
         elif wire == _LEN:
             size, i = _read_varint(data, i)
-            yield number, wire, data[i:i + size]
+            yield number, wire, data[i : i + size]
             i += size
         elif wire == 1:
-            yield number, wire, int.from_bytes(data[i:i + 8], "little")
+            yield number, wire, int.from_bytes(data[i : i + 8], "little")
             i += 8
         elif wire == 5:
-            yield number, wire, int.from_bytes(data[i:i + 4], "little")
+            yield number, wire, int.from_bytes(data[i : i + 4], "little")
             i += 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
@@ -190,8 +202,15 @@ def decode(data: bytes, resource: dict | None = None) -> Profile:
         kind = FrameKind.NATIVE if module else (FrameKind.KERNEL if not filename else FrameKind.PYTHON)
         if module == "[kernel.kallsyms]":
             kind = FrameKind.KERNEL
-        locations[one(m, 1)] = Frame(name, file=filename if kind is FrameKind.PYTHON else "", line=line,
-                                     module=module, kind=kind, address=one(m, 3), build_id=build_id)
+        locations[one(m, 1)] = Frame(
+            name,
+            file=filename if kind is FrameKind.PYTHON else "",
+            line=line,
+            module=module,
+            kind=kind,
+            address=one(m, 3),
+            build_id=build_id,
+        )
     types = tuple(value_type(raw) for _, raw in top.get(1, []))
     period_type = value_type(top[11][-1][1]) if 11 in top else ValueType("", "")
     start = one(top, 9)

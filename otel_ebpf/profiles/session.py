@@ -29,8 +29,14 @@ MAX_PENDING = 65536  # samples held for span links; past it they go unlinked rat
 class CpuProfiling:
     """Owns the CPU probe, the profiler and the profile sink of a live agent."""
 
-    def __init__(self, config: AgentConfig, selfmetrics: SelfMetrics, host_name: str,
-                 link_for: LinkFor | None = None, sink: ProfileSink | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        selfmetrics: SelfMetrics,
+        host_name: str,
+        link_for: LinkFor | None = None,
+        sink: ProfileSink | None = None,
+    ) -> None:
         from otel_ebpf.probes.cpu import CpuProbe  # noqa: PLC0415 -- the probe layer imports bcc
 
         self.config = config
@@ -56,11 +62,19 @@ class CpuProfiling:
         if known is not None:
             return known
         ident = procfs.process_identity(pid)
-        info = ProcessInfo(0, pid, ident.executable if ident else "", ident.command_line if ident else "",
-                           ident.environment if ident else {})
+        info = ProcessInfo(
+            0,
+            pid,
+            ident.executable if ident else "",
+            ident.command_line if ident else "",
+            ident.environment if ident else {},
+        )
         # the same resource as the process's spans and metrics (telemetry.py)
-        attributes = {**self.config.resource.attributes, **process_resource_attributes(info, self.host_name),
-                      **SDK_ATTRIBUTES}
+        attributes = {
+            **self.config.resource.attributes,
+            **process_resource_attributes(info, self.host_name),
+            **SDK_ATTRIBUTES,
+        }
         self._resources[pid] = attributes
         if len(self._resources) > MAX_RESOURCES:
             self._resources.popitem(last=False)
@@ -79,8 +93,9 @@ class CpuProfiling:
             self._pending.extend(self.profiler.resolve(samples, self.probe.python))
         ready: list = []
         pending = self._pending
-        while pending and (horizon_ns is None or pending[0][0].timestamp_ns <= horizon_ns
-                           or len(pending) > MAX_PENDING):
+        while pending and (
+            horizon_ns is None or pending[0][0].timestamp_ns <= horizon_ns or len(pending) > MAX_PENDING
+        ):
             ready.append(pending.popleft())
         if ready:
             self.profiler.add_resolved(ready)
@@ -122,13 +137,16 @@ class CpuProfiling:
 
     def _count_drops(self) -> None:
         dropped = self.profiler.builder.dropped
-        self.metrics.add("otel_ebpf.profiles.samples.dropped", dropped - self._dropped_reported,
-                         {"reason": "max_stacks"})
+        self.metrics.add(
+            "otel_ebpf.profiles.samples.dropped", dropped - self._dropped_reported, {"reason": "max_stacks"}
+        )
         self._dropped_reported = dropped
         stats = self.probe.kernel_stats()
-        for reason, metric in (("ringbuf_full", "otel_ebpf.profiles.samples.dropped"),
-                               ("python_truncated", "otel_ebpf.profiles.stacks.truncated"),
-                               ("python_table_full", "otel_ebpf.profiles.stacks.truncated")):
+        for reason, metric in (
+            ("ringbuf_full", "otel_ebpf.profiles.samples.dropped"),
+            ("python_truncated", "otel_ebpf.profiles.stacks.truncated"),
+            ("python_table_full", "otel_ebpf.profiles.stacks.truncated"),
+        ):
             total = stats.get(reason, 0)
             self.metrics.add(metric, total - self._kernel_reported.get(reason, 0), {"reason": reason})
             self._kernel_reported[reason] = total

@@ -132,8 +132,11 @@ class ElfImage:
                             size = symbol["st_size"]
                             known = functions.get(value)
                             # Prefer the sized, non-underscore alias (memcpy over __memcpy_avx...).
-                            if known is None or (known[0] == 0 and size) or (
-                                known[1].startswith("_") and not symbol.name.startswith("_") and size):
+                            if (
+                                known is None
+                                or (known[0] == 0 and size)
+                                or (known[1].startswith("_") and not symbol.name.startswith("_") and size)
+                            ):
                                 functions[value] = (size, symbol.name)
             except ELFError as exc:
                 raise OSError(f"{path}: not an ELF file ({exc})") from None
@@ -286,17 +289,33 @@ class Symbolizer:
         if not mapping.path.startswith("/"):
             # [vdso], anonymous JIT code, ...
             name = mapping.path or "[anon]"
-            return Frame(f"{name}+0x{address - mapping.start:x}", module=name, kind=FrameKind.NATIVE,
-                         address=address - mapping.start, resolved=False)
+            return Frame(
+                f"{name}+0x{address - mapping.start:x}",
+                module=name,
+                kind=FrameKind.NATIVE,
+                address=address - mapping.start,
+                resolved=False,
+            )
         image = elf_image(maps.file_path(mapping))
         module = os.path.basename(mapping.path)
         file_offset = address - mapping.start + mapping.offset
         vaddr = image.file_offset_to_vaddr(file_offset) if image is not None else None
         if vaddr is None:
-            return Frame(f"{module}+0x{file_offset:x}", module=mapping.path, kind=FrameKind.NATIVE,
-                         address=file_offset, resolved=False)
+            return Frame(
+                f"{module}+0x{file_offset:x}",
+                module=mapping.path,
+                kind=FrameKind.NATIVE,
+                address=file_offset,
+                resolved=False,
+            )
         found = image.function_at(vaddr)
         if found is None:
-            return Frame(f"{module}+0x{vaddr:x}", module=mapping.path, kind=FrameKind.NATIVE, address=vaddr,
-                         build_id=image.build_id, resolved=False)
+            return Frame(
+                f"{module}+0x{vaddr:x}",
+                module=mapping.path,
+                kind=FrameKind.NATIVE,
+                address=vaddr,
+                build_id=image.build_id,
+                resolved=False,
+            )
         return Frame(found[0], module=mapping.path, kind=FrameKind.NATIVE, address=vaddr, build_id=image.build_id)

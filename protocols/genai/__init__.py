@@ -36,8 +36,17 @@ from .semconv import GENAI_INSTRUMENTS, GenAICall
 from .types import GenAIRequest, GenAIResponse
 
 __all__ = [
-    "GENAI_INSTRUMENTS", "Api", "GenAICall", "GenAIOptions", "GenAIRequest", "GenAIResponse", "Recognizer",
-    "RequestBody", "ResponseBody", "Route", "genai_option",
+    "GENAI_INSTRUMENTS",
+    "Api",
+    "GenAICall",
+    "GenAIOptions",
+    "GenAIRequest",
+    "GenAIResponse",
+    "Recognizer",
+    "RequestBody",
+    "ResponseBody",
+    "Route",
+    "genai_option",
 ]
 
 _OPTIONS = ("enabled", "routes", "capture_content", "max_content_chars")
@@ -84,5 +93,6 @@ def genai_option(value: Any, key: str = "genai") -> GenAIOptions | None:
     limit = value.get("max_content_chars", 4096)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"{key}.max_content_chars: expected a non-negative integer")
-    return GenAIOptions(Recognizer(parse_routes(value.get("routes"), f"{key}.routes")),
-                        bool(value.get("capture_content", False)), limit)
+    return GenAIOptions(
+        Recognizer(parse_routes(value.get("routes"), f"{key}.routes")), bool(value.get("capture_content", False)), limit
+    )

@@ -112,8 +112,10 @@ class RequestBody:
             (
                 _int(source.get(key))
                 for source, key in (
-                    (body, "max_tokens"), (body, "max_completion_tokens"),
-                    (options, "max_new_tokens"), (options, "num_predict"),
+                    (body, "max_tokens"),
+                    (body, "max_completion_tokens"),
+                    (options, "max_new_tokens"),
+                    (options, "num_predict"),
                 )
                 if _int(source.get(key)) is not None
             ),

@@ -55,24 +55,51 @@ def _histogram(name: str, unit: str, description: str, boundaries: Sequence[floa
 GENAI_INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     _histogram("gen_ai.client.operation.duration", "s", "GenAI operation duration.", OPERATION_BUCKETS),
     _histogram("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.", TOKEN_BUCKETS),
-    _histogram("gen_ai.client.operation.time_to_first_chunk", "s",
-               "Time from the request to the first chunk of a streamed response.", TTFT_BUCKETS),
-    _histogram("gen_ai.client.operation.time_per_output_chunk", "s",
-               "Time between consecutive output chunks of a streamed response.", TPOT_BUCKETS),
-    _histogram("gen_ai.server.request.duration", "s",
-               "Generative AI server request duration, to the last byte.", OPERATION_BUCKETS),
-    _histogram("gen_ai.server.time_to_first_token", "s",
-               "Time to generate first token for successful responses.", TTFT_BUCKETS),
-    _histogram("gen_ai.server.time_per_output_token", "s",
-               "Time per output token generated after the first token for successful responses.", TPOT_BUCKETS),
+    _histogram(
+        "gen_ai.client.operation.time_to_first_chunk",
+        "s",
+        "Time from the request to the first chunk of a streamed response.",
+        TTFT_BUCKETS,
+    ),
+    _histogram(
+        "gen_ai.client.operation.time_per_output_chunk",
+        "s",
+        "Time between consecutive output chunks of a streamed response.",
+        TPOT_BUCKETS,
+    ),
+    _histogram(
+        "gen_ai.server.request.duration",
+        "s",
+        "Generative AI server request duration, to the last byte.",
+        OPERATION_BUCKETS,
+    ),
+    _histogram(
+        "gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.", TTFT_BUCKETS
+    ),
+    _histogram(
+        "gen_ai.server.time_per_output_token",
+        "s",
+        "Time per output token generated after the first token for successful responses.",
+        TPOT_BUCKETS,
+    ),
 )
 
 
 class GenAICall:
     """One LLM call: the request, what was seen of the response, and the derived figures."""
 
-    __slots__ = ("request", "response", "start_ns", "end_ns", "output_tokens", "input_tokens", "approximate",
-                 "ttft_s", "tpot_s", "stream_error")
+    __slots__ = (
+        "request",
+        "response",
+        "start_ns",
+        "end_ns",
+        "output_tokens",
+        "input_tokens",
+        "approximate",
+        "ttft_s",
+        "tpot_s",
+        "stream_error",
+    )
 
     def __init__(self, request: GenAIRequest, response: GenAIResponse | None, start_ns: int, end_ns: int) -> None:
         self.request, self.response, self.start_ns, self.end_ns = request, response, start_ns, end_ns
@@ -179,7 +206,9 @@ class GenAICall:
         points = [MetricPoint("gen_ai.client.operation.duration", duration, attributes)]
         for kind, count in (("input", self.input_tokens), ("output", self.output_tokens)):
             if count is not None:
-                points.append(MetricPoint("gen_ai.client.token.usage", count, {**attributes, "gen_ai.token.type": kind}))
+                points.append(
+                    MetricPoint("gen_ai.client.token.usage", count, {**attributes, "gen_ai.token.type": kind})
+                )
         if self.ttft_s is not None:
             points.append(MetricPoint("gen_ai.client.operation.time_to_first_chunk", self.ttft_s, attributes))
             points.extend(

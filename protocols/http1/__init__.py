@@ -63,13 +63,9 @@ class HTTP1(Protocol):
         eol = data.find(b"\n", 0, MAX_LINE)
         if eol != -1:
             if _REQUEST_LINE.fullmatch(data, 0, eol + 1):
-                return Sniff(
-                    True, role=Role.SERVER if direction is Direction.INGRESS else Role.CLIENT
-                )
+                return Sniff(True, role=Role.SERVER if direction is Direction.INGRESS else Role.CLIENT)
             return NO_MATCH
-        if len(data) < len(_STATUS_EXAMPLE) and _STATUS_LINE.match(
-            data + _STATUS_EXAMPLE[len(data) :]
-        ):
+        if len(data) < len(_STATUS_EXAMPLE) and _STATUS_LINE.match(data + _STATUS_EXAMPLE[len(data) :]):
             return NEED_MORE
         if len(data) < MAX_LINE and _REQUEST_PREFIX.match(data):
             return NEED_MORE

@@ -69,9 +69,7 @@ _TARGET = re.compile(rb"[%s]+" % _TARGET_CHARS)
 _METHOD_TAIL = re.compile(rb"[A-Z][A-Z_-]{0,31}\Z")
 _STATUS_START = re.compile(rb"HTTP/1\.[01] [0-9]{3}[ \t\r\n]")
 _STATUS_PREFIX = b"HTTP/1."
-_KNOWN_METHODS_LONGEST_FIRST = sorted(
-    (m.encode() for m in KNOWN_METHODS), key=lambda m: (-len(m), m)
-)
+_KNOWN_METHODS_LONGEST_FIRST = sorted((m.encode() for m in KNOWN_METHODS), key=lambda m: (-len(m), m))
 
 
 def parse_fields(block: bytes | bytearray) -> tuple[tuple[str, str], ...] | None:
@@ -196,9 +194,7 @@ def _status_line(line: bytes) -> tuple[int, str, str] | None:
 class _Parser(ABC):
     """The state machine shared by both directions; subclasses know their start line and framing."""
 
-    KEEP_TAIL = (
-        0  # bytes kept while resynchronising: the longest prefix of a start line to look for
-    )
+    KEEP_TAIL = 0  # bytes kept while resynchronising: the longest prefix of a start line to look for
 
     def __init__(self, direction: Direction, methods: deque[Pending], genai: GenAIOptions | None = None) -> None:
         self.direction = direction
@@ -439,9 +435,7 @@ class _Parser(ABC):
         framing = self._framing(chunked, length)
         if framing == _INTERIM:
             self._line = ()
-        elif framing in (_NO_BODY, _TUNNEL) or (
-            framing in (_FIXED, _PEEK_FIXED) and self._remaining == 0
-        ):
+        elif framing in (_NO_BODY, _TUNNEL) or (framing in (_FIXED, _PEEK_FIXED) and self._remaining == 0):
             self._emit(ts, out, 0)
             if framing == _TUNNEL:
                 self._state = _OPAQUE
@@ -503,9 +497,7 @@ class _Parser(ABC):
         self._emit(ts, out, self._body)
         return end
 
-    def _malformed(
-        self, pos: int, ts: int, out: list[SessionOutput], body_size: int | None = None
-    ) -> int:
+    def _malformed(self, pos: int, ts: int, out: list[SessionOutput], body_size: int | None = None) -> int:
         """The body's framing broke: report the message as far as it went and resynchronise."""
         self._emit(ts, out, body_size, MALFORMED)
         return self._resync(pos)

@@ -93,7 +93,9 @@ class HTTP2(Protocol):
         if opt_in is not None and not isinstance(opt_in, str):
             raise ValueError("semconv_stability_opt_in: must be a string such as 'rpc' or 'rpc/dup'")
         semconv = grpc_semconv.semconv_from_opt_in(opt_in)
-        self.settings = Settings(capture_headers_option(capture), semconv, self.genai.content_chars if self.genai else 0)
+        self.settings = Settings(
+            capture_headers_option(capture), semconv, self.genai.content_chars if self.genai else 0
+        )
         self.instruments = (*HTTP_INSTRUMENTS, *grpc_semconv.instruments(semconv), *GENAI_INSTRUMENTS)
 
     def sniff(self, direction: Direction, data: bytes) -> Sniff:

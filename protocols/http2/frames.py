@@ -72,8 +72,9 @@ class FrameSink(Interface):
     def on_preface(self) -> None:
         """The client's connection preface: the connection's start is in the capture."""
 
-    def on_block(self, frame_type: int, stream_id: int, flags: int, fragment: bytes | None, start_ns: int,
-                 end_ns: int) -> None:
+    def on_block(
+        self, frame_type: int, stream_id: int, flags: int, fragment: bytes | None, start_ns: int, end_ns: int
+    ) -> None:
         """A HEADERS, PUSH_PROMISE or CONTINUATION frame's header block fragment (padding and
         priority fields removed); ``None`` when the frame was not read whole (a gap, too large,
         malformed)."""
@@ -121,8 +122,10 @@ def frame_at(buf: bytes | bytearray, pos: int, from_client: bool | None, max_fra
         return -1
     # Clients open odd streams and may only reset, prioritise or give window to even (pushed)
     # ones; only servers push.
-    if from_client and (frame_type == PUSH_PROMISE or (stream and not stream & 1 and frame_type not in (
-            RST_STREAM, PRIORITY, WINDOW_UPDATE))):
+    if from_client and (
+        frame_type == PUSH_PROMISE
+        or (stream and not stream & 1 and frame_type not in (RST_STREAM, PRIORITY, WINDOW_UPDATE))
+    ):
         return -1
     return length
 
@@ -185,8 +188,16 @@ class FrameReader:
                     if frame_type == WINDOW_UPDATE and length_low == 4 and not length_high and end - pos >= 13:
                         pos += 13  # flow control, the most frequent frame: nothing to learn
                         continue
-                    pos = self._frame(frame_type, flags, stream & 0x7FFFFFFF, (length_high << 8) | length_low,
-                                      data, pos + HEADER_SIZE, timestamp_ns, timestamp_ns)
+                    pos = self._frame(
+                        frame_type,
+                        flags,
+                        stream & 0x7FFFFFFF,
+                        (length_high << 8) | length_low,
+                        data,
+                        pos + HEADER_SIZE,
+                        timestamp_ns,
+                        timestamp_ns,
+                    )
             elif state == _PAYLOAD:
                 pos = self._read_payload(data, pos, timestamp_ns)
             elif state == _BODY:
@@ -275,11 +286,13 @@ class FrameReader:
             return pos
         length_high, length_low, frame_type, flags, stream = _HEADER.unpack(buf)
         buf.clear()
-        return self._frame(frame_type, flags, stream & 0x7FFFFFFF, (length_high << 8) | length_low, data, pos,
-                           self._start_ns, ts)
+        return self._frame(
+            frame_type, flags, stream & 0x7FFFFFFF, (length_high << 8) | length_low, data, pos, self._start_ns, ts
+        )
 
-    def _frame(self, frame_type: int, flags: int, stream: int, length: int, data: bytes, body: int, start_ns: int,
-               ts: int) -> int:
+    def _frame(
+        self, frame_type: int, flags: int, stream: int, length: int, data: bytes, body: int, start_ns: int, ts: int
+    ) -> int:
         """A frame header was read; its body begins at ``data[body]``. Frames wholly in ``data``
         are handled at once; the others set the state that reads the rest. Returns where to go on."""
         self._type, self._flags, self._stream, self._start_ns = frame_type, flags, stream, start_ns

@@ -380,8 +380,9 @@ class HTTP2Session(Session):
 
     # -- header blocks ------------------------------------------------------------------------------
 
-    def on_block(self, frame_type: int, stream_id: int, flags: int, fragment: bytes | None, start_ns: int,
-                 end_ns: int) -> None:
+    def on_block(
+        self, frame_type: int, stream_id: int, flags: int, fragment: bytes | None, start_ns: int, end_ns: int
+    ) -> None:
         direction = self._direction
         if fragment is None:
             self._hpack[direction].lose()  # the block cannot be decoded, nor the table kept in step
@@ -529,10 +530,20 @@ class HTTP2Session(Session):
         if half.unknown:
             self.partial_messages += 1
         end = half.end_ns if incomplete is None else half.last_ns()
-        self._out.append(Request(
-            self._requests, half.start_ns, end, stream.id, half.headers, half.unknown, half.body, *half.messages(),
-            incomplete, self._read_tap(half),
-        ))
+        self._out.append(
+            Request(
+                self._requests,
+                half.start_ns,
+                end,
+                stream.id,
+                half.headers,
+                half.unknown,
+                half.body,
+                *half.messages(),
+                incomplete,
+                self._read_tap(half),
+            )
+        )
 
     def _read_tap(self, half: _Half) -> Any:
         """What the GenAI layer read of a finished half (``None`` for other requests)."""
@@ -554,16 +565,30 @@ class HTTP2Session(Session):
         self._report_request(stream, None if request.ended or incomplete is None else request.incomplete(incomplete))
         half = stream.response
         if half is None:
-            self._out.append(Response(self._responses, end_ns, end_ns, stream.id, None, reset=reset,
-                                      incomplete=incomplete))
+            self._out.append(
+                Response(self._responses, end_ns, end_ns, stream.id, None, reset=reset, incomplete=incomplete)
+            )
             return
         if half.unknown:
             self.partial_messages += 1
         end = max(half.end_ns, end_ns) if incomplete is None else half.last_ns()
-        self._out.append(Response(
-            self._responses, half.start_ns, end, stream.id, stream.status, half.headers, half.trailers, half.unknown,
-            half.body, *half.messages(), reset, incomplete, self._read_tap(half),
-        ))
+        self._out.append(
+            Response(
+                self._responses,
+                half.start_ns,
+                end,
+                stream.id,
+                stream.status,
+                half.headers,
+                half.trailers,
+                half.unknown,
+                half.body,
+                *half.messages(),
+                reset,
+                incomplete,
+                self._read_tap(half),
+            )
+        )
 
     def _close_stream(self, stream: _Stream, timestamp_ns: int) -> None:
         """The connection ended with the stream open."""

@@ -32,9 +32,20 @@ from ..http_semconv import (
 CAPTURE_GAP = "capture_gap"  # a gap in the capture hid its end
 # HTTP/2 error codes (RFC 9113 section 7), as error.type of a reset stream
 ERROR_CODES = (
-    "NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT", "STREAM_CLOSED",
-    "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR", "CONNECT_ERROR", "ENHANCE_YOUR_CALM",
-    "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED",
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
 )
 REFUSED_STREAM = 0x7
 
@@ -192,8 +203,16 @@ class HTTP2Exchange(Exchange):
         target = pseudo(headers, ":path") or (pseudo(headers, ":authority") if method == "CONNECT" else None)
         authority = pseudo(headers, ":authority") or first_header(headers, "host")
         if response is None:
-            return HttpTransaction(method, target or UNKNOWN_TARGET, "2", request.start_ns, self.end_ns, headers,
-                                   request.body_size, authority)
+            return HttpTransaction(
+                method,
+                target or UNKNOWN_TARGET,
+                "2",
+                request.start_ns,
+                self.end_ns,
+                headers,
+                request.body_size,
+                authority,
+            )
         return HttpTransaction(
             method,
             target or UNKNOWN_TARGET,
@@ -215,8 +234,16 @@ class HTTP2Exchange(Exchange):
         authority = pseudo(request.headers, ":authority")
         start, end = request.start_ns, self.end_ns
         if response is None:
-            return GrpcCall(path, start, end, authority, error=RESPONSE_MISSING, request_messages=request.messages,
-                            request_compressed=bool(request.compressed), request_metadata=request.headers)
+            return GrpcCall(
+                path,
+                start,
+                end,
+                authority,
+                error=RESPONSE_MISSING,
+                request_messages=request.messages,
+                request_compressed=bool(request.compressed),
+                request_metadata=request.headers,
+            )
         status, message, error = _grpc_outcome(response)
         return GrpcCall(
             path,

@@ -30,10 +30,18 @@ PID_ENTITY_NAME = 0x0062
 PID_KEY_HASH = 0x0070
 PID_STATUS_INFO = 0x0071
 
-ENCAPSULATIONS = {0x0000: ("CDR", False), 0x0001: ("CDR", True), 0x0002: ("PL_CDR", False),
-                  0x0003: ("PL_CDR", True), 0x0006: ("CDR2", False), 0x0007: ("CDR2", True),
-                  0x0008: ("D_CDR2", False), 0x0009: ("D_CDR2", True), 0x000A: ("PL_CDR2", False),
-                  0x000B: ("PL_CDR2", True)}
+ENCAPSULATIONS = {
+    0x0000: ("CDR", False),
+    0x0001: ("CDR", True),
+    0x0002: ("PL_CDR", False),
+    0x0003: ("PL_CDR", True),
+    0x0006: ("CDR2", False),
+    0x0007: ("CDR2", True),
+    0x0008: ("D_CDR2", False),
+    0x0009: ("D_CDR2", True),
+    0x000A: ("PL_CDR2", False),
+    0x000B: ("PL_CDR2", True),
+}
 
 
 def is_builtin(entity_id: bytes) -> bool:
@@ -159,8 +167,12 @@ class DiscoveryTable:
         prefix = participant[:12] if participant and len(participant) == 16 else guid[:12]
         name, kind, ros_type = ros_names(topic, type_name)
         writer = writer_id == SEDP_PUBLICATIONS_WRITER
-        self._put(self.endpoints, guid, Endpoint(guid, topic, type_name, prefix, writer, name, kind, ros_type),
-                  self.max_endpoints)
+        self._put(
+            self.endpoints,
+            guid,
+            Endpoint(guid, topic, type_name, prefix, writer, name, kind, ros_type),
+            self.max_endpoints,
+        )
         return True
 
     def _put(self, table: OrderedDict, key: bytes, value: object, cap: int) -> None:

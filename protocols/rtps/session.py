@@ -72,8 +72,9 @@ class _PendingCall:
 class RTPSState:
     """Node-wide state shared by every RTPS session (see the module docstring)."""
 
-    def __init__(self, max_participants: int = 1024, max_endpoints: int = 16384, max_samples: int = 65536,
-                 max_calls: int = 4096) -> None:
+    def __init__(
+        self, max_participants: int = 1024, max_endpoints: int = 16384, max_samples: int = 65536, max_calls: int = 4096
+    ) -> None:
         self.discovery = DiscoveryTable(max_participants, max_endpoints)
         self.writers: _Bounded = _Bounded(max_endpoints)  # writer GUID -> _Writer (egress side)
         self.sent_at: _Bounded = _Bounded(max_samples)  # (writer GUID, sn) -> send time
@@ -182,13 +183,31 @@ class RTPSSession(Session):
                 if sub.lost:
                     controls.setdefault(sub.writer_guid, [0, 0, 0])[2] += sub.lost
         for writer, (retransmitted, requested, lost) in controls.items():
-            out.append(Control(direction, timestamp_ns, timestamp_ns, state.discovery.endpoint(writer), local,
-                               retransmitted, requested, lost))
+            out.append(
+                Control(
+                    direction,
+                    timestamp_ns,
+                    timestamp_ns,
+                    state.discovery.endpoint(writer),
+                    local,
+                    retransmitted,
+                    requested,
+                    lost,
+                )
+            )
         state.expire_calls(timestamp_ns)
         return out
 
-    def _data(self, direction: Direction, sub: Data, ts: int, source_ts: int | None, local: bytes,
-              out: list[SessionOutput], controls: dict[bytes, list[int]]) -> None:
+    def _data(
+        self,
+        direction: Direction,
+        sub: Data,
+        ts: int,
+        source_ts: int | None,
+        local: bytes,
+        out: list[SessionOutput],
+        controls: dict[bytes, list[int]],
+    ) -> None:
         state, guid, sn = self.state, sub.writer_guid, sub.sn
         key = (guid, sn)
         fragment = sub.fragment_start > 0
@@ -229,11 +248,30 @@ class RTPSSession(Session):
         out.append(Sample(direction, ts, ts, guid, sn, endpoint, sub.sample_size, 0, local, latency, sub.key_only))
 
     @staticmethod
-    def _fragment(direction: Direction, sub: Data, ts: int, first: bool, endpoint: Endpoint | None,
-                  local: bytes, latency: int | None) -> Fragment:
+    def _fragment(
+        direction: Direction,
+        sub: Data,
+        ts: int,
+        first: bool,
+        endpoint: Endpoint | None,
+        local: bytes,
+        latency: int | None,
+    ) -> Fragment:
         numbers = tuple(range(sub.fragment_start, sub.fragment_start + sub.fragments))
-        return Fragment(direction, ts, ts, sub.writer_guid, sub.sn, numbers, sub.sample_size, sub.fragment_size,
-                        first, endpoint, local, latency)
+        return Fragment(
+            direction,
+            ts,
+            ts,
+            sub.writer_guid,
+            sub.sn,
+            numbers,
+            sub.sample_size,
+            sub.fragment_size,
+            first,
+            endpoint,
+            local,
+            latency,
+        )
 
     def _call(self, direction: Direction, endpoint: Endpoint, sub: Data, ts: int, out: list[SessionOutput]) -> None:
         """A service request or reply: the 16-byte request header pairs them."""
@@ -255,8 +293,19 @@ class RTPSSession(Session):
         if pending is None:
             return
         request_direction = Direction.INGRESS if egress else Direction.EGRESS
-        out.append(Call(request_direction, pending.start_ns, ts, client_guid, seq, pending.request, endpoint,
-                        pending.size, sub.sample_size))
+        out.append(
+            Call(
+                request_direction,
+                pending.start_ns,
+                ts,
+                client_guid,
+                seq,
+                pending.request,
+                endpoint,
+                pending.size,
+                sub.sample_size,
+            )
+        )
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[Message]:
         # The tail of a datagram past the capture cap: its submessages were parsed as far as they
@@ -322,8 +371,18 @@ class FragmentStitcher(Stitcher):
     @staticmethod
     def _sample(assembly: _Assembly) -> Sample:
         f = assembly.first
-        return Sample(f.direction, f.start_ns, assembly.end_ns, f.writer_guid, f.sn, f.endpoint, f.sample_size,
-                      assembly.total, f.participant, f.latency_ns)
+        return Sample(
+            f.direction,
+            f.start_ns,
+            assembly.end_ns,
+            f.writer_guid,
+            f.sn,
+            f.endpoint,
+            f.sample_size,
+            assembly.total,
+            f.participant,
+            f.latency_ns,
+        )
 
     def flush(self, timestamp_ns: int) -> list:
         """The socket is gone or the agent stops: report samples whose fragments were not all seen."""

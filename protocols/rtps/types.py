@@ -43,22 +43,42 @@ _DURATION_BUCKETS = (0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000,
 INSTRUMENTS = (
     InstrumentSpec(SENT, InstrumentKind.COUNTER, "{message}", "DDS samples published, per topic and participant"),
     InstrumentSpec(CONSUMED, InstrumentKind.COUNTER, "{message}", "DDS samples received, per topic and participant"),
-    InstrumentSpec(BYTES, InstrumentKind.COUNTER, "By",
-                   "Serialized bytes of DDS samples, per topic and direction (network.io.direction)"),
-    InstrumentSpec(LATENCY, InstrumentKind.HISTOGRAM, "s",
-                   "Publish to receive latency of DDS samples, per topic (same-node send time, else the "
-                   "writer's INFO_TS source timestamp)", _LATENCY_BUCKETS),
+    InstrumentSpec(
+        BYTES,
+        InstrumentKind.COUNTER,
+        "By",
+        "Serialized bytes of DDS samples, per topic and direction (network.io.direction)",
+    ),
+    InstrumentSpec(
+        LATENCY,
+        InstrumentKind.HISTOGRAM,
+        "s",
+        "Publish to receive latency of DDS samples, per topic (same-node send time, else the "
+        "writer's INFO_TS source timestamp)",
+        _LATENCY_BUCKETS,
+    ),
     InstrumentSpec(FRAGMENTS, InstrumentKind.COUNTER, "{fragment}", "DATA_FRAG fragments of DDS samples, per topic"),
-    InstrumentSpec(RETRANSMISSIONS, InstrumentKind.COUNTER, "{message}",
-                   "DDS samples resent after a reader's ACKNACK asked for them, per topic"),
-    InstrumentSpec(LOST, InstrumentKind.COUNTER, "{message}",
-                   "DDS samples a writer declared never to come (GAP), per topic"),
-    InstrumentSpec(NACKS, InstrumentKind.COUNTER, "{message}",
-                   "Samples readers asked to be resent (ACKNACK / NACK_FRAG), per topic"),
-    InstrumentSpec(CLIENT_DURATION, InstrumentKind.HISTOGRAM, "ms", "ROS 2 service calls, client side",
-                   _DURATION_BUCKETS),
-    InstrumentSpec(SERVER_DURATION, InstrumentKind.HISTOGRAM, "ms", "ROS 2 service calls, server side",
-                   _DURATION_BUCKETS),
+    InstrumentSpec(
+        RETRANSMISSIONS,
+        InstrumentKind.COUNTER,
+        "{message}",
+        "DDS samples resent after a reader's ACKNACK asked for them, per topic",
+    ),
+    InstrumentSpec(
+        LOST, InstrumentKind.COUNTER, "{message}", "DDS samples a writer declared never to come (GAP), per topic"
+    ),
+    InstrumentSpec(
+        NACKS,
+        InstrumentKind.COUNTER,
+        "{message}",
+        "Samples readers asked to be resent (ACKNACK / NACK_FRAG), per topic",
+    ),
+    InstrumentSpec(
+        CLIENT_DURATION, InstrumentKind.HISTOGRAM, "ms", "ROS 2 service calls, client side", _DURATION_BUCKETS
+    ),
+    InstrumentSpec(
+        SERVER_DURATION, InstrumentKind.HISTOGRAM, "ms", "ROS 2 service calls, server side", _DURATION_BUCKETS
+    ),
 )
 
 
@@ -122,14 +142,16 @@ class Sample(Message, Exchange):
         send = self.direction is Direction.EGRESS
         attributes: dict = self._topic()
         attributes.pop("dds.participant.guid", None)
-        attributes.update({
-            "messaging.operation.type": "send" if send else "receive",
-            "messaging.operation.name": "publish" if send else "receive",
-            "messaging.message.id": f"{guid_hex(self.writer_guid)}:{self.sn}",
-            "messaging.message.body.size": self.sample_size,
-            "dds.writer.guid": guid_hex(self.writer_guid),
-            "dds.sequence_number": self.sn,
-        })
+        attributes.update(
+            {
+                "messaging.operation.type": "send" if send else "receive",
+                "messaging.operation.name": "publish" if send else "receive",
+                "messaging.message.id": f"{guid_hex(self.writer_guid)}:{self.sn}",
+                "messaging.message.body.size": self.sample_size,
+                "dds.writer.guid": guid_hex(self.writer_guid),
+                "dds.sequence_number": self.sn,
+            }
+        )
         if self.fragments:
             attributes["dds.fragment.count"] = self.fragments
         if self.key_only:
@@ -144,12 +166,18 @@ class Sample(Message, Exchange):
     def metric_points(self, conn: ConnectionInfo) -> Iterable[MetricPoint]:
         attributes = self._topic()
         send = self.direction is Direction.EGRESS
-        points = [MetricPoint(SENT if send else CONSUMED, 1, attributes),
-                  MetricPoint(BYTES, self.sample_size,
-                              {**attributes, "network.io.direction": "transmit" if send else "receive"})]
+        points = [
+            MetricPoint(SENT if send else CONSUMED, 1, attributes),
+            MetricPoint(
+                BYTES, self.sample_size, {**attributes, "network.io.direction": "transmit" if send else "receive"}
+            ),
+        ]
         if self.fragments:
-            points.append(MetricPoint(FRAGMENTS, self.fragments,
-                                      {**attributes, "network.io.direction": "transmit" if send else "receive"}))
+            points.append(
+                MetricPoint(
+                    FRAGMENTS, self.fragments, {**attributes, "network.io.direction": "transmit" if send else "receive"}
+                )
+            )
         if self.latency_ns is not None:
             points.append(MetricPoint(LATENCY, self.latency_ns / 1e9, attributes))
         return points
@@ -206,14 +234,16 @@ class Call(Message, Exchange):
             attributes["error.type"] = "no_reply"
         _peer(conn, attributes)
         status = StatusCode.ERROR if self.reply_size is None and client else StatusCode.UNSET
-        return SpanDescription(self.service, SpanKind.CLIENT if client else SpanKind.SERVER, self.start_ns,
-                               self.end_ns, attributes, status)
+        return SpanDescription(
+            self.service, SpanKind.CLIENT if client else SpanKind.SERVER, self.start_ns, self.end_ns, attributes, status
+        )
 
     def metric_points(self, conn: ConnectionInfo) -> Iterable[MetricPoint]:
         client = self.direction is Direction.EGRESS
         attributes = {"rpc.system": "ros2", "rpc.service": self.service}
-        return [MetricPoint(CLIENT_DURATION if client else SERVER_DURATION,
-                            (self.end_ns - self.start_ns) / 1e6, attributes)]
+        return [
+            MetricPoint(CLIENT_DURATION if client else SERVER_DURATION, (self.end_ns - self.start_ns) / 1e6, attributes)
+        ]
 
 
 @dataclass(frozen=True, slots=True)

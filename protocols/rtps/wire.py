@@ -34,9 +34,19 @@ DATA = 0x15
 DATA_FRAG = 0x16
 
 SUBMESSAGE_NAMES = {
-    PAD: "PAD", ACKNACK: "ACKNACK", HEARTBEAT: "HEARTBEAT", GAP: "GAP", INFO_TS: "INFO_TS",
-    INFO_SRC: "INFO_SRC", INFO_REPLY_IP4: "INFO_REPLY_IP4", INFO_DST: "INFO_DST", INFO_REPLY: "INFO_REPLY",
-    NACK_FRAG: "NACK_FRAG", HEARTBEAT_FRAG: "HEARTBEAT_FRAG", DATA: "DATA", DATA_FRAG: "DATA_FRAG",
+    PAD: "PAD",
+    ACKNACK: "ACKNACK",
+    HEARTBEAT: "HEARTBEAT",
+    GAP: "GAP",
+    INFO_TS: "INFO_TS",
+    INFO_SRC: "INFO_SRC",
+    INFO_REPLY_IP4: "INFO_REPLY_IP4",
+    INFO_DST: "INFO_DST",
+    INFO_REPLY: "INFO_REPLY",
+    NACK_FRAG: "NACK_FRAG",
+    HEARTBEAT_FRAG: "HEARTBEAT_FRAG",
+    DATA: "DATA",
+    DATA_FRAG: "DATA_FRAG",
 }
 
 # Flags
@@ -241,8 +251,9 @@ def parse_message(buf: bytes, length: int | None = None) -> RtpsMessage | None:
     return msg
 
 
-def _submessage(msg: RtpsMessage, kind: int, flags: int, le: bool, buf: bytes, off: int, end: int,
-                source: bytes, declared: int) -> bytes:
+def _submessage(
+    msg: RtpsMessage, kind: int, flags: int, le: bool, buf: bytes, off: int, end: int, source: bytes, declared: int
+) -> bytes:
     """Apply one submessage to ``msg``; returns the source prefix for the ones after it."""
     u32 = "<I" if le else ">I"
     if kind == INFO_TS:
@@ -265,31 +276,52 @@ def _submessage(msg: RtpsMessage, kind: int, flags: int, le: bool, buf: bytes, o
         if off + 28 > end:
             raise ValueError("short HEARTBEAT")
         (count,) = struct.unpack_from(u32, buf, off + 24)
-        msg.submessages.append(Heartbeat(source + bytes(buf[off + 4 : off + 8]), bytes(buf[off : off + 4]),
-                                         _sn(buf, off + 8, le), _sn(buf, off + 16, le), count,
-                                         bool(flags & HEARTBEAT_FINAL)))
+        msg.submessages.append(
+            Heartbeat(
+                source + bytes(buf[off + 4 : off + 8]),
+                bytes(buf[off : off + 4]),
+                _sn(buf, off + 8, le),
+                _sn(buf, off + 16, le),
+                count,
+                bool(flags & HEARTBEAT_FINAL),
+            )
+        )
     elif kind == ACKNACK:
         base, missing, after = _set(buf, off + 8, end, le, 8)
         count = struct.unpack_from(u32, buf, after)[0] if after + 4 <= end else 0
-        msg.submessages.append(AckNack(source + bytes(buf[off : off + 4]),
-                                       msg.dest_prefix + bytes(buf[off + 4 : off + 8]), base, missing, count))
+        msg.submessages.append(
+            AckNack(
+                source + bytes(buf[off : off + 4]),
+                msg.dest_prefix + bytes(buf[off + 4 : off + 8]),
+                base,
+                missing,
+                count,
+            )
+        )
     elif kind == GAP:
         start = _sn(buf, off + 8, le)
         base, listed, _ = _set(buf, off + 16, end, le, 8)
-        msg.submessages.append(Gap(source + bytes(buf[off + 4 : off + 8]), bytes(buf[off : off + 4]),
-                                   start, base, listed))
+        msg.submessages.append(
+            Gap(source + bytes(buf[off + 4 : off + 8]), bytes(buf[off : off + 4]), start, base, listed)
+        )
     elif kind == NACK_FRAG:
         sn = _sn(buf, off + 8, le)
         _, missing, after = _set(buf, off + 16, end, le, 4)
         count = struct.unpack_from(u32, buf, after)[0] if after + 4 <= end else 0
-        msg.submessages.append(NackFrag(source + bytes(buf[off : off + 4]),
-                                        msg.dest_prefix + bytes(buf[off + 4 : off + 8]), sn, missing, count))
+        msg.submessages.append(
+            NackFrag(
+                source + bytes(buf[off : off + 4]), msg.dest_prefix + bytes(buf[off + 4 : off + 8]), sn, missing, count
+            )
+        )
     elif kind == HEARTBEAT_FRAG:
         if off + 24 > end:
             raise ValueError("short HEARTBEAT_FRAG")
         last, count = struct.unpack_from("<II" if le else ">II", buf, off + 16)
-        msg.submessages.append(HeartbeatFrag(source + bytes(buf[off + 4 : off + 8]), bytes(buf[off : off + 4]),
-                                             _sn(buf, off + 8, le), last, count))
+        msg.submessages.append(
+            HeartbeatFrag(
+                source + bytes(buf[off + 4 : off + 8]), bytes(buf[off : off + 4]), _sn(buf, off + 8, le), last, count
+            )
+        )
     return source
 
 
@@ -325,10 +357,30 @@ def _data(kind: int, flags: int, le: bool, buf: bytes, off: int, end: int, sourc
         # The last fragment of a sample is shorter; the wire size of this submessage's fragments.
         first_byte = (frag_start - 1) * frag_size
         wire = max(0, min(frags * frag_size, sample_size - first_byte))
-        return Data(writer_guid, reader_id, sn, qos, payload, wire, max(0, sample_size - padding), key_only,
-                    frag_start, frags, frag_size, le)
+        return Data(
+            writer_guid,
+            reader_id,
+            sn,
+            qos,
+            payload,
+            wire,
+            max(0, sample_size - padding),
+            key_only,
+            frag_start,
+            frags,
+            frag_size,
+            le,
+        )
     has_payload = bool(flags & (DATA_D | DATA_K))
     size = max(0, declared - payload_at) if has_payload else 0
-    return Data(writer_guid, reader_id, sn, qos, payload if has_payload else b"", size,
-                max(0, size - padding) if has_payload else 0, key_only,
-                little_endian=le)
+    return Data(
+        writer_guid,
+        reader_id,
+        sn,
+        qos,
+        payload if has_payload else b"",
+        size,
+        max(0, size - padding) if has_payload else 0,
+        key_only,
+        little_endian=le,
+    )

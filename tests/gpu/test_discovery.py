@@ -28,16 +28,18 @@ def standin() -> Path:
 def _dynamic_functions(path: Path) -> set[str]:
     with open(path, "rb") as f:
         table = ELFFile(f).get_section_by_name(".dynsym")
-        return {s.name for s in table.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] == "STT_FUNC"}
+        return {
+            s.name for s in table.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] == "STT_FUNC"
+        }
 
 
 def test_standins_define_the_real_symbol_names(standin: Path) -> None:
     expected = {
         "libcudart.so.12": {s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.RUNTIME},
-        "libcuda.so.1": {s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.DRIVER} - {"cuMemcpy",
-                                                                                                  "cuMemcpyAsync"},
-        "libnccl.so.2": {s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.NCCL} - {
-            "ncclCommInitRankConfig"},
+        "libcuda.so.1": {s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.DRIVER}
+        - {"cuMemcpy", "cuMemcpyAsync"},
+        "libnccl.so.2": {s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.NCCL}
+        - {"ncclCommInitRankConfig"},
     }
     for name, symbols in expected.items():
         assert symbols <= _dynamic_functions(standin / name), name
@@ -56,12 +58,18 @@ def test_the_real_wheels_define_what_we_hook() -> None:
     assert nccl <= defined
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("8@%rax", [probe.UsdtArg(8, 1, 0)]),
-    ("-4@%r12d 8@%rbx", [probe.UsdtArg(-4, 1, 12), probe.UsdtArg(8, 1, 1)]),
-    ("8@-24(%rbp) 4@(%rsp) -8@$5", [probe.UsdtArg(8, 2, 6, -24), probe.UsdtArg(4, 2, 7, 0), probe.UsdtArg(-8, 3, 0, 5)]),
-    ("8@16(%r13)", [probe.UsdtArg(8, 2, 13, 16)]),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8@%rax", [probe.UsdtArg(8, 1, 0)]),
+        ("-4@%r12d 8@%rbx", [probe.UsdtArg(-4, 1, 12), probe.UsdtArg(8, 1, 1)]),
+        (
+            "8@-24(%rbp) 4@(%rsp) -8@$5",
+            [probe.UsdtArg(8, 2, 6, -24), probe.UsdtArg(4, 2, 7, 0), probe.UsdtArg(-8, 3, 0, 5)],
+        ),
+        ("8@16(%r13)", [probe.UsdtArg(8, 2, 13, 16)]),
+    ],
+)
 def test_usdt_argument_locations(text: str, expected: list) -> None:
     assert list(probe.parse_usdt_args(text)) == expected
 
@@ -81,7 +89,9 @@ def test_pytorch_allocator_probes_and_semaphores_are_read_from_the_notes(standin
     with open(path, "rb") as f:
         elf = ELFFile(f)
         symbols = {s.name: s["st_value"] for s in elf.get_section_by_name(".symtab").iter_symbols()}
-        segments = [(s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        segments = [
+            (s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"
+        ]
         data = path.read_bytes()
 
     def offset(vaddr: int) -> int:
@@ -117,7 +127,7 @@ def test_records_decode_into_calls_and_process_events() -> None:
     assert call.args == (1, 2, 3, 4, 5, 6, 7)
     assert call.user_stack == (0x10, 0x20) and call.python_stack == ((0xC0DE, 0xC0DE + 40, 0),)
     # an entry record is cut after the Python frames it has
-    cut = raw[:probe.event_size(1)]
+    cut = raw[: probe.event_size(1)]
     assert probe.decode(cut, 5_000, 4).python_stack == call.python_stack
     usdt = probe.decode(_record(9, flags=1), 0, 4)
     assert usdt.duration_ns == 0  # a USDT probe has no return
@@ -141,9 +151,18 @@ def test_entries_and_returns_pair_on_thread_operation_and_time() -> None:
 
 
 def test_attacher_hooks_each_file_once_and_names_the_processes_that_map_it(standin: Path) -> None:
-    program = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; "
-                                f"ctypes.CDLL({str(standin / 'libcudart.so.12')!r}); print('up', flush=True); "
-                                "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    program = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, sys; "
+            f"ctypes.CDLL({str(standin / 'libcudart.so.12')!r}); print('up', flush=True); "
+            "sys.stdin.readline()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert program.stdout.readline() == "up\n"
         attached: list[tuple[str, str]] = []
@@ -154,13 +173,18 @@ def test_attacher_hooks_each_file_once_and_names_the_processes_that_map_it(stand
                 raise Exception("Failed to attach BPF to uprobe")  # what BCC raises
             attached.append((path, symbol))
 
-        attacher = probe.GpuAttacher(lambda path: probe._gpu_symbols(path) if "standin" in path else set(),  # noqa: SLF001
-                                     probe.read_usdt_probes, attach, lambda path, p: None)
+        attacher = probe.GpuAttacher(
+            lambda path: probe._gpu_symbols(path) if "standin" in path else set(),  # noqa: SLF001
+            probe.read_usdt_probes,
+            attach,
+            lambda path, p: None,
+        )
         pids = attacher.scan([program.pid, os.getpid()])
         assert pids == {program.pid}
         cudart = str(standin / "libcudart.so.12")
-        assert {s for p, s in attached if p == cudart} == {s for s in FUNCTION_SYMBOLS
-                                                          if BY_SYMBOL[s].library is Library.RUNTIME}
+        assert {s for p, s in attached if p == cudart} == {
+            s for s in FUNCTION_SYMBOLS if BY_SYMBOL[s].library is Library.RUNTIME
+        }
         assert failing in attacher.libraries.failed and failing not in attacher.libraries.hooked
         assert attacher.libraries.by_library() == {"runtime": 1}
         before = len(attached)

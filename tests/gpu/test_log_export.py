@@ -19,10 +19,15 @@ from tests.otlp_receiver import OTLPReceiver, _attributes
 
 
 def _record(i: int) -> ReadableLogRecord:
-    record = LogRecord(timestamp=1_000 + i, observed_timestamp=1_000 + i, severity_text="WARN",
-                       severity_number=SeverityNumber.WARN, body=f"leak {i}",
-                       attributes={"code.function.name": "leaky", "cuda.memory.leak.size": 1024 * i},
-                       event_name="cuda.memory.leak")
+    record = LogRecord(
+        timestamp=1_000 + i,
+        observed_timestamp=1_000 + i,
+        severity_text="WARN",
+        severity_number=SeverityNumber.WARN,
+        body=f"leak {i}",
+        attributes={"code.function.name": "leaky", "cuda.memory.leak.size": 1024 * i},
+        event_name="cuda.memory.leak",
+    )
     return ReadableLogRecord(record, Resource({"service.name": "trainer", "process.pid": 42}), SCOPE)
 
 
@@ -61,8 +66,10 @@ def test_otlp_exporter_sends_logs(protocol: str) -> None:
 
 def test_a_dead_backend_drops_and_counts() -> None:
     metrics = SelfMetrics()
-    config = load_config({"exporter": ["otlp"], "otlp_endpoint": "http://127.0.0.1:9",
-                          "otlp_protocol": "http/protobuf"}, {"OTEL_EXPORTER_OTLP_TIMEOUT": "200"})
+    config = load_config(
+        {"exporter": ["otlp"], "otlp_endpoint": "http://127.0.0.1:9", "otlp_protocol": "http/protobuf"},
+        {"OTEL_EXPORTER_OTLP_TIMEOUT": "200"},
+    )
     sink = build_log_sink(config, metrics)
     sink.export([_record(1)])
     sink.shutdown(3)

@@ -7,8 +7,9 @@ from otel_ebpf.gpu.memory import Allocation, AllocationTable, LeakReporter
 S = 1_000_000_000
 
 
-def alloc(ptr: int, size: int, ts: float, stack: str = "a", pid: int = 1, layer: str = "runtime",
-          device: int = 0) -> Allocation:
+def alloc(
+    ptr: int, size: int, ts: float, stack: str = "a", pid: int = 1, layer: str = "runtime", device: int = 0
+) -> Allocation:
     return Allocation(pid, layer, device, ptr, size, int(ts * S), stack)
 
 
@@ -18,8 +19,7 @@ def test_frees_pair_with_allocations_by_pid_layer_and_pointer() -> None:
     table.allocate(alloc(0x10, 7, 0, layer="pytorch"))  # the same address at another layer
     table.allocate(alloc(0x10, 5, 0, pid=2))  # and in another process
     table.allocate(alloc(0x20, 50, 0, device=1))
-    assert table.in_use() == {(1, "runtime", 0): 100, (1, "pytorch", 0): 7, (2, "runtime", 0): 5,
-                              (1, "runtime", 1): 50}
+    assert table.in_use() == {(1, "runtime", 0): 100, (1, "pytorch", 0): 7, (2, "runtime", 0): 5, (1, "runtime", 1): 50}
     freed = table.free(1, "runtime", 0x10)
     assert freed is not None and freed.size == 100
     assert table.in_use()[(1, "runtime", 0)] == 0 and table.in_use()[(1, "pytorch", 0)] == 7
@@ -52,12 +52,21 @@ def test_process_exit_forgets_its_allocations() -> None:
     table.allocate(alloc(0x10, 7, 0, pid=3))
     held = table.remove_processes({1, 3})
     assert {pid: [(a.ptr, a.size) for a in allocs] for pid, allocs in held.items()} == {
-        1: [(0x10, 10), (0x20, 5)], 3: [(0x10, 7)]}
+        1: [(0x10, 10), (0x20, 5)],
+        3: [(0x10, 7)],
+    }
     assert table.in_use() == {(2, "runtime", 0): 10} and len(table) == 1
 
 
-def grow(table: AllocationTable, steps: int, start: float, every: float = 0.1, stack: str = "leak",
-         check: bool = True, age: float = 0.5) -> list:
+def grow(
+    table: AllocationTable,
+    steps: int,
+    start: float,
+    every: float = 0.1,
+    stack: str = "leak",
+    check: bool = True,
+    age: float = 0.5,
+) -> list:
     """One leaked allocation per step, leak checks after each; returns every report."""
     reports = []
     for i in range(steps):

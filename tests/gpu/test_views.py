@@ -54,11 +54,20 @@ class Calls:
     def __init__(self, views: GpuViews, clock: Clock) -> None:
         self.views, self.clock = views, clock
 
-    def __call__(self, symbol: str, *args: int, ret: int = 0, out: int = 0, duration: float = 1e-5, tid: int = PID,
-                 where: int = 1) -> None:
+    def __call__(
+        self,
+        symbol: str,
+        *args: int,
+        ret: int = 0,
+        out: int = 0,
+        duration: float = 1e-5,
+        tid: int = PID,
+        where: int = 1,
+    ) -> None:
         padded = tuple(args) + (0,) * (7 - len(args))
-        self.views.handle(GpuCall(self.clock.tick(), int(duration * S), PID, tid, BY_SYMBOL[symbol].op, ret, padded,
-                                  out, (where,)))
+        self.views.handle(
+            GpuCall(self.clock.tick(), int(duration * S), PID, tid, BY_SYMBOL[symbol].op, ret, padded, out, (where,))
+        )
 
 
 @pytest.fixture
@@ -121,8 +130,14 @@ def test_memory_pairs_per_layer_and_device(setup: tuple) -> None:
     assert value(points, "cuda.memory.in_use", **{"cuda.api": "driver", "cuda.device": 0}) == 500
     assert value(points, "cuda.memory.in_use", **{"cuda.api": "pytorch", "cuda.device": 1}) == 0
     assert value(points, "cuda.memory.allocated", **{"cuda.api": "pytorch", "cuda.device": 1}) == 256
-    assert value(points, "cuda.api.calls", **{"cuda.api": "runtime", "cuda.function": "cudaMalloc",
-                                              "error.type": "cudaErrorMemoryAllocation"}) == 1
+    assert (
+        value(
+            points,
+            "cuda.api.calls",
+            **{"cuda.api": "runtime", "cuda.function": "cudaMalloc", "error.type": "cudaErrorMemoryAllocation"},
+        )
+        == 1
+    )
     assert value(points, "cuda.api.calls", **{"cuda.api": "runtime", "cuda.function": "cudaMalloc"}) == 2
     assert views.table.unmatched_frees == 1
 
@@ -143,8 +158,11 @@ def test_copies_by_direction_and_waits(setup: tuple) -> None:
     points = collected(views, clock.tick())
 
     def copy(api: str, direction: str, sync: bool) -> Any:
-        return value(points, "cuda.memcpy.size", **{"cuda.api": api, "cuda.memcpy.direction": direction,
-                                                    "cuda.memcpy.synchronous": sync})
+        return value(
+            points,
+            "cuda.memcpy.size",
+            **{"cuda.api": api, "cuda.memcpy.direction": direction, "cuda.memcpy.synchronous": sync},
+        )
 
     assert copy("runtime", "host_to_host", True) == (1, 1)
     assert copy("runtime", "host_to_device", True) == (1, 10)
@@ -154,23 +172,38 @@ def test_copies_by_direction_and_waits(setup: tuple) -> None:
     assert copy("runtime", "host_to_device", False) == (1, 50)
     assert copy("driver", "device_to_host", True) == (1, 60)
     assert copy("driver", "host_to_device", False) == (1, 70)
-    assert value(points, "cuda.memcpy.duration", **{"cuda.api": "runtime", "cuda.memcpy.direction": "default",
-                                                    "cuda.memcpy.synchronous": True}) == (1, 0.002)
+    assert value(
+        points,
+        "cuda.memcpy.duration",
+        **{"cuda.api": "runtime", "cuda.memcpy.direction": "default", "cuda.memcpy.synchronous": True},
+    ) == (1, 0.002)
     assert value(points, "cuda.synchronize.duration", **{"cuda.function": "cudaDeviceSynchronize"}) == (1, 0.5)
     assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime"}) == 1
     assert value(points, "cuda.kernel.launches", **{"cuda.api": "driver"}) == 1
-    assert value(points, "cuda.api.calls", **{"cuda.api": "driver", "cuda.function": "cuLaunchKernel",
-                                              "error.type": "CUDA_ERROR_INVALID_HANDLE"}) == 1
-    waits = {key.attributes: values for p in views.take_profiles(clock.tick()) if p.sample_types[0].type == "wait_time"
-             for key, values in p.samples.items()}
+    assert (
+        value(
+            points,
+            "cuda.api.calls",
+            **{"cuda.api": "driver", "cuda.function": "cuLaunchKernel", "error.type": "CUDA_ERROR_INVALID_HANDLE"},
+        )
+        == 1
+    )
+    waits = {
+        key.attributes: values
+        for p in views.take_profiles(clock.tick())
+        if p.sample_types[0].type == "wait_time"
+        for key, values in p.samples.items()
+    }
     # synchronous copies count as waits too (the CPU waited for them), asynchronous ones do not
     assert waits[(("cuda.function", "cudaDeviceSynchronize"),)] == [500_000_000, 1]
     assert waits[(("cuda.function", "cudaMemcpy"),)] == [5 * 2_000_000, 5]
     assert (("cuda.function", "cudaMemcpyAsync"),) not in waits
 
 
-@pytest.mark.parametrize("symbol", ["ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather",
-                                    "ncclReduceScatter", "ncclSend", "ncclRecv"])
+@pytest.mark.parametrize(
+    "symbol",
+    ["ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclSend", "ncclRecv"],
+)
 def test_collective_bytes_are_count_times_datatype_size(setup: tuple, symbol: str) -> None:
     views, call, _, clock = setup
     call("ncclCommInitRank", 0x5000, 8, 3, out=0xC0)  # rank 3 of 8: the id is passed in memory
@@ -186,8 +219,9 @@ def test_collective_bytes_are_count_times_datatype_size(setup: tuple, symbol: st
     for dtype, (name, size) in NCCL_DATATYPES.items():
         attrs = {"nccl.operation": operation, "nccl.datatype": name, "nccl.rank": 3, "nccl.comm.size": 8}
         assert value(points, "nccl.operation.size", **attrs) == (1, (1000 + dtype) * size), name
-    assert value(points, "nccl.operations", **{"nccl.operation": operation, "nccl.rank": 3,
-                                               "nccl.comm.size": 8}) == len(NCCL_DATATYPES)
+    assert value(
+        points, "nccl.operations", **{"nccl.operation": operation, "nccl.rank": 3, "nccl.comm.size": 8}
+    ) == len(NCCL_DATATYPES)
     assert value(points, "nccl.operations", **{"nccl.operation": "CommInitRank", "nccl.rank": 3}) == 1
 
 
@@ -202,12 +236,16 @@ def test_nccl_errors_groups_and_unknown_communicators(setup: tuple) -> None:
     call("ncclCommDestroy", 0xC1)
     call("ncclSend", 0, 5, 7, 1, 0xC1)  # after destroy: rank no longer known
     points = collected(views, clock.tick())
-    assert value(points, "nccl.operation.size", **{"nccl.operation": "AllReduce", "nccl.datatype": "float32"}) == \
-        (1, 40)
+    assert value(points, "nccl.operation.size", **{"nccl.operation": "AllReduce", "nccl.datatype": "float32"}) == (
+        1,
+        40,
+    )
     assert value(points, "nccl.operations", **{"nccl.operation": "AllReduce", "error.type": "ncclInvalidArgument"}) == 1
     assert value(points, "nccl.operations", **{"nccl.operation": "GroupStart"}) == 1
-    assert value(points, "nccl.operations", **{"nccl.operation": "CommInitRank",
-                                               "error.type": "ncclUnhandledCudaError"}) == 1
+    assert (
+        value(points, "nccl.operations", **{"nccl.operation": "CommInitRank", "error.type": "ncclUnhandledCudaError"})
+        == 1
+    )
     assert value(points, "nccl.operations", **{"nccl.operation": "CommDestroy"}) == 1
     assert value(points, "nccl.operation.size", **{"nccl.operation": "Send", "nccl.datatype": "float32"}) == (1, 20)
 
@@ -269,7 +307,7 @@ def test_process_exit_gives_its_state_at_exit_then_forgets_it(setup: tuple) -> N
     assert set(by_view) == {"cuda_memory_in_use", "cuda_memory_allocated", "cuda_launch"}
     in_use = by_view["cuda_memory_in_use"]
     assert in_use.total(0) == 400 and in_use.total(1) == 2
-    (key, values), = in_use.samples.items()
+    ((key, values),) = in_use.samples.items()
     assert dict(key.attributes) == {"otel_ebpf.process.exited": True} and values == [400, 2]
     assert "leaky" in [f.function for f in key.stack]
     assert in_use.resource["process.pid"] == PID
@@ -279,8 +317,13 @@ def test_process_exit_gives_its_state_at_exit_then_forgets_it(setup: tuple) -> N
 
 
 def test_delta_temporality_restarts_counters(setup: tuple) -> None:
-    views = GpuViews(stack_of, resource_of, SelfMetrics(), GpuViewsConfig(),
-                     frozenset({InstrumentKind.COUNTER, InstrumentKind.HISTOGRAM}))
+    views = GpuViews(
+        stack_of,
+        resource_of,
+        SelfMetrics(),
+        GpuViewsConfig(),
+        frozenset({InstrumentKind.COUNTER, InstrumentKind.HISTOGRAM}),
+    )
     clock = Clock()
     call = Calls(views, clock)
     call("cudaLaunchKernel", 0)
@@ -313,9 +356,14 @@ def test_collectives_under_a_request_become_child_spans() -> None:
     assert span.name == "nccl AllReduce" and span.parent.span_id == 0xDEF
     assert span.context.trace_id == 0xABC and span.context.span_id not in (0, 0xDEF)
     assert (span.start_time, span.end_time) == (5 * S, 5 * S + 2000)
-    assert dict(span.attributes) == {"nccl.operation": "AllReduce", "nccl.datatype": "bfloat16",
-                                     "nccl.operation.size": 1024, "nccl.rank": 1, "nccl.comm.size": 4,
-                                     "thread.id": 7}
+    assert dict(span.attributes) == {
+        "nccl.operation": "AllReduce",
+        "nccl.datatype": "bfloat16",
+        "nccl.operation.size": 1024,
+        "nccl.rank": 1,
+        "nccl.comm.size": 4,
+        "thread.id": 7,
+    }
     again = collective_span(nccl("ncclAllReduce", 0, 0, 512, 9, 0, 0xC0), (0xABC, 0xDEF), resource_of(PID))
     assert again.context.span_id == span.context.span_id  # derived from the call: replays agree
     failed = collective_span(nccl("ncclSend", 0, 5, 99, 1, 0xC0, ret=4), (1, 2), resource_of(PID))

@@ -23,9 +23,15 @@ class IOVec(ctypes.Structure):
 
 
 class MsgHdr(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(IOVec)),
-                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
-                ("flags", ctypes.c_int)]
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("namelen", ctypes.c_uint32),
+        ("iov", ctypes.POINTER(IOVec)),
+        ("iovlen", ctypes.c_size_t),
+        ("control", ctypes.c_void_p),
+        ("controllen", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+    ]
 
 
 class MMsgHdr(ctypes.Structure):
@@ -36,8 +42,9 @@ def datagram(n: int) -> list[bytes]:
     """An RTPS message as three iovecs: header, INFO_TS, HEARTBEAT (writer 0x103, count n)."""
     header = b"RTPS\x02\x05\x01\x10" + bytes(11) + bytes([n])
     info_ts = struct.pack("<BBHiI", 0x09, 1, 8, 1_700_000_000 + n, 0)
-    heartbeat = struct.pack("<BBH", 0x07, 1, 28) + bytes(4) + bytes.fromhex("00000103") + struct.pack(
-        "<iIiII", 0, 1, 0, n, n)
+    heartbeat = (
+        struct.pack("<BBH", 0x07, 1, 28) + bytes(4) + bytes.fromhex("00000103") + struct.pack("<iIiII", 0, 1, 0, n, n)
+    )
     return [header, info_ts, heartbeat]
 
 

@@ -32,18 +32,38 @@ def test_backend_down_capture_continues_and_drops_are_counted(tmp_path: Path) ->
         port = int(_wait_for_file(tmp_path / "port", server))
         ready = tmp_path / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--port", str(port),
-             "--exporter", "otlp", "--otlp-endpoint", f"http://127.0.0.1:{_closed_port()}",
-             "--exporter", "file", "--output", str(tmp_path / "out"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "300", "OTEL_BSP_SCHEDULE_DELAY": "200",
-                 "OTEL_EBPF_PAYLOAD_CAP": "32768"},
+            [
+                *AGENT,
+                "run",
+                "--port",
+                str(port),
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                f"http://127.0.0.1:{_closed_port()}",
+                "--exporter",
+                "file",
+                "--output",
+                str(tmp_path / "out"),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "300",
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+                "OTEL_EBPF_PAYLOAD_CAP": "32768",
+            },
         )
         _wait_for_file(ready, agent)
         started = time.monotonic()
         for i in range(REQUESTS):
-            subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"],
-                           check=True, timeout=30)
+            subprocess.run(
+                ["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"], check=True, timeout=30
+            )
         subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/large"], check=True, timeout=30)
         assert time.monotonic() - started < 20  # the dead backend did not slow the traced programs
         agent.send_signal(signal.SIGINT)

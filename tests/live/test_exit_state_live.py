@@ -58,8 +58,9 @@ print(time.process_time(), flush=True)
 
 
 def _exited(profile) -> bool:
-    return bool(profile.samples) and all(dict(key.attributes).get("otel_ebpf.process.exited") is True
-                                         for key in profile.samples)
+    return bool(profile.samples) and all(
+        dict(key.attributes).get("otel_ebpf.process.exited") is True for key in profile.samples
+    )
 
 
 def _profiles_at_exit(receiver: OTLPReceiver, pid: int, sample_type: str | None) -> tuple[list, float]:
@@ -68,16 +69,20 @@ def _profiles_at_exit(receiver: OTLPReceiver, pid: int, sample_type: str | None)
     exited_at = time.monotonic()
 
     def at_exit(r: OTLPReceiver) -> list:
-        return [p for p in _profiles(r) if p.resource.get("process.pid") == pid and _exited(p)
-                and sample_type in (None, p.sample_types[0].type)]
+        return [
+            p
+            for p in _profiles(r)
+            if p.resource.get("process.pid") == pid and _exited(p) and sample_type in (None, p.sample_types[0].type)
+        ]
 
     assert receiver.wait_for(lambda r: bool(at_exit(r)), timeout=8), "no profile at exit"
     return at_exit(receiver), time.monotonic() - exited_at
 
 
 def test_gpu_memory_still_held_at_exit_is_exported_at_once(tmp_path: Path) -> None:
-    workload = subprocess.Popen([*WORKLOAD, "--steps", "10", "--step-ms", "50"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    workload = subprocess.Popen(
+        [*WORKLOAD, "--steps", "10", "--step-ms", "50"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert workload.stdout.readline() == "ready\n"
         pid = workload.pid
@@ -105,16 +110,32 @@ def test_gpu_memory_still_held_at_exit_is_exported_at_once(tmp_path: Path) -> No
 
 
 def test_cpu_samples_of_a_process_that_exits_within_the_interval(tmp_path: Path) -> None:
-    program = subprocess.Popen([sys.executable, "-c", CPU_BOUND, "3"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    program = subprocess.Popen(
+        [sys.executable, "-c", CPU_BOUND, "3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     ready = tmp_path / "ready"
     try:
         pid = int(program.stdout.readline())
         with OTLPReceiver() as receiver:
             agent = subprocess.Popen(
-                [*AGENT, "run", "--pid", str(pid), "--profile", "--profile-frequency", str(HZ), "--exporter", "otlp",
-                 "--otlp-endpoint", receiver.grpc_endpoint, "--ready-file", str(ready)],
-                cwd=REPO, stderr=subprocess.PIPE, text=True,
+                [
+                    *AGENT,
+                    "run",
+                    "--pid",
+                    str(pid),
+                    "--profile",
+                    "--profile-frequency",
+                    str(HZ),
+                    "--exporter",
+                    "otlp",
+                    "--otlp-endpoint",
+                    receiver.grpc_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
                 env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "60", "OTEL_EBPF_GPU": "false"},
             )
             try:
@@ -134,5 +155,7 @@ def test_cpu_samples_of_a_process_that_exits_within_the_interval(tmp_path: Path)
     functions = {f for p in profiles for key in p.samples for f in _functions(key.stack)}
     assert {"recurse", "native_part"} <= functions
     assert 0.6 * expected <= samples <= 1.25 * expected, (samples, expected)
-    print(f"{samples} samples at exit for {cpu_s:.2f} s of CPU ({expected:.0f} expected), "
-          f"received {waited:.2f} s after the exit")
+    print(
+        f"{samples} samples at exit for {cpu_s:.2f} s of CPU ({expected:.0f} expected), "
+        f"received {waited:.2f} s after the exit"
+    )

@@ -33,12 +33,18 @@ CALLS = 7
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every call once, traced; the callers' own records, the spans and the metrics."""
     tmp = tmp_path_factory.mktemp("genai")
-    server = subprocess.Popen([*SERVER, str(tmp / "port"), "--first-token-ms", "300", "--token-ms", "40",
-                               "--tokens", str(TOKENS)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [*SERVER, str(tmp / "port"), "--first-token-ms", "300", "--token-ms", "40", "--tokens", str(TOKENS)],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         port = _wait_for_file(tmp / "port", server)
-        clients = subprocess.Popen([*CLIENTS, port, "--wait", "--tokens", str(TOKENS)],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        clients = subprocess.Popen(
+            [*CLIENTS, port, "--wait", "--tokens", str(TOKENS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert clients.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             agent = _start_agent(tmp, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(clients.pid))
@@ -55,8 +61,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _llm_spans(run: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return sorted((s for s in run["spans"] if s["kind"] == kind and "gen_ai.operation.name" in s["attributes"]),
-                  key=lambda s: s["start_ns"])
+    return sorted(
+        (s for s in run["spans"] if s["kind"] == kind and "gen_ai.operation.name" in s["attributes"]),
+        key=lambda s: s["start_ns"],
+    )
 
 
 def _points(run: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -69,7 +77,9 @@ def _points(run: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 def _histogram_count(run: dict[str, Any], name: str, **attributes: Any) -> int:
-    return sum(p["count"] for p in _points(run, name) if all(p["attributes"].get(k) == v for k, v in attributes.items()))
+    return sum(
+        p["count"] for p in _points(run, name) if all(p["attributes"].get(k) == v for k, v in attributes.items())
+    )
 
 
 @pytest.mark.parametrize("kind", ["SERVER", "CLIENT"])
@@ -77,16 +87,24 @@ def test_every_call_is_one_genai_span_per_side(run: dict[str, Any], kind: str) -
     spans = _llm_spans(run, kind)
     # in call order: the callers run the calls one after another
     assert [s["name"] for s in spans] == [
-        "chat llama-3-8b", "chat gpt-oss-20b", "chat gpt-oss-20b", "embeddings bge-small",
-        "text_completion llama3.2", "text_completion", "chat llama-3-8b",
+        "chat llama-3-8b",
+        "chat gpt-oss-20b",
+        "chat gpt-oss-20b",
+        "embeddings bge-small",
+        "text_completion llama3.2",
+        "text_completion",
+        "chat llama-3-8b",
     ]
     providers = [s["attributes"]["gen_ai.provider.name"] for s in spans]
     assert providers == ["openai"] * 4 + ["ollama", "huggingface.tgi", "openai"]
     versions = [s["attributes"]["network.protocol.version"] for s in spans]
     assert versions == ["1.1"] * 6 + ["2"]
     assert run["calls"]["httpx_chat_stream_h2"]["http_version"] == "HTTP/2"
-    failed = [(s["name"], s["status_code"], s["attributes"]) for s in spans
-              if s["status_code"] != "UNSET" or "error.type" in s["attributes"]]
+    failed = [
+        (s["name"], s["status_code"], s["attributes"])
+        for s in spans
+        if s["status_code"] != "UNSET" or "error.type" in s["attributes"]
+    ]
     assert not failed
 
 

@@ -32,16 +32,42 @@ WORKLOAD = [sys.executable, str(REPO / "examples" / "gpu_training_standin.py")]
 STEPS = 20
 MIB = 1 << 20
 NCCL_OPS = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv")
-DTYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16", 7: "float32",
-          8: "float64", 9: "bfloat16", 10: "float8e4m3", 11: "float8e5m2"}
+DTYPES = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8e4m3",
+    11: "float8e5m2",
+}
 
 
 def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     ready = tmp / "agent.ready"
     agent = subprocess.Popen(
-        [*AGENT, "run", "--pid", str(pid), "--gpu", "true", "--exporter", "otlp", "--otlp-endpoint",
-         receiver.grpc_endpoint, "--ready-file", str(ready)],
-        cwd=REPO, stderr=subprocess.PIPE, text=True,
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(pid),
+            "--gpu",
+            "true",
+            "--exporter",
+            "otlp",
+            "--otlp-endpoint",
+            receiver.grpc_endpoint,
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
     )
     _wait_for_file(ready, agent, timeout=60)
@@ -57,8 +83,9 @@ def _stop(agent: subprocess.Popen) -> str:
 
 def _final(metrics: dict[str, list[dict[str, Any]]], name: str, pid: int, **attributes: Any) -> Any:
     """The last cumulative value (histograms: (count, sum)) of the series with exactly ``attributes``."""
-    points = [p for p in metrics.get(name, []) if p["resource"].get("process.pid") == pid
-              and p["attributes"] == attributes]
+    points = [
+        p for p in metrics.get(name, []) if p["resource"].get("process.pid") == pid and p["attributes"] == attributes
+    ]
     if not points:
         return None
     last = max(points, key=lambda p: p["time_ns"])
@@ -72,9 +99,15 @@ def _logs(receiver: OTLPReceiver) -> list[dict[str, Any]]:
             resource = _attributes(resource_logs.resource.attributes)
             for scope_logs in resource_logs.scope_logs:
                 for record in scope_logs.log_records:
-                    records.append({"resource": resource, "body": record.body.string_value,
-                                    "event_name": record.event_name, "severity": record.severity_text,
-                                    "attributes": _attributes(record.attributes)})
+                    records.append(
+                        {
+                            "resource": resource,
+                            "body": record.body.string_value,
+                            "event_name": record.event_name,
+                            "severity": record.severity_text,
+                            "attributes": _attributes(record.attributes),
+                        }
+                    )
     return records
 
 
@@ -91,8 +124,13 @@ class Traced:
     profiles: list
 
 
-def _traced_run(tmp: Path, program: subprocess.Popen, before_go: Callable[[], None] = lambda: None,
-                settle_s: float = 0.0, profiles: bool = True) -> Traced:
+def _traced_run(
+    tmp: Path,
+    program: subprocess.Popen,
+    before_go: Callable[[], None] = lambda: None,
+    settle_s: float = 0.0,
+    profiles: bool = True,
+) -> Traced:
     """Attach the agent to ``program`` (which waits for lines on stdin), let it go, read its JSON
     summary line, stop the agent and collect what the receiver got; ``program`` is then told to
     exit (a last line) and reaped."""
@@ -105,8 +143,9 @@ def _traced_run(tmp: Path, program: subprocess.Popen, before_go: Callable[[], No
             summary = json.loads(program.stdout.readline())
             time.sleep(settle_s)
             stderr = _stop(agent)
-            receiver.wait_for(lambda r: bool(r.metrics()) and (bool(r.requests("profiles")) or not profiles),
-                              timeout=15)
+            receiver.wait_for(
+                lambda r: bool(r.metrics()) and (bool(r.requests("profiles")) or not profiles), timeout=15
+            )
             traced = Traced(summary, stderr, receiver.metrics(), _logs(receiver), _profiles(receiver))
         program.communicate("exit\n", timeout=30)
         return traced
@@ -120,8 +159,9 @@ def _functions(stack: tuple) -> list[str]:
 
 
 def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
-    workload = subprocess.Popen([*WORKLOAD, "--steps", str(STEPS), "--step-ms", "50"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    workload = subprocess.Popen(
+        [*WORKLOAD, "--steps", str(STEPS), "--step-ms", "50"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert workload.stdout.readline() == "ready\n"  # libraries loaded before the agent starts
     # after the loop, a few more leak checks: in-use no longer grows, nothing new is reported
     run = _traced_run(tmp_path, workload, settle_s=0.5)
@@ -134,14 +174,24 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
         attrs = {"cuda.api": layer, "cuda.device": device}
         assert _final(metrics, "cuda.memory.in_use", pid, **attrs) == ledger[f"in_use {layer} {device}"], attrs
         assert _final(metrics, "cuda.memory.allocated", pid, **attrs) == ledger[f"alloc {layer} {device}"], attrs
-    assert _final(metrics, "cuda.memory.allocations", pid, **{"cuda.api": "runtime", "cuda.device": 0}) == \
-        ledger["allocs runtime 0"]
-    assert _final(metrics, "cuda.api.calls", pid, **{"cuda.api": "runtime", "cuda.function": "cudaMalloc",
-                                                      "error.type": "cudaErrorMemoryAllocation"}) == 1
+    assert (
+        _final(metrics, "cuda.memory.allocations", pid, **{"cuda.api": "runtime", "cuda.device": 0})
+        == ledger["allocs runtime 0"]
+    )
+    assert (
+        _final(
+            metrics,
+            "cuda.api.calls",
+            pid,
+            **{"cuda.api": "runtime", "cuda.function": "cudaMalloc", "error.type": "cudaErrorMemoryAllocation"},
+        )
+        == 1
+    )
     # the free of memory allocated before the agent attached pairs with nothing
     assert _final(metrics, "otel_ebpf.gpu.allocations.untracked", os.getpid(), reason="unmatched_free") is None
-    untracked = [p for p in metrics["otel_ebpf.gpu.allocations.untracked"]
-                 if p["attributes"] == {"reason": "unmatched_free"}]
+    untracked = [
+        p for p in metrics["otel_ebpf.gpu.allocations.untracked"] if p["attributes"] == {"reason": "unmatched_free"}
+    ]
     assert max(p["value"] for p in untracked) == 1
     # copies: bytes and calls by layer, direction and synchronicity
     for key, total in ledger.items():
@@ -162,8 +212,15 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
             expected = ledger.get(f"nccl bytes {op} {code} rank 1")
             found = _final(metrics, "nccl.operation.size", pid, **attrs)
             assert found == (ledger[f"nccl calls {op} {code} rank 1"], expected), attrs
-    assert _final(metrics, "nccl.operations", pid, **{"nccl.operation": "AllReduce", "nccl.rank": 1,
-                                                      "nccl.comm.size": 2, "error.type": "ncclInvalidArgument"}) == 1
+    assert (
+        _final(
+            metrics,
+            "nccl.operations",
+            pid,
+            **{"nccl.operation": "AllReduce", "nccl.rank": 1, "nccl.comm.size": 2, "error.type": "ncclInvalidArgument"},
+        )
+        == 1
+    )
     assert _final(metrics, "nccl.operations", pid, **{"nccl.operation": "CommInitRank", "nccl.rank": 1}) == 1
     assert _final(metrics, "nccl.operations", pid, **{"nccl.operation": "GroupStart"}) == 1
     drops = {p["attributes"]["reason"]: p["value"] for p in metrics["otel_ebpf.kernel.drops"]}
@@ -184,8 +241,14 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     for profile in profiles:
         if profile.resource.get("process.pid") == pid:
             by_type.setdefault(profile.period_type.type, []).append(profile)
-    assert {"cuda_memory_allocated", "cuda_memory_in_use", "cuda_memcpy", "cuda_wait", "cuda_launch",
-            "nccl"} <= by_type.keys()
+    assert {
+        "cuda_memory_allocated",
+        "cuda_memory_in_use",
+        "cuda_memcpy",
+        "cuda_wait",
+        "cuda_launch",
+        "nccl",
+    } <= by_type.keys()
     # OTLP carries one profile per sample type, all with the view's period type
     assert {p.sample_types[0].type for p in by_type["cuda_memory_in_use"]} == {"inuse_space", "inuse_objects"}
     in_use = [p for p in by_type["cuda_memory_in_use"] if p.sample_types[0].type == "inuse_space"][-1]
@@ -197,16 +260,23 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
         for key, values in profile.samples.items():
             launches[key.stack[0].function] = launches.get(key.stack[0].function, 0) + values[0]
             assert "train_step" in _functions(key.stack)
-    assert launches == {"cudaLaunchKernel": ledger["launch runtime"], "cuLaunchKernel": STEPS,
-                        "cuLaunchKernelEx": STEPS}
+    assert launches == {
+        "cudaLaunchKernel": ledger["launch runtime"],
+        "cuLaunchKernel": STEPS,
+        "cuLaunchKernelEx": STEPS,
+    }
 
 
 def test_libraries_loaded_after_exec_are_hooked_without_restart(tmp_path: Path) -> None:
     """The agent starts first, on a shell that later execs the training loop (same pid): the exec
     event and the rescan of the process's maps find the libraries it loads; nothing restarts."""
     steps = 5
-    shell = subprocess.Popen(["sh", "-c", f"read go && exec {' '.join(WORKLOAD)} --steps {steps} --step-ms 1"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    shell = subprocess.Popen(
+        ["sh", "-c", f"read go && exec {' '.join(WORKLOAD)} --steps {steps} --step-ms 1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def exec_and_wait() -> None:
         shell.stdin.write("exec\n")
@@ -220,8 +290,10 @@ def test_libraries_loaded_after_exec_are_hooked_without_restart(tmp_path: Path) 
     assert "GPU: hooked" in stderr and "libcudart.so.12" in stderr and "libnccl.so.2" in stderr
     ledger = summary["ledger"]
     assert _final(metrics, "cuda.kernel.launches", shell.pid, **{"cuda.api": "runtime"}) == ledger["launch runtime"]
-    assert _final(metrics, "cuda.memory.in_use", shell.pid, **{"cuda.api": "runtime", "cuda.device": 0}) == \
-        ledger["in_use runtime 0"]
+    assert (
+        _final(metrics, "cuda.memory.in_use", shell.pid, **{"cuda.api": "runtime", "cuda.device": 0})
+        == ledger["in_use runtime 0"]
+    )
 
 
 REAL_CALLS = """
@@ -249,8 +321,12 @@ def test_real_cuda_runtime_and_nccl_wheels_attach_and_report_errors(tmp_path: Pa
     root = Path(nvidia.cuda_runtime.__path__[0]).parent
     cudart, nccl = root / "cuda_runtime" / "lib" / "libcudart.so.12", root / "nccl" / "lib" / "libnccl.so.2"
     assert cudart.exists() and nccl.exists()
-    program = subprocess.Popen([sys.executable, "-c", REAL_CALLS, str(cudart), str(nccl)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    program = subprocess.Popen(
+        [sys.executable, "-c", REAL_CALLS, str(cudart), str(nccl)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     program.stdin.write("load\n")
     program.stdin.flush()
     assert program.stdout.readline() == "ready\n"
@@ -261,13 +337,30 @@ def test_real_cuda_runtime_and_nccl_wheels_attach_and_report_errors(tmp_path: Pa
     from otel_ebpf.gpu.calls import CUDA_ERRORS, NCCL_ERRORS
 
     for function in ("cudaMalloc", "cudaMemcpy", "cudaDeviceSynchronize"):
-        attrs = {"cuda.api": "runtime", "cuda.function": function,
-                 "error.type": CUDA_ERRORS.get(codes[function], str(codes[function]))}
+        attrs = {
+            "cuda.api": "runtime",
+            "cuda.function": function,
+            "error.type": CUDA_ERRORS.get(codes[function], str(codes[function])),
+        }
         assert _final(metrics, "cuda.api.calls", program.pid, **attrs) == 1, attrs
-    assert _final(metrics, "nccl.operations", program.pid, **{
-        "nccl.operation": "CommInitRank", "error.type": NCCL_ERRORS.get(codes["ncclCommInitRank"])}) == 1
-    assert _final(metrics, "nccl.operations", program.pid, **{
-        "nccl.operation": "AllReduce", "error.type": NCCL_ERRORS.get(codes["ncclAllReduce"])}) == 1
+    assert (
+        _final(
+            metrics,
+            "nccl.operations",
+            program.pid,
+            **{"nccl.operation": "CommInitRank", "error.type": NCCL_ERRORS.get(codes["ncclCommInitRank"])},
+        )
+        == 1
+    )
+    assert (
+        _final(
+            metrics,
+            "nccl.operations",
+            program.pid,
+            **{"nccl.operation": "AllReduce", "error.type": NCCL_ERRORS.get(codes["ncclAllReduce"])},
+        )
+        == 1
+    )
     assert _final(metrics, "cuda.memory.in_use", program.pid, **{"cuda.api": "runtime", "cuda.device": 0}) is None
 
 
@@ -278,16 +371,21 @@ def test_nccl_calls_inside_a_request_become_its_child_spans(tmp_path: Path) -> N
     otherwise idle agent catches up with a call's time about a second after it."""
     import urllib.request
 
-    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "gpu_inference_standin.py"),
-                               str(tmp_path / "port"), "1.5"])
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "gpu_inference_standin.py"), str(tmp_path / "port"), "1.5"]
+    )
     requests = 3
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
         with OTLPReceiver() as receiver:
             agent = _start_agent(tmp_path, receiver, server.pid)
             for _ in range(requests):
-                with urllib.request.urlopen(urllib.request.Request(
-                        f"http://127.0.0.1:{port}/generate", data=b'{"prompt": "hi"}', method="POST"), timeout=10) as r:
+                with urllib.request.urlopen(
+                    urllib.request.Request(
+                        f"http://127.0.0.1:{port}/generate", data=b'{"prompt": "hi"}', method="POST"
+                    ),
+                    timeout=10,
+                ) as r:
                     assert r.status == 200
             _stop(agent)
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * requests, timeout=15)
@@ -304,5 +402,9 @@ def test_nccl_calls_inside_a_request_become_its_child_spans(tmp_path: Path) -> N
         assert span["trace_id"] == parent["trace_id"] and span["kind"] == "INTERNAL"
         assert parent["start_ns"] <= span["start_ns"] <= span["end_ns"] <= parent["end_ns"]
         # the communicator was set up before the agent attached: its rank is not known
-        assert span["attributes"] == {"nccl.operation": "AllReduce", "nccl.datatype": "float16",
-                                      "nccl.operation.size": 2048, "thread.id": span["attributes"]["thread.id"]}
+        assert span["attributes"] == {
+            "nccl.operation": "AllReduce",
+            "nccl.datatype": "float16",
+            "nccl.operation.size": 2048,
+            "thread.id": span["attributes"]["thread.id"],
+        }

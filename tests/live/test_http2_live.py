@@ -68,14 +68,19 @@ class Peers(Scenario):
 
 
 def _by(spans: list[Span], pid: int, kind: str) -> list[Span]:
-    return sorted((s for s in spans if s["resource"]["process.pid"] == pid and s["kind"] == kind),
-                  key=lambda s: s["start_ns"])
+    return sorted(
+        (s for s in spans if s["resource"]["process.pid"] == pid and s["kind"] == kind), key=lambda s: s["start_ns"]
+    )
 
 
 def _call_key(span: Span) -> tuple:
     a = span["attributes"]
-    return (a["rpc.method"], a.get("rpc.grpc.status_code"), a.get("otel_ebpf.rpc.request.message_count"),
-            a.get("otel_ebpf.rpc.response.message_count"))
+    return (
+        a["rpc.method"],
+        a.get("rpc.grpc.status_code"),
+        a.get("otel_ebpf.rpc.request.message_count"),
+        a.get("otel_ebpf.rpc.response.message_count"),
+    )
 
 
 STATUS_CODES = {"OK": 0, "NOT_FOUND": 5}
@@ -98,8 +103,11 @@ def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
         spans, metrics = run.stop_agent(2 * (len(calls) + len(calls_many)))
 
     assert [c["code"] for c in calls] == ["OK", "NOT_FOUND", "OK", "OK", "OK"] and len(calls_many) == 100
-    for pid, kind, made in ((server, "SERVER", calls + calls_many), (first.pid, "CLIENT", calls),
-                            (many.pid, "CLIENT", calls_many)):
+    for pid, kind, made in (
+        (server, "SERVER", calls + calls_many),
+        (first.pid, "CLIENT", calls),
+        (many.pid, "CLIENT", calls_many),
+    ):
         got = _by(spans, pid, kind)
         expected = Counter((c["method"], STATUS_CODES[c["code"]], c["requests"], c["responses"]) for c in made)
         assert Counter(_call_key(s) for s in got) == expected, f"{kind} of {pid}"
@@ -109,8 +117,11 @@ def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
             assert (a["rpc.system"], a["rpc.service"], a["network.protocol.version"]) == ("grpc", SERVICE, "2")
             assert a["server.port"] == port
     assert len(spans) == 2 * 105
-    errors = {(s["kind"], s["attributes"]["rpc.grpc.status_code"], s["status_code"], s["status_message"])
-              for s in spans if s["attributes"]["rpc.grpc.status_code"]}
+    errors = {
+        (s["kind"], s["attributes"]["rpc.grpc.status_code"], s["status_code"], s["status_message"])
+        for s in spans
+        if s["attributes"]["rpc.grpc.status_code"]
+    }
     # NOT_FOUND is the caller's error only
     assert errors == {("SERVER", 5, "UNSET", ""), ("CLIENT", 5, "ERROR", h2_peers.NOT_FOUND_MESSAGE)}
     assert sum(point["count"] for point in _latest_points(metrics["rpc.server.duration"])) == 105
@@ -129,15 +140,22 @@ def test_http2_hypercorn_httpx_and_curl(tmp_path: Path, socket_mode: str) -> Non
         spans, _ = run.stop_agent(6)
 
     assert [(r["method"], r["path"], r["status"], r["version"]) for r in requests] == [
-        ("GET", "/items/1", 200, "HTTP/2"), ("POST", "/upload", 201, "HTTP/2")]
+        ("GET", "/items/1", 200, "HTTP/2"),
+        ("POST", "/upload", 201, "HTTP/2"),
+    ]
     server_spans = _by(spans, server, "SERVER")
     assert [(s["name"], s["attributes"]["http.response.status_code"]) for s in server_spans] == [
-        ("GET /items/{id}", 200), ("POST /upload", 201), ("GET /items/{id}", 200)]
+        ("GET /items/{id}", 200),
+        ("POST /upload", 201),
+        ("GET /items/{id}", 200),
+    ]
     assert all(s["attributes"]["network.protocol.version"] == "2" for s in spans)
     assert server_spans[1]["attributes"]["http.request.body.size"] == 3000
     httpx_spans = _by(spans, httpx_client.pid, "CLIENT")
     assert [s["attributes"]["url.full"] for s in httpx_spans] == [
-        f"http://127.0.0.1:{port}/items/1", f"http://127.0.0.1:{port}/upload"]
+        f"http://127.0.0.1:{port}/items/1",
+        f"http://127.0.0.1:{port}/upload",
+    ]
     curl = [s for s in spans if s["resource"]["process.executable.name"] == "curl"]
     assert [(s["kind"], s["attributes"]["url.full"]) for s in curl] == [("CLIENT", f"http://127.0.0.1:{port}/items/42")]
     assert len(spans) == 6

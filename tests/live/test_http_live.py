@@ -30,7 +30,9 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> s
         if path.exists() and path.read_text().strip():
             return path.read_text().strip()
         if proc.poll() is not None:
-            raise AssertionError(f"process exited early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"process exited early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
         time.sleep(0.05)
     raise AssertionError(f"{path} did not appear within {timeout}s")
 
@@ -49,16 +51,33 @@ class LiveRun:
         self.server = subprocess.Popen([*WORKLOAD, "serve", str(port_file)])
         self.port = int(_wait_for_file(port_file, self.server))
         # The client connects before the agent starts: that connection predates the agent.
-        self.client = subprocess.Popen([*WORKLOAD, "client", str(self.port)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True)
+        self.client = subprocess.Popen(
+            [*WORKLOAD, "client", str(self.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.client.stdout.readline() == "ready\n"
         ready = self.tmp / "ready"
         self.agent = subprocess.Popen(
-            [*AGENT, "run", "--port", str(self.port),
-             "--exporter", "otlp", "--otlp-endpoint", self.receiver.grpc_endpoint,
-             "--exporter", "file", "--output", str(self.tmp / "out"),
-             "--record", str(self.tmp / "events.jsonl"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            [
+                *AGENT,
+                "run",
+                "--port",
+                str(self.port),
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                self.receiver.grpc_endpoint,
+                "--exporter",
+                "file",
+                "--output",
+                str(self.tmp / "out"),
+                "--record",
+                str(self.tmp / "events.jsonl"),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "OTEL_EBPF_SOCKET_MODE": self.socket_mode},
         )
         _wait_for_file(ready, self.agent)
@@ -192,8 +211,12 @@ def test_duration_histograms_count_every_request(live) -> None:
             counted[p["resource"]["service.instance.id"]] += p["count"]
         assert counted.keys() == per_process.keys()
         for process, n in per_process.items():
-            pipelined = sum(1 for s in _by_kind(spans, kind) if s["resource"]["service.instance.id"] == process
-                            and "pipelined" in s["attributes"].get("url.path", s["attributes"].get("url.full", "")))
+            pipelined = sum(
+                1
+                for s in _by_kind(spans, kind)
+                if s["resource"]["service.instance.id"] == process
+                and "pipelined" in s["attributes"].get("url.path", s["attributes"].get("url.full", ""))
+            )
             if kind == "SERVER" or not pipelined:
                 assert counted[process] == n, (kind, process)
             else:
@@ -212,7 +235,10 @@ def test_replay_reproduces_the_live_spans(live, tmp_path: Path) -> None:
     run, spans, _ = live
     result = subprocess.run(
         [*AGENT, "replay", str(run.tmp / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     replayed = load_file_spans(tmp_path / "traces.jsonl")

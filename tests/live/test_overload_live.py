@@ -52,17 +52,32 @@ def _client(port: int, statuses: list[int]) -> None:
 @pytest.fixture(scope="module")
 def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("overload")
-    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "http_service.py"), "--port", "0"],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "http_service.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[1])
         config = tmp / "agent.yaml"
         config.write_text("capture:\n  ring_buffer_kb: 64\n  cpu_budget: 0.02\nexport:\n  metric_interval_s: 1\n")
         ready = tmp / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", "--config", str(config), "--pid", str(server.pid), "--exporter", "file",
-             "--output", str(tmp / "out"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            [
+                *AGENT,
+                "run",
+                "--config",
+                str(config),
+                "--pid",
+                str(server.pid),
+                "--exporter",
+                "file",
+                "--output",
+                str(tmp / "out"),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         _wait_for(ready, agent)
         statuses: list[int] = []
@@ -77,8 +92,13 @@ def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
         stderr = agent.communicate(timeout=60)[1]
         exit_s = time.monotonic() - stopped
         assert agent.returncode == 0, stderr
-        return {"statuses": statuses, "spans": load_file_spans(tmp / "out"), "metrics": load_file_metrics(tmp / "out"),
-                "exit_s": exit_s, "server_pid": server.pid}
+        return {
+            "statuses": statuses,
+            "spans": load_file_spans(tmp / "out"),
+            "metrics": load_file_metrics(tmp / "out"),
+            "exit_s": exit_s,
+            "server_pid": server.pid,
+        }
     finally:
         server.kill()
         server.wait()

@@ -28,16 +28,32 @@ def test_collector_side_of_the_agents_exports_is_not_traced(tmp_path: Path, sock
             ready = tmp_path / "ready"
             # Both ports traced: the workload's and the receiver's, which lives in this (traced) process.
             agent = subprocess.Popen(
-                [*AGENT, "run", "--port", str(port), "--port", str(receiver_port),
-                 "--exporter", "otlp", "--otlp-protocol", "http/protobuf",
-                 "--otlp-endpoint", receiver.http_endpoint, "--ready-file", str(ready)],
-                cwd=REPO, stderr=subprocess.PIPE, text=True,
+                [
+                    *AGENT,
+                    "run",
+                    "--port",
+                    str(port),
+                    "--port",
+                    str(receiver_port),
+                    "--exporter",
+                    "otlp",
+                    "--otlp-protocol",
+                    "http/protobuf",
+                    "--otlp-endpoint",
+                    receiver.http_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
                 env={**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EBPF_SOCKET_MODE": socket_mode},
             )
             _wait_for_file(ready, agent)
             for i in range(REQUESTS):
-                subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"],
-                               check=True, timeout=30)
+                subprocess.run(
+                    ["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/items/{i}"], check=True, timeout=30
+                )
                 # each batch is exported before the next request: the receiver is busy meanwhile
                 assert receiver.wait_for(lambda r, n=i: len(r.spans()) >= 2 * (n + 1), timeout=10)
             agent.send_signal(signal.SIGINT)

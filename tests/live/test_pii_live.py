@@ -28,8 +28,13 @@ from tests.pii_corpus import CORPUS, secret_part
 
 pytestmark = pytest.mark.bpf
 REQUESTS = 3
-HEADERS = {"x-user-email": ("email", 0), "x-user-phone": ("phone", 0), "x-session": ("jwt", 0),
-           "x-upstream-key": ("openai_key", 0), "x-cloud-key": ("aws_access_key", 0)}
+HEADERS = {
+    "x-user-email": ("email", 0),
+    "x-user-phone": ("phone", 0),
+    "x-session": ("jwt", 0),
+    "x-upstream-key": ("openai_key", 0),
+    "x-cloud-key": ("aws_access_key", 0),
+}
 # the prompt's values already redacted by the command-line rules that content has always passed
 # (a credential-named field's value): never exported, but not counted as PII
 REDACTED_BEFORE = {"credential"}
@@ -53,30 +58,77 @@ def test_pii_in_headers_and_llm_bodies_never_leaves(tmp_path: Path) -> None:
     prompt = "Customer record: " + "; ".join(v for values in CORPUS.values() for v in values) + ". Thanks!"
     headers = {name: CORPUS[kind][i] for name, (kind, i) in HEADERS.items()}
     config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump({"protocols": {"http1": {
-        "capture_headers": sorted(HEADERS), "genai": {"capture_content": True, "max_content_chars": 16384}}}}))
-    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "llm_server.py"), str(tmp_path / "port"),
-                               "--first-token-ms", "1", "--echo"], stdout=subprocess.DEVNULL)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "protocols": {
+                    "http1": {
+                        "capture_headers": sorted(HEADERS),
+                        "genai": {"capture_content": True, "max_content_chars": 16384},
+                    }
+                }
+            }
+        )
+    )
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "examples" / "llm_server.py"),
+            str(tmp_path / "port"),
+            "--first-token-ms",
+            "1",
+            "--echo",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         port = _wait_for_file(tmp_path / "port", server)
-        client = subprocess.Popen([sys.executable, "-c", CLIENT, port, prompt, json.dumps(headers), str(REQUESTS)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, port, prompt, json.dumps(headers), str(REQUESTS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert client.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             ready = tmp_path / "agent.ready"
             agent = subprocess.Popen(
-                [*AGENT, "run", "--config", str(config), "--pid", str(server.pid), "--pid", str(client.pid),
-                 "--exporter", "otlp", "--exporter", "file", "--output", str(tmp_path / "out"),
-                 "--otlp-endpoint", receiver.grpc_endpoint, "--ready-file", str(ready)],
-                cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "OTEL_EBPF_GPU": "false"})
+                [
+                    *AGENT,
+                    "run",
+                    "--config",
+                    str(config),
+                    "--pid",
+                    str(server.pid),
+                    "--pid",
+                    str(client.pid),
+                    "--exporter",
+                    "otlp",
+                    "--exporter",
+                    "file",
+                    "--output",
+                    str(tmp_path / "out"),
+                    "--otlp-endpoint",
+                    receiver.grpc_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "OTEL_EBPF_GPU": "false"},
+            )
             _wait_for_file(ready, agent)
             out, _ = client.communicate("go\n", timeout=120)
             assert out == "done\n" and client.returncode == 0
             _stop(agent)
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * REQUESTS and bool(r.metrics()), timeout=10)
             spans, metrics = receiver.spans(), receiver.metrics()
-            payloads = [r.SerializeToString() for signal in ("traces", "metrics", "logs", "profiles")
-                        for r in receiver.requests(signal)]
+            payloads = [
+                r.SerializeToString()
+                for signal in ("traces", "metrics", "logs", "profiles")
+                for r in receiver.requests(signal)
+            ]
     finally:
         server.kill()
         server.wait()
@@ -87,8 +139,12 @@ def test_pii_in_headers_and_llm_bodies_never_leaves(tmp_path: Path) -> None:
     assert all(s["attributes"]["http.request.header.x-user-email"] == ["<email>"] for s in llm)
     files = [p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert files
-    leaked = [(kind, value) for kind, values in CORPUS.items() for value in values
-              if any(secret_part(kind, value).encode() in blob for blob in payloads + files)]
+    leaked = [
+        (kind, value)
+        for kind, values in CORPUS.items()
+        for value in values
+        if any(secret_part(kind, value).encode() in blob for blob in payloads + files)
+    ]
     assert not leaked
     for kind, values in CORPUS.items():
         in_body = 0 if kind in REDACTED_BEFORE else 2 * len(values)

@@ -70,7 +70,8 @@ class PyroscopeStandIn:
                 profile = b""
                 if url.path == "/ingest":
                     message = BytesParser(policy=policy.HTTP).parsebytes(
-                        b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body)
+                        b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body
+                    )
                     for part in message.iter_parts():
                         if part.get_param("name", header="content-disposition") == "profile":
                             profile = part.get_content()
@@ -111,9 +112,26 @@ def agent(tmp: Path, pid: int, *extra: str) -> Iterator[subprocess.Popen]:
     """The agent profiling ``pid`` (file exporter into ``tmp/out``) from attach until the block ends."""
     ready = tmp / "ready"
     proc = subprocess.Popen(
-        [*AGENT, "run", "--pid", str(pid), "--profile", "--profile-frequency", str(HZ), "--exporter", "file",
-         "--output", str(tmp / "out"), "--ready-file", str(ready), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(pid),
+            "--profile",
+            "--profile-frequency",
+            str(HZ),
+            "--exporter",
+            "file",
+            "--output",
+            str(tmp / "out"),
+            "--ready-file",
+            str(ready),
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "2"},
     )
     try:
@@ -211,12 +229,35 @@ def test_known_profile_to_file_otlp_pyroscope_and_pyspy(python: Path, tmp_path: 
         pytest.fail(f"{python} is missing: run scripts/bootstrap.sh")
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     with OTLPReceiver() as rx, PyroscopeStandIn() as pyroscope, workload(python, "run") as target:
-        with agent(tmp_path, target.pid, "--exporter", "otlp", "--otlp-endpoint", rx.grpc_endpoint,
-                   "--pyroscope-url", pyroscope.url):
+        with agent(
+            tmp_path,
+            target.pid,
+            "--exporter",
+            "otlp",
+            "--otlp-endpoint",
+            rx.grpc_endpoint,
+            "--pyroscope-url",
+            pyroscope.url,
+        ):
             spy = subprocess.Popen(
-                [pyspy, "record", "--pid", str(target.pid), "--rate", str(HZ), "--duration", str(int(SAMPLE_S)),
-                 "--format", "raw", "--nonblocking", "--output", str(tmp_path / "pyspy.txt")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                [
+                    pyspy,
+                    "record",
+                    "--pid",
+                    str(target.pid),
+                    "--rate",
+                    str(HZ),
+                    "--duration",
+                    str(int(SAMPLE_S)),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(tmp_path / "pyspy.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             time.sleep(SAMPLE_S)
             assert spy.wait(timeout=60) == 0, spy.stderr.read()
@@ -238,8 +279,9 @@ def test_known_profile_to_file_otlp_pyroscope_and_pyspy(python: Path, tmp_path: 
     for request in requests:
         assert otlp.validate(request) == []
     received = _process_profiles([p for r in requests for p in otlp.decode(r)], target.pid)
-    assert flamegraph.merge_folded(flamegraph.folded(p) for p in received) == \
-        flamegraph.merge_folded(flamegraph.folded(p) for p in profiles)
+    assert flamegraph.merge_folded(flamegraph.folded(p) for p in received) == flamegraph.merge_folded(
+        flamegraph.folded(p) for p in profiles
+    )
     for profile in received:
         assert profile.sample_types[0].type == "samples" and profile.period_type.type == "cpu"
         assert profile.period == 1_000_000_000 // HZ
@@ -270,8 +312,12 @@ def test_other_cpython_versions(version: str, tmp_path: Path) -> None:
 
 def test_samples_during_a_request_link_to_its_span(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
-    with OTLPReceiver() as rx, workload(PYENV_311, "serve", str(port_file), "--work-ms", "3000",
-                                        env={"OTEL_SERVICE_NAME": "cpu-heavy-svc"}) as server:
+    with (
+        OTLPReceiver() as rx,
+        workload(
+            PYENV_311, "serve", str(port_file), "--work-ms", "3000", env={"OTEL_SERVICE_NAME": "cpu-heavy-svc"}
+        ) as server,
+    ):
         deadline = time.monotonic() + 30
         while not port_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

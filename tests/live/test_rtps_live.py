@@ -45,8 +45,9 @@ def _cyclonedds_available() -> bool:
 class Peer:
     def __init__(self, name: str, *args: str, script: list[str] = PEERS) -> None:
         self.name = name
-        self.proc = subprocess.Popen([*script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=REPO)
+        self.proc = subprocess.Popen(
+            [*script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+        )
         line = self.proc.stdout.readline()
         assert line.startswith('{"ready"'), f"{name}: {line!r} {self.proc.stderr.read()}"
         self.records: list[dict] = []
@@ -68,14 +69,19 @@ class Peer:
 def _scenarios() -> dict[str, list[Peer]]:
     """Every peer, started now (they wait for "go" before touching DDS)."""
     return {
-        "chatter": [Peer("listener", "sub", "--topic", "rt/chatter", "--count", str(CHATTER)),
-                    Peer("talker", "pub", "--topic", "rt/chatter", "--rate", "20", "--count", str(CHATTER))],
-        "big": [Peer("big-sub", "sub", "--topic", "rt/big", "--count", "1"),
-                Peer("big-pub", "pub", "--topic", "rt/big", "--count", "1", "--size", str(BIG))],
-        "chain": [Peer("planner", "sub", "--topic", "rt/detections", "--count", str(FRAMES)),
-                  Peer("perception", "relay", "--topic", "rt/camera", "--out-topic", "rt/detections",
-                       "--count", str(FRAMES)),
-                  Peer("camera", "pub", "--topic", "rt/camera", "--rate", "10", "--count", str(FRAMES))],
+        "chatter": [
+            Peer("listener", "sub", "--topic", "rt/chatter", "--count", str(CHATTER)),
+            Peer("talker", "pub", "--topic", "rt/chatter", "--rate", "20", "--count", str(CHATTER)),
+        ],
+        "big": [
+            Peer("big-sub", "sub", "--topic", "rt/big", "--count", "1"),
+            Peer("big-pub", "pub", "--topic", "rt/big", "--count", "1", "--size", str(BIG)),
+        ],
+        "chain": [
+            Peer("planner", "sub", "--topic", "rt/detections", "--count", str(FRAMES)),
+            Peer("perception", "relay", "--topic", "rt/camera", "--out-topic", "rt/detections", "--count", str(FRAMES)),
+            Peer("camera", "pub", "--topic", "rt/camera", "--rate", "10", "--count", str(FRAMES)),
+        ],
         "service": [Peer("server", "server", "--count", str(CALLS)), Peer("client", "client", "--count", str(CALLS))],
         "syscalls": [Peer("udp", script=UDP_PEER)],
     }
@@ -94,9 +100,22 @@ def rtps_run(tmp_path_factory: pytest.TempPathFactory):
     with OTLPReceiver() as receiver:
         ready = tmp / "ready"
         agent = subprocess.Popen(
-            [*AGENT, "run", *pids, "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
-             "--record", str(tmp / "events.jsonl"), "--ready-file", str(ready)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            [
+                *AGENT,
+                "run",
+                *pids,
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                receiver.grpc_endpoint,
+                "--record",
+                str(tmp / "events.jsonl"),
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             deadline = time.monotonic() + 120
@@ -158,17 +177,22 @@ def test_chatter_metrics(rtps_run) -> None:
     listener, talker = scenarios["chatter"]
 
     def total(name: str, pid: int) -> float:
-        return sum(p.get("value", p.get("count", 0)) for p in _latest_points(metrics.get(name, []))
-                   if p["resource"]["process.pid"] == pid
-                   and p["attributes"].get("messaging.destination.name") == "/chatter")
+        return sum(
+            p.get("value", p.get("count", 0))
+            for p in _latest_points(metrics.get(name, []))
+            if p["resource"]["process.pid"] == pid and p["attributes"].get("messaging.destination.name") == "/chatter"
+        )
 
     assert total("messaging.client.sent.messages", talker.proc.pid) == CHATTER
     assert total("messaging.client.consumed.messages", listener.proc.pid) == CHATTER
     assert total("dds.sample.latency", listener.proc.pid) == CHATTER  # histogram count
     sent_bytes = total("dds.sample.size", talker.proc.pid)
     assert sent_bytes == total("dds.sample.size", listener.proc.pid) > 0
-    participants = {p["attributes"]["dds.participant.guid"] for p in metrics["messaging.client.sent.messages"]
-                    if p["resource"]["process.pid"] == talker.proc.pid}
+    participants = {
+        p["attributes"]["dds.participant.guid"]
+        for p in metrics["messaging.client.sent.messages"]
+        if p["resource"]["process.pid"] == talker.proc.pid
+    }
     assert len(participants) == 1
 
 
@@ -202,12 +226,14 @@ def test_chain_is_one_trace_per_frame(rtps_run) -> None:
     assert len(traces) == FRAMES
     for trace in traces.values():
         shape = Counter((s["resource"]["process.pid"], s["kind"], s["name"]) for s in trace)
-        assert shape == Counter({
-            (camera.proc.pid, "PRODUCER", "send /camera"): 1,
-            (perception.proc.pid, "CONSUMER", "receive /camera"): 1,
-            (perception.proc.pid, "PRODUCER", "send /detections"): 1,
-            (planner.proc.pid, "CONSUMER", "receive /detections"): 1,
-        })
+        assert shape == Counter(
+            {
+                (camera.proc.pid, "PRODUCER", "send /camera"): 1,
+                (perception.proc.pid, "CONSUMER", "receive /camera"): 1,
+                (perception.proc.pid, "PRODUCER", "send /detections"): 1,
+                (planner.proc.pid, "CONSUMER", "receive /detections"): 1,
+            }
+        )
         ids = {s["span_id"]: s for s in trace}
         roots = [s for s in trace if s["parent_span_id"] is None]
         assert len(roots) == 1 and roots[0]["kind"] == "PRODUCER"
@@ -231,17 +257,29 @@ def test_service_calls_pair_client_and_server(rtps_run) -> None:
         caller = by_seq[a["dds.request.sequence_number"]]
         assert span["parent_span_id"] == caller["span_id"] and span["trace_id"] == caller["trace_id"]
         assert caller["start_ns"] <= span["start_ns"] <= span["end_ns"] <= caller["end_ns"]
-    assert sum(p["count"] for p in _latest_points(metrics["rpc.client.duration"])
-               if p["resource"]["process.pid"] == client.proc.pid) == CALLS
+    assert (
+        sum(
+            p["count"]
+            for p in _latest_points(metrics["rpc.client.duration"])
+            if p["resource"]["process.pid"] == client.proc.pid
+        )
+        == CALLS
+    )
 
 
 def test_no_parse_errors_or_unknown_writers(rtps_run) -> None:
     _, _, metrics, _ = rtps_run
-    errors = [p for p in _latest_points(metrics.get("otel_ebpf.parse.errors", []))
-              if p["attributes"].get("protocol") == "rtps"]
+    errors = [
+        p
+        for p in _latest_points(metrics.get("otel_ebpf.parse.errors", []))
+        if p["attributes"].get("protocol") == "rtps"
+    ]
     assert sum(p["value"] for p in errors) == 0
-    unknown = [p for p in _latest_points(metrics.get("otel_ebpf.protocol.drops", []))
-               if p["attributes"] == {"protocol": "rtps", "reason": "unknown_writer"}]
+    unknown = [
+        p
+        for p in _latest_points(metrics.get("otel_ebpf.protocol.drops", []))
+        if p["attributes"] == {"protocol": "rtps", "reason": "unknown_writer"}
+    ]
     assert sum(p["value"] for p in unknown) == 0
 
 

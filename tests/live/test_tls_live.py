@@ -41,20 +41,34 @@ def _certificates(tmp: Path) -> tuple[str, str, str]:
 def _start_agent(tmp: Path, receiver: OTLPReceiver, socket_mode: str, *targets: str) -> subprocess.Popen:
     ready = tmp / "agent.ready"
     agent = subprocess.Popen(
-        [*AGENT, "run", *targets, "--exporter", "otlp", "--otlp-endpoint", receiver.grpc_endpoint,
-         "--ready-file", str(ready)],
-        cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode},
+        [
+            *AGENT,
+            "run",
+            *targets,
+            "--exporter",
+            "otlp",
+            "--otlp-endpoint",
+            receiver.grpc_endpoint,
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode},
     )
     _wait_for_file(ready, agent)
     return agent
 
 
-def _client_and_agent(tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, command: str, port: int,
-                      ca: str) -> tuple[subprocess.Popen, subprocess.Popen]:
+def _client_and_agent(
+    tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, command: str, port: int, ca: str
+) -> tuple[subprocess.Popen, subprocess.Popen]:
     """A client waiting for its go line, and the agent tracing it and the server (by pid: other
     programs on a busy machine stay out of the counts)."""
-    client = subprocess.Popen([*WORKLOAD, command, str(port), ca, str(CALLS)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [*WORKLOAD, command, str(port), ca, str(CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert client.stdout.readline() == "ready\n"
     agent = _start_agent(tmp, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
     return client, agent
@@ -97,16 +111,29 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
     server = subprocess.Popen([*WORKLOAD, "https-serve", str(tmp_path / "port"), cert, key])
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
-        client = subprocess.Popen([*WORKLOAD, "https-client", str(port), ca, str(CALLS)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        client = subprocess.Popen(
+            [*WORKLOAD, "https-client", str(port), ca, str(CALLS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert json.loads(client.stdout.readline())["status"] == 200  # before the agent
         assert client.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             # Everything is traced by pid, so other programs on a busy machine stay out of the
             # counts: each curl is a shell that waits for a line, then becomes curl (same pid).
-            curls = {path: subprocess.Popen(
-                ["sh", "-c", f'read go && exec curl -s -o /dev/null --cacert {ca} "https://127.0.0.1:{port}{path}"'],
-                stdin=subprocess.PIPE, text=True) for path in ("/items/curl", "/missing/curl")}
+            curls = {
+                path: subprocess.Popen(
+                    [
+                        "sh",
+                        "-c",
+                        f'read go && exec curl -s -o /dev/null --cacert {ca} "https://127.0.0.1:{port}{path}"',
+                    ],
+                    stdin=subprocess.PIPE,
+                    text=True,
+                )
+                for path in ("/items/curl", "/missing/curl")
+            }
             pids = [server.pid, client.pid, *(curl.pid for curl in curls.values())]
             agent = _start_agent(tmp_path, receiver, socket_mode, *(f"--pid={pid}" for pid in pids))
             out, _ = client.communicate("go\n", timeout=60)
@@ -136,7 +163,9 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
     assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert "ringbuf_full" in {p["attributes"]["reason"] for p in metrics["otel_ebpf.kernel.drops"]}
-    assert latest_total(metrics, "otel_ebpf.connections.tls") == 6  # both ends of the keep-alive connection and of two curls
+    assert (
+        latest_total(metrics, "otel_ebpf.connections.tls") == 6
+    )  # both ends of the keep-alive connection and of two curls
     # same-node hops: every server span's parent is the client span of the same request
     by_id = {s["span_id"]: s for s in spans}
     for server_span in (s for s in spans if s["kind"] == "SERVER"):

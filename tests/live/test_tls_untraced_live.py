@@ -67,7 +67,7 @@ def _file_offset(path: str, vaddr: int) -> int:
     """Where the code at ``vaddr`` lies in the ELF file (its PT_LOAD program headers)."""
     with open(path, "rb") as f:
         header = f.read(64)
-        phoff, = struct.unpack_from("<Q", header, 0x20)
+        (phoff,) = struct.unpack_from("<Q", header, 0x20)
         phentsize, phnum = struct.unpack_from("<HH", header, 0x36)
         f.seek(phoff)
         table = f.read(phentsize * phnum)
@@ -82,8 +82,10 @@ def _entry_points(path: str) -> dict[str, int]:
     """SSL entry point -> its file offset, for each that ``path`` defines."""
     from bcc import BPF
 
-    return {name.decode(): _file_offset(path, addr)
-            for name, addr in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)}
+    return {
+        name.decode(): _file_offset(path, addr)
+        for name, addr in BPF.get_user_functions_and_addresses(path, SYMBOL_PATTERN)
+    }
 
 
 def _planted(pid: int, path: str, entry_points: dict[str, int]) -> set[str]:
@@ -100,7 +102,7 @@ def _planted(pid: int, path: str, entry_points: dict[str, int]) -> set[str]:
     planted = set()
     with open(f"/proc/{pid}/mem", "rb") as mem:
         for symbol, offset in entry_points.items():
-            (start, _, map_offset), = [m for m in mappings if m[2] <= offset < m[2] + m[1] - m[0]]
+            ((start, _, map_offset),) = [m for m in mappings if m[2] <= offset < m[2] + m[1] - m[0]]
             mem.seek(start + offset - map_offset)
             if mem.read(1)[0] == INT3:
                 planted.add(symbol)
@@ -127,9 +129,12 @@ def _wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
 
 def _idle_ssl_process(wrap: list[str] | None = None) -> subprocess.Popen:
     """A process that maps libssl and waits for its stdin to close."""
-    proc = subprocess.Popen([*(wrap or []), sys.executable, "-c",
-                             "import ssl, sys; print('ready', flush=True); sys.stdin.read()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*(wrap or []), sys.executable, "-c", "import ssl, sys; print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "ready\n"
     return proc
 
@@ -142,13 +147,21 @@ class PrivateLibssl:
         directory.mkdir()
         self.path = str(directory / Path(_libssl()).name)
         self._holder = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f"mount -t tmpfs otel-ebpf-test {directory} && cp {_libssl()} {directory}/ && echo ready && exec sleep 3600"],
-            stdout=subprocess.PIPE, text=True)
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"mount -t tmpfs otel-ebpf-test {directory} && cp {_libssl()} {directory}/ && echo ready && exec sleep 3600",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._holder.stdout.readline() == "ready\n"
         assert not os.path.exists(self.path)  # not from here
-        self.wrap = ["nsenter", f"--target={self._holder.pid}", "--mount", "--",
-                     "env", f"LD_LIBRARY_PATH={directory}"]
+        self.wrap = ["nsenter", f"--target={self._holder.pid}", "--mount", "--", "env", f"LD_LIBRARY_PATH={directory}"]
 
     def close(self) -> None:
         self._holder.kill()
@@ -173,8 +186,12 @@ def test_only_the_traced_processes_trap(tmp_path: Path, private_libssl: PrivateL
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
         for _ in ("traced", "untraced"):
-            client = subprocess.Popen([*wrap, *WORKLOAD, "https-client", str(port), ca, str(CALLS)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            client = subprocess.Popen(
+                [*wrap, *WORKLOAD, "https-client", str(port), ca, str(CALLS)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert json.loads(client.stdout.readline())["status"] == 200  # a TLS connection, before the agent
             assert client.stdout.readline() == "ready\n"
             clients.append(client)
@@ -194,8 +211,11 @@ def test_only_the_traced_processes_trap(tmp_path: Path, private_libssl: PrivateL
                 before = _perf_event_fds(agent.pid)
                 leaver.stdin.close()
                 leaver.wait(timeout=10)
-                _wait_until(lambda: _perf_event_fds(agent.pid) == before - 2 * 2 * len(entry_points), 30,
-                            f"the agent kept the exited target's probes ({_perf_event_fds(agent.pid)} of {before})")
+                _wait_until(
+                    lambda: _perf_event_fds(agent.pid) == before - 2 * 2 * len(entry_points),
+                    30,
+                    f"the agent kept the exited target's probes ({_perf_event_fds(agent.pid)} of {before})",
+                )
 
                 # Both clients do HTTPS with the untraced server, at the same time.
                 for client in clients:
@@ -252,8 +272,12 @@ def test_a_child_of_a_target_is_hooked_when_it_shows_up(tmp_path: Path, private_
     script.write_text(FORKING_CLIENT)
     try:
         port = int(_wait_for_file(tmp_path / "port", server))
-        parent = subprocess.Popen([*wrap, sys.executable, str(script), str(port), ca, str(CALLS)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        parent = subprocess.Popen(
+            [*wrap, sys.executable, str(script), str(port), ca, str(CALLS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert parent.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
             agent = _start_agent(tmp_path, receiver, "tracepoints", f"--pid={parent.pid}")
@@ -261,8 +285,11 @@ def test_a_child_of_a_target_is_hooked_when_it_shows_up(tmp_path: Path, private_
                 parent.stdin.write("go\n")
                 parent.stdin.flush()
                 child = int(parent.stdout.readline())
-                _wait_until(lambda: _planted(child, libssl, entry_points) == set(ENTRY_PROGRAMS), 5,
-                            "the child got no probes of its own")
+                _wait_until(
+                    lambda: _planted(child, libssl, entry_points) == set(ENTRY_PROGRAMS),
+                    5,
+                    "the child got no probes of its own",
+                )
                 parent.communicate(timeout=60)
                 assert parent.returncode == 0
                 assert _planted(server.pid, libssl, entry_points) == set()
@@ -274,6 +301,9 @@ def test_a_child_of_a_target_is_hooked_when_it_shows_up(tmp_path: Path, private_
         server.kill()
         server.wait()
 
-    paths = {"/" + s["attributes"]["url.full"].split("/", 3)[3] for s in spans
-             if s["kind"] == "CLIENT" and s["resource"]["process.pid"] == child}
+    paths = {
+        "/" + s["attributes"]["url.full"].split("/", 3)[3]
+        for s in spans
+        if s["kind"] == "CLIENT" and s["resource"]["process.pid"] == child
+    }
     assert paths - {"/child/first"} == {f"/child/{i}" for i in range(CALLS)}

@@ -82,9 +82,20 @@ class Scenario:
     def loader(self, port: int, requests: int, concurrency: int, *flags: str) -> subprocess.Popen:
         """A loader that has started (so its pid can be traced) and waits for :meth:`load`."""
         proc = self._spawn(
-            [*CHAIN, "load", f"http://127.0.0.1:{port}", "--requests", str(requests),
-             "--concurrency", str(concurrency), "--wait", *flags],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                *CHAIN,
+                "load",
+                f"http://127.0.0.1:{port}",
+                "--requests",
+                str(requests),
+                "--concurrency",
+                str(concurrency),
+                "--wait",
+                *flags,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout.readline() == "ready\n"
         return proc
@@ -93,9 +104,20 @@ class Scenario:
         ready = self.tmp / "agent.ready"
         with self.agent_log.open("w") as log:
             self.agent = subprocess.Popen(
-                [*AGENT, "run", *(f"--pid={pid}" for pid in pids),
-                 "--exporter", "otlp", "--otlp-endpoint", self.receiver.grpc_endpoint, "--ready-file", str(ready)],
-                cwd=REPO, stderr=log, env={**os.environ, "OTEL_EBPF_SOCKET_MODE": self.socket_mode},
+                [
+                    *AGENT,
+                    "run",
+                    *(f"--pid={pid}" for pid in pids),
+                    "--exporter",
+                    "otlp",
+                    "--otlp-endpoint",
+                    self.receiver.grpc_endpoint,
+                    "--ready-file",
+                    str(ready),
+                ],
+                cwd=REPO,
+                stderr=log,
+                env={**os.environ, "OTEL_EBPF_SOCKET_MODE": self.socket_mode},
             )
         try:
             _wait_for_file(ready, self.agent)
@@ -166,8 +188,9 @@ def _chain_problem(trace: list[Span], hops: list[tuple[int, str]], root_parent: 
     return None
 
 
-def _assert_chains(spans: list[Span], hops: list[tuple[int, str]], requests: int,
-                   root_parents: dict[str, str] | None = None) -> dict[str, list[Span]]:
+def _assert_chains(
+    spans: list[Span], hops: list[tuple[int, str]], requests: int, root_parents: dict[str, str] | None = None
+) -> dict[str, list[Span]]:
     """Exactly ``requests`` traces, each the chain ``hops`` of one distinct request."""
     traces = _traces(spans)
     sizes = sorted(len(t) for t in traces.values())
@@ -225,8 +248,13 @@ def test_event_loop_never_guesses_a_parent(tmp_path: Path, socket_mode: str, for
     requests = 40
     with OTLPReceiver() as receiver, Scenario(tmp_path, receiver, socket_mode) as run:
         backend, backend_port = run.serve("serve", "backend")
-        service, service_port = run.serve("serve-async", "async-service", "--next", f"http://127.0.0.1:{backend_port}",
-                                          *(() if forward else ("--no-forward",)))
+        service, service_port = run.serve(
+            "serve-async",
+            "async-service",
+            "--next",
+            f"http://127.0.0.1:{backend_port}",
+            *(() if forward else ("--no-forward",)),
+        )
         loader = run.loader(service_port, requests, CONCURRENCY)
         run.start_agent(service, backend)
         run.load(loader, requests)
@@ -239,8 +267,9 @@ def test_event_loop_never_guesses_a_parent(tmp_path: Path, socket_mode: str, for
         by_request[key] = s
     assert len(spans) == 3 * requests
     assert set(by_request) == {
-        (i, pid, kind) for i in range(requests) for pid, kind in
-        ((service, "SERVER"), (service, "CLIENT"), (backend, "SERVER"))
+        (i, pid, kind)
+        for i in range(requests)
+        for pid, kind in ((service, "SERVER"), (service, "CLIENT"), (backend, "SERVER"))
     }
     server_span_ids = {by_request[i, service, "SERVER"]["span_id"] for i in range(requests)}
     parentless_clients = 0

@@ -16,7 +16,8 @@ from otel_ebpf.profiles import cpython
 
 PYENV = Path("/root/.pyenv/versions")
 INTERPRETERS = [PYENV / v / "bin" / "python3" for v in ("3.10.13", "3.11.7", "3.12.1", "3.13.0")] + [
-    Path("/usr/bin/python3")]
+    Path("/usr/bin/python3")
+]
 
 
 def _sample_code() -> types.CodeType:
@@ -65,8 +66,9 @@ def test_detect_and_read_code_objects(python: Path, tmp_path: Path) -> None:
         code_address = int(proc.stdout.readline())
         process = cpython.detect(proc.pid)
         assert process is not None
-        version = subprocess.run([str(python), "-c", "import sys; print(sys.version_info[:2])"],
-                                 capture_output=True, text=True).stdout.strip()
+        version = subprocess.run(
+            [str(python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+        ).stdout.strip()
         assert str(process.version) == version
         frame = cpython.CodeResolver().frame(process, code_address, -1)
         assert (frame.function, frame.file, frame.line) == ("marker_function", str(script), 2)
@@ -86,7 +88,10 @@ def test_inline_headers_pastes_python_stack_h() -> None:
 
 def test_py_proc_matches_the_c_struct() -> None:
     header = (Path(cpython.__file__).resolve().parents[2] / "bpf" / "python_stack.h").read_text()
-    body = header[header.index("struct py_proc {"): header.index("};", header.index("struct py_proc {"))]
-    c_fields = [line.split()[1].rstrip(";").split("[")[0] for line in body.splitlines()[1:] if line.strip()
-                and not line.strip().startswith("/*")]
+    body = header[header.index("struct py_proc {") : header.index("};", header.index("struct py_proc {"))]
+    c_fields = [
+        line.split()[1].rstrip(";").split("[")[0]
+        for line in body.splitlines()[1:]
+        if line.strip() and not line.strip().startswith("/*")
+    ]
     assert c_fields == [name for name, _ in cpython.PyProc._fields_]

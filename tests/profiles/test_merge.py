@@ -34,17 +34,37 @@ def test_groups_follow_entry_marks() -> None:
 
 def test_whole_native_stack_is_spliced_at_each_eval_frame() -> None:
     # leaf first: libc memcpy <- C extension <- eval(b) <- PyObject_Call <- eval(a, main) <- main <- _start
-    stack = [native("memcpy"), native("ext_func", "/x/ext.so"), EVAL, native("PyObject_Call", LIBPY), EVAL,
-             native("Py_RunMain", LIBPY), native("_start", "/usr/bin/python3")]
+    stack = [
+        native("memcpy"),
+        native("ext_func", "/x/ext.so"),
+        EVAL,
+        native("PyObject_Call", LIBPY),
+        EVAL,
+        native("Py_RunMain", LIBPY),
+        native("_start", "/usr/bin/python3"),
+    ]
     merged = merge([KERNEL], stack, [py("b"), py("a"), py("main")], [True, False, True], LIBPY)
-    assert names(merged) == ["do_syscall_64", "memcpy", "ext_func", "b", "PyObject_Call", "a", "main",
-                             "Py_RunMain", "_start"]
+    assert names(merged) == [
+        "do_syscall_64",
+        "memcpy",
+        "ext_func",
+        "b",
+        "PyObject_Call",
+        "a",
+        "main",
+        "Py_RunMain",
+        "_start",
+    ]
 
 
 def test_broken_native_stack_keeps_leaf_frames_then_all_python() -> None:
     # no frame pointers in libpython: the unwind wanders off after the C extension
-    stack = [native("deflate_slow", "/lib/libz.so.1", resolved=False), native("zlib_compress", "/x/zlib.so"),
-             native("PyObject_Vectorcall", LIBPY), native("garbage", "/lib/libc.so.6")]
+    stack = [
+        native("deflate_slow", "/lib/libz.so.1", resolved=False),
+        native("zlib_compress", "/x/zlib.so"),
+        native("PyObject_Vectorcall", LIBPY),
+        native("garbage", "/lib/libc.so.6"),
+    ]
     merged = merge([], stack, [py("hot_native"), py("main")], [False, True], LIBPY)
     assert names(merged) == ["deflate_slow", "zlib_compress", "hot_native", "main"]
 

@@ -32,8 +32,14 @@ from tests.otlp_receiver import OTLPReceiver
 
 RESOURCE = {"service.name": "svc", "process.pid": 42, "host.name": "node-1"}
 KERNEL = Frame("do_syscall_64", module="[kernel.kallsyms]", kind=FrameKind.KERNEL)
-DEFLATE = Frame("libz.so.1+0x5e03", module="/usr/lib/libz.so.1", kind=FrameKind.NATIVE, address=0x5E03,
-                build_id="abcd", resolved=False)
+DEFLATE = Frame(
+    "libz.so.1+0x5e03",
+    module="/usr/lib/libz.so.1",
+    kind=FrameKind.NATIVE,
+    address=0x5E03,
+    build_id="abcd",
+    resolved=False,
+)
 HOT = Frame("hot_native", file="app.py", line=10, kind=FrameKind.PYTHON)
 MAIN = Frame("main", file="app.py", line=20, kind=FrameKind.PYTHON)
 PYLOOP = Frame("hot_python", file="app.py", line=5, kind=FrameKind.PYTHON)
@@ -114,9 +120,13 @@ def test_sink_sends_to_a_real_otlp_receiver_over_grpc_and_http() -> None:
     profiles = build().take(5_000)
     metrics = SelfMetrics()
     with OTLPReceiver() as rx:
-        sink = ProfileSink([OTLPProfiles(rx.grpc_endpoint, "grpc", {"x-tenant": "a"}, 5),
-                            OTLPProfiles(rx.http_endpoint + "/v1development/profiles", "http/protobuf", {}, 5,
-                                         compression="gzip")], metrics)
+        sink = ProfileSink(
+            [
+                OTLPProfiles(rx.grpc_endpoint, "grpc", {"x-tenant": "a"}, 5),
+                OTLPProfiles(rx.http_endpoint + "/v1development/profiles", "http/protobuf", {}, 5, compression="gzip"),
+            ],
+            metrics,
+        )
         sink.export(profiles)
         sink.shutdown()
         assert rx.wait_for(lambda r: len(r.requests("profiles")) == 2, timeout=10)
@@ -128,8 +138,9 @@ def test_sink_sends_to_a_real_otlp_receiver_over_grpc_and_http() -> None:
 
 
 def test_profiles_endpoint_from_the_configuration() -> None:
-    http = load_config({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL":
-                            "http/protobuf"})
+    http = load_config(
+        {}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    )
     assert http.otlp.signal_endpoint("profiles") == "http://c:4318/v1development/profiles"
     grpc = load_config({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"})
     assert grpc.otlp.signal_endpoint("profiles") == "http://c:4317"
@@ -169,7 +180,8 @@ class _Ingest(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers["Content-Length"]))
         message = BytesParser(policy=policy.HTTP).parsebytes(
-            b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body)
+            b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + body
+        )
         parts = {p.get_param("name", header="content-disposition"): p.get_content() for p in message.iter_parts()}
         _Ingest.received.append((urllib.parse.urlsplit(self.path), parts))
         self.send_response(200)
@@ -192,7 +204,11 @@ def test_pyroscope_ingest_request() -> None:
     assert url.path == "/ingest"
     assert query["name"] == "svc.cpu{service_name=svc,host_name=node-1}"
     assert (query["from"], query["until"], query["format"], query["sampleRate"]) == (
-        "1700000000", "1700000010", "pprof", "49")
+        "1700000000",
+        "1700000010",
+        "pprof",
+        "49",
+    )
     assert flamegraph.folded(pprof.decode(parts["profile"])) == flamegraph.folded(profile)
 
 
@@ -209,8 +225,21 @@ def test_file_destination_and_the_flamegraph_command(tmp_path: Path, capsys: pyt
     assert "hot_native" in (tmp_path / "profiles" / "svc.svg").read_text()
     assert len(load_profiles(tmp_path / "profiles.jsonl")) == 4
 
-    assert cli_main(["flamegraph", str(tmp_path / "profiles.jsonl"), "-o", str(tmp_path / "a.svg"),
-                     "--folded", str(tmp_path / "a.folded"), "--service", "svc"]) == 0
+    assert (
+        cli_main(
+            [
+                "flamegraph",
+                str(tmp_path / "profiles.jsonl"),
+                "-o",
+                str(tmp_path / "a.svg"),
+                "--folded",
+                str(tmp_path / "a.folded"),
+                "--service",
+                "svc",
+            ]
+        )
+        == 0
+    )
     assert flamegraph.parse_folded((tmp_path / "a.folded").read_text()) == folded
     (tmp_path / "p.pb.gz").write_bytes(gzip.compress(pprof.encode(profiles[0])))
     assert cli_main(["flamegraph", str(tmp_path / "p.pb.gz")]) == 0
@@ -221,8 +250,7 @@ def test_file_destination_and_the_flamegraph_command(tmp_path: Path, capsys: pyt
 
 
 def test_sink_from_the_configuration(tmp_path: Path) -> None:
-    config = load_config({"output": str(tmp_path), "exporter": ["file", "otlp"], "pyroscope_url": "http://p:4040"},
-                         {})
+    config = load_config({"output": str(tmp_path), "exporter": ["file", "otlp"], "pyroscope_url": "http://p:4040"}, {})
     sink = build_profile_sink(config, SelfMetrics())
     try:
         assert [d.name for d in sink.destinations] == ["file", "otlp", "pyroscope"]
@@ -233,8 +261,9 @@ def test_sink_from_the_configuration(tmp_path: Path) -> None:
 
 
 def test_profiles_with_several_sample_types_become_one_otlp_profile_each() -> None:
-    builder = ProfileBuilder((ValueType("launches", "count"), ValueType("bytes", "bytes")),
-                             ValueType("launches", "count"), 1)
+    builder = ProfileBuilder(
+        (ValueType("launches", "count"), ValueType("bytes", "bytes")), ValueType("launches", "count"), 1
+    )
     builder.add(RESOURCE, (HOT, MAIN), (1, 4096))
     builder.add(RESOURCE, (HOT, MAIN), (1, 1024))
     request = otlp.encode(builder.take(10))

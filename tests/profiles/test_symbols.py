@@ -51,18 +51,25 @@ def test_unknown_addresses_are_module_plus_offset() -> None:
 
 
 def test_parse_maps() -> None:
-    text = ("55d0c0000000-55d0c0001000 r-xp 00001000 08:01 123 /usr/bin/x (deleted)\n"
-            "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n"
-            "7ffd00030000-7ffd00031000 r--p 00000000 00:00 0\n")
+    text = (
+        "55d0c0000000-55d0c0001000 r-xp 00001000 08:01 123 /usr/bin/x (deleted)\n"
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n"
+        "7ffd00030000-7ffd00031000 r--p 00000000 00:00 0\n"
+    )
     maps = parse_maps(text)
     assert [(m.path, m.executable, m.offset) for m in maps] == [
-        ("/usr/bin/x", True, 0x1000), ("[stack]", False, 0), ("", False, 0)]
+        ("/usr/bin/x", True, 0x1000),
+        ("[stack]", False, 0),
+        ("", False, 0),
+    ]
 
 
 def test_kernel_symbols(tmp_path) -> None:
     fake = tmp_path / "kallsyms"
-    fake.write_text("ffffffff81000000 T _stext\nffffffff81000100 t do_thing\nffffffff81000200 D data\n"
-                    "ffffffffc0000000 t mod_func [mymod]\n")
+    fake.write_text(
+        "ffffffff81000000 T _stext\nffffffff81000100 t do_thing\nffffffff81000200 D data\n"
+        "ffffffffc0000000 t mod_func [mymod]\n"
+    )
     symbols = KernelSymbols(str(fake))
     assert symbols.name(0xFFFFFFFF81000150) == "do_thing"
     assert symbols.name(0xFFFFFFFFC0000010) == "mod_func [mymod]"

@@ -66,8 +66,7 @@ def generate_stubs(directory: Path) -> tuple[ModuleType, ModuleType]:
     proto = directory / "echo.proto"
     if not (directory / "echo_pb2_grpc.py").exists():
         proto.write_text(ECHO_PROTO)
-        args = ["protoc", f"-I{directory}", f"--python_out={directory}",
-                f"--grpc_python_out={directory}", str(proto)]
+        args = ["protoc", f"-I{directory}", f"--python_out={directory}", f"--grpc_python_out={directory}", str(proto)]
         if protoc.main(args) != 0:
             raise RuntimeError("grpcio-tools could not compile echo.proto")
     sys.path.insert(0, str(directory))
@@ -125,8 +124,13 @@ def _record(method: str, call: Callable[[], Any], requests: int) -> Call:
     try:
         result = call()
     except grpc.RpcError as error:
-        return {"method": method, "code": error.code().name, "requests": requests, "responses": 0,
-                "details": error.details()}
+        return {
+            "method": method,
+            "code": error.code().name,
+            "requests": requests,
+            "responses": 0,
+            "details": error.details(),
+        }
     responses = len(result) if isinstance(result, list) else 1
     return {"method": method, "code": "OK", "requests": requests, "responses": responses}
 
@@ -165,8 +169,7 @@ def many(stub: Any, pb2: ModuleType) -> list[Call]:
 
 def everything(stub: Any, pb2: ModuleType) -> list[Call]:
     """Every kind of call once (the live tests' main scenario)."""
-    return [*unary_not_found(stub, pb2), *server_stream(stub, pb2), *client_stream(stub, pb2),
-            *bidi(stub, pb2)]
+    return [*unary_not_found(stub, pb2), *server_stream(stub, pb2), *client_stream(stub, pb2), *bidi(stub, pb2)]
 
 
 GRPC_SCENARIOS: dict[str, Scenario] = {
@@ -256,8 +259,10 @@ def httpx_requests(base: str) -> list[dict[str, Any]]:
 
     with httpx.Client(http1=False, http2=True, base_url=base, timeout=10) as client:
         responses = [client.get("/items/1"), client.post("/upload", content=b"p" * 3000)]
-    return [{"method": r.request.method, "path": r.request.url.path, "status": r.status_code,
-             "version": r.http_version} for r in responses]
+    return [
+        {"method": r.request.method, "path": r.request.url.path, "status": r.status_code, "version": r.http_version}
+        for r in responses
+    ]
 
 
 def _write_port(port_file: str, port: int) -> None:

@@ -27,8 +27,9 @@ def conn(role: Role) -> ConnectionInfo:
     return SERVER_CONN if role is Role.SERVER else CLIENT_CONN
 
 
-def replay(chunks: Sequence[Chunk], role: Role = Role.SERVER, protocol: HTTP2 | None = None,
-           close: bool = True) -> Replay:
+def replay(
+    chunks: Sequence[Chunk], role: Role = Role.SERVER, protocol: HTTP2 | None = None, close: bool = True
+) -> Replay:
     return replay_with(chunks, role, protocol or HTTP2(), close, check_starts)
 
 
@@ -64,8 +65,14 @@ def summary(exchange: HTTP2Exchange) -> tuple:
         request.body_size,
         request.messages,
         request.start_ns,
-        None if response is None else (
-            response.status, response.body_size, response.messages, grpc_status(exchange), response.reset,
+        None
+        if response is None
+        else (
+            response.status,
+            response.body_size,
+            response.messages,
+            grpc_status(exchange),
+            response.reset,
             response.incomplete,
         ),
         exchange.end_ns,

@@ -51,23 +51,27 @@ def scenarios(stubs: Path) -> dict[str, tuple[str, str, Callable[[int], None]]]:
         "grpc_unary": ("grpcio: three unary calls answered OK on one channel", "grpc", _grpc("unary", stubs)),
         "grpc_not_found": (
             "grpcio: a unary call answered OK, then one answered NOT_FOUND with a message",
-            "grpc", _grpc("unary_not_found", stubs),
+            "grpc",
+            _grpc("unary_not_found", stubs),
         ),
         "grpc_server_stream": ("grpcio: a server-streaming call of 10 messages", "grpc", _grpc("server_stream", stubs)),
         "grpc_client_stream": ("grpcio: a client-streaming call of 4 messages", "grpc", _grpc("client_stream", stubs)),
         "grpc_bidi": ("grpcio: a bidirectional call, 3 messages each way", "grpc", _grpc("bidi", stubs)),
         "grpc_large": (
             "grpcio: a unary call with a 100000-byte message each way, then a small one",
-            "grpc", _grpc("large", stubs),
+            "grpc",
+            _grpc("large", stubs),
         ),
         "h2_httpx": ("httpx (h2c prior knowledge): GET then POST of 3000 bytes", "h2", _httpx),
         "h2_curl_prior_knowledge": (
             "curl --http2-prior-knowledge: GET /large (100000 bytes)",
-            "h2", _curl("--http2-prior-knowledge", "BASE/large"),
+            "h2",
+            _curl("--http2-prior-knowledge", "BASE/large"),
         ),
         "h2_curl_upgrade": (
             "curl --http2 (Upgrade: h2c): GET /items/8, answered over HTTP/2 as stream 1",
-            "h2", _curl("--http2", "BASE/items/8"),
+            "h2",
+            _curl("--http2", "BASE/items/8"),
         ),
     }
 

@@ -29,8 +29,10 @@ def _spdp_only(data: bytes) -> bool:
     from otel_ebpf.protocols.rtps.wire import Data, parse_message
 
     msg = parse_message(data)
-    return msg is not None and bool(msg.submessages) and all(
-        isinstance(s, Data) and s.writer_guid[12:] == SPDP_WRITER for s in msg.submessages
+    return (
+        msg is not None
+        and bool(msg.submessages)
+        and all(isinstance(s, Data) and s.writer_guid[12:] == SPDP_WRITER for s in msg.submessages)
     )
 
 
@@ -40,8 +42,13 @@ def filter_recording(src: Path, dst: Path) -> tuple[int, int]:
     bound = {e["local"][1] for e in events if e["type"] == "ConnOpen" and e.get("local")}
     kept = [lines[0]]
     for line, event in zip(lines[1:], events):
-        if (event["type"] == "ConnData" and event["direction"] == 0 and event.get("peer")
-                and event["peer"][1] not in bound and _spdp_only(base64.b64decode(event["data"]))):
+        if (
+            event["type"] == "ConnData"
+            and event["direction"] == 0
+            and event.get("peer")
+            and event["peer"][1] not in bound
+            and _spdp_only(base64.b64decode(event["data"]))
+        ):
             continue
         kept.append(line)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +59,12 @@ def filter_recording(src: Path, dst: Path) -> tuple[int, int]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "events.jsonl"
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/live/test_rtps_live.py"],
-                       cwd=REPO, check=True, env={**os.environ, "OTEL_EBPF_KEEP_RTPS_RECORDING": str(raw)})
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/live/test_rtps_live.py"],
+            cwd=REPO,
+            check=True,
+            env={**os.environ, "OTEL_EBPF_KEEP_RTPS_RECORDING": str(raw)},
+        )
         total, kept = filter_recording(raw, OUT)
     print(f"{OUT}: {kept} of {total} events")
 

@@ -49,9 +49,7 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         """Keep the recorder quiet."""
 
-    def _send(
-        self, status: int, body: bytes, *headers: tuple[str, str], head: bool = False
-    ) -> None:
+    def _send(self, status: int, body: bytes, *headers: tuple[str, str], head: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -252,9 +250,7 @@ SCENARIOS: dict[str, tuple[str, Callable[[str], None]]] = {
 }
 
 
-def record(
-    name: str, description: str, client: Callable[[str], None], upstream: tuple[str, int]
-) -> None:
+def record(name: str, description: str, client: Callable[[str], None], upstream: tuple[str, int]) -> None:
     proxy = TeeProxy(upstream)
     client(f"http://127.0.0.1:{proxy.port}")
     record_to(DATA / f"{name}.json", name, description, proxy.wait())

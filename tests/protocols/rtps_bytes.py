@@ -166,8 +166,13 @@ def sentinel(little: bool = True) -> bytes:
 
 def sedp_publication(prefix: bytes, entity: bytes, topic: str, type_name: str, little: bool = True) -> bytes:
     """A SEDP publication DATA (PL_CDR) announcing writer ``prefix + entity``."""
-    params = (param(0x005A, prefix + entity, little) + param(0x0050, prefix + b"\0\0\x01\xc1", little)
-              + param_string(0x0005, topic, little) + param_string(0x0007, type_name, little) + sentinel(little))
+    params = (
+        param(0x005A, prefix + entity, little)
+        + param(0x0050, prefix + b"\0\0\x01\xc1", little)
+        + param_string(0x0005, topic, little)
+        + param_string(0x0007, type_name, little)
+        + sentinel(little)
+    )
     payload = (b"\x00\x03" if little else b"\x00\x02") + b"\x00\x00" + params
     return data(bytes(4), bytes.fromhex("000003c2"), 1, payload, little)
 

@@ -46,8 +46,9 @@ def _connections() -> list[tuple[Role, list[Chunk]]]:
             if isinstance(event, ConnOpen):
                 roles[event.key] = event.role
             elif isinstance(event, ConnData):
-                chunks[event.key].append(Chunk(event.direction, event.timestamp_ns, event.data,
-                                               event.length - len(event.data)))
+                chunks[event.key].append(
+                    Chunk(event.direction, event.timestamp_ns, event.data, event.length - len(event.data))
+                )
     return [(roles[key], chunks[key]) for key in sorted(chunks, key=lambda k: chunks[k][0].t_ns)]
 
 
@@ -77,8 +78,12 @@ def test_recording_holds_every_call_from_both_sides() -> None:
     names = [(role, _span(role, chunks)["name"]) for role, chunks in CONNECTIONS]
     for role in Role:
         assert [name for r, name in names if r is role] == [
-            "chat llama-3-8b", "chat gpt-oss-20b", "chat gpt-oss-20b", "embeddings bge-small",
-            "text_completion llama3.2", "text_completion",
+            "chat llama-3-8b",
+            "chat gpt-oss-20b",
+            "chat gpt-oss-20b",
+            "embeddings bge-small",
+            "text_completion llama3.2",
+            "text_completion",
         ]
 
 
@@ -94,9 +99,17 @@ def test_recorded_streams_give_the_figures_the_server_produced(role: Role) -> No
 
 
 def _figures(span: dict[str, Any]) -> tuple:
-    keys = ("name", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "otel_ebpf.gen_ai.output_chunks",
-            "gen_ai.response.model", "gen_ai.response.finish_reasons", "gen_ai.response.time_to_first_chunk",
-            "otel_ebpf.gen_ai.time_per_output_token", "error.type")
+    keys = (
+        "name",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "otel_ebpf.gen_ai.output_chunks",
+        "gen_ai.response.model",
+        "gen_ai.response.finish_reasons",
+        "gen_ai.response.time_to_first_chunk",
+        "otel_ebpf.gen_ai.time_per_output_token",
+        "error.type",
+    )
     return tuple(span.get(key) for key in keys)
 
 
@@ -146,8 +159,10 @@ def test_chunk_boundaries_anywhere_across_sse_events(data: st.DataObject, crlf: 
         content = content.replace(b"\n\n", b"\r\n\r\n")
     response = _chunked_response(content, data.draw(st.lists(st.integers(0, len(content)), max_size=40)))
     start = request[-1].t_ns
-    syscalls = [Chunk(Direction.INGRESS, start + 300_000_000 + i * 40_000_000, piece)
-                for i, piece in enumerate(_cut(response, data.draw(st.lists(st.integers(0, len(response)), max_size=30))))]
+    syscalls = [
+        Chunk(Direction.INGRESS, start + 300_000_000 + i * 40_000_000, piece)
+        for i, piece in enumerate(_cut(response, data.draw(st.lists(st.integers(0, len(response)), max_size=30))))
+    ]
     span = _span(Role.CLIENT, request + syscalls)
     assert span["gen_ai.usage.output_tokens"] == TOKENS
     assert span["otel_ebpf.gen_ai.output_chunks"] == TOKENS
@@ -172,9 +187,12 @@ def test_mutated_recordings_never_raise(data: st.DataObject, index: int) -> None
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=st.binary(max_size=2000), cuts=st.lists(st.integers(0, 2000), max_size=8),
-       content_type=st.sampled_from(["text/event-stream", "application/x-ndjson", "application/json"]),
-       api=st.sampled_from(list(Api)))
+@given(
+    body=st.binary(max_size=2000),
+    cuts=st.lists(st.integers(0, 2000), max_size=8),
+    content_type=st.sampled_from(["text/event-stream", "application/x-ndjson", "application/json"]),
+    api=st.sampled_from(list(Api)),
+)
 def test_random_bodies_never_raise(body: bytes, cuts: list[int], content_type: str, api: Api) -> None:
     route = Route(api, "test")
     response = ResponseBody(route, [("content-type", content_type)], capture_content=True, max_content_chars=100)
@@ -213,8 +231,10 @@ def test_payload_cap_cuts_a_large_prompt_and_the_prefix_still_names_the_model() 
     prompt = [{"role": "user", "content": "x" * 20000}]
     body = json.dumps({"model": "big-model", "stream": True, "max_tokens": 7, "messages": prompt}).encode()
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body)
-    response = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 63\r\n\r\n"
-                b'data: {"choices":[{"delta":{"content":"hi"}}],"model":"b"}\n\ndata: [DONE]\n\n')
+    response = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 63\r\n\r\n"
+        b'data: {"choices":[{"delta":{"content":"hi"}}],"model":"b"}\n\ndata: [DONE]\n\n'
+    )
     chunks = capped([Chunk(Direction.INGRESS, 1, head + body), Chunk(Direction.EGRESS, 5, response)], 4096)
     span = _span(Role.SERVER, chunks)
     assert span["name"] == "chat big-model"
@@ -226,23 +246,43 @@ def test_payload_cap_cuts_a_large_prompt_and_the_prefix_still_names_the_model() 
 @pytest.mark.parametrize("body", [b"not json", b'{"model": "m"}', b"[1, 2]", b""])
 def test_a_body_that_is_not_an_llm_request_stays_plain_http(body: bytes) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body)
-    chunks = [Chunk(Direction.INGRESS, 1, head + body),
-              Chunk(Direction.EGRESS, 2, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")]
+    chunks = [
+        Chunk(Direction.INGRESS, 1, head + body),
+        Chunk(Direction.EGRESS, 2, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"),
+    ]
     span = _span(Role.SERVER, chunks)
     assert span["name"] == "POST /v1/chat/completions"
     assert not any(key.startswith("gen_ai.") for key in span)
 
 
 def test_a_gateway_route_from_the_options_and_content_capture_with_redaction() -> None:
-    protocol = HTTP1({"genai": {"routes": {"/llm/invoke": {"api": "openai_chat", "provider": "my-gateway"}},
-                                "capture_content": True, "max_content_chars": 60}})
+    protocol = HTTP1(
+        {
+            "genai": {
+                "routes": {"/llm/invoke": {"api": "openai_chat", "provider": "my-gateway"}},
+                "capture_content": True,
+                "max_content_chars": 60,
+            }
+        }
+    )
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "my api_key=hunter2 please"}]})
     head = b"POST /llm/invoke HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body)
-    answer = json.dumps({"model": "m", "choices": [{"message": {"content": "ok " * 50}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 9, "completion_tokens": 50}}).encode()
-    chunks = [Chunk(Direction.INGRESS, 1, head + body.encode()),
-              Chunk(Direction.EGRESS, 2, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                         b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))]
+    answer = json.dumps(
+        {
+            "model": "m",
+            "choices": [{"message": {"content": "ok " * 50}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 50},
+        }
+    ).encode()
+    chunks = [
+        Chunk(Direction.INGRESS, 1, head + body.encode()),
+        Chunk(
+            Direction.EGRESS,
+            2,
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer),
+        ),
+    ]
     span = _span(Role.SERVER, chunks, protocol)
     assert span["gen_ai.provider.name"] == "my-gateway"
     assert span["gen_ai.usage.output_tokens"] == 50
@@ -250,13 +290,16 @@ def test_a_gateway_route_from_the_options_and_content_capture_with_redaction() -
     assert len(span["gen_ai.output.messages"]) == 60
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"genai": {"routes": {"llm": "openai_chat"}}}, "genai.routes: route 'llm' must be a path"),
-    ({"genai": {"routes": {"/llm": "gpt"}}}, "genai.routes./llm: API style must be one of"),
-    ({"genai": {"capture_content": "yes"}}, "genai.capture_content: expected true or false"),
-    ({"genai": {"colour": 1}}, "genai.colour: unknown option"),
-    ({"genai": {"max_content_chars": -1}}, "genai.max_content_chars: expected a non-negative integer"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"genai": {"routes": {"llm": "openai_chat"}}}, "genai.routes: route 'llm' must be a path"),
+        ({"genai": {"routes": {"/llm": "gpt"}}}, "genai.routes./llm: API style must be one of"),
+        ({"genai": {"capture_content": "yes"}}, "genai.capture_content: expected true or false"),
+        ({"genai": {"colour": 1}}, "genai.colour: unknown option"),
+        ({"genai": {"max_content_chars": -1}}, "genai.max_content_chars: expected a non-negative integer"),
+    ],
+)
 def test_bad_options_are_named(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         HTTP1(options)
@@ -291,8 +334,16 @@ def _h2_exchange(sse: list[bytes]) -> list[Chunk]:
     client.initiate_connection()
     server.initiate_connection()
     body = json.dumps({"model": "h2-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
-    client.send_headers(1, [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
-                            (":authority", "llm"), ("content-type", "application/json")])
+    client.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            (":scheme", "http"),
+            (":authority", "llm"),
+            ("content-type", "application/json"),
+        ],
+    )
     client.send_data(1, body, end_stream=True)
     chunks = [Chunk(Direction.INGRESS, 1_000, client.data_to_send())]
     server.receive_data(chunks[0].data)

@@ -75,9 +75,7 @@ chunk_lists = st.lists(
         Chunk,
         st.sampled_from(list(Direction)),
         st.integers(0, 10**9),
-        st.one_of(
-            st.binary(max_size=300), st.lists(st.sampled_from(TOKENS), max_size=8).map(b"".join)
-        ),
+        st.one_of(st.binary(max_size=300), st.lists(st.sampled_from(TOKENS), max_size=8).map(b"".join)),
         st.sampled_from([0, 0, 0, 1, 7, 5000]),
     ),
     max_size=30,

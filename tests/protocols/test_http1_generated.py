@@ -88,9 +88,7 @@ def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Wire, Wire, tuple]
     if status in (204, 304):
         response = Wire((response_head + eol).encode(), 0)
     elif method == "HEAD":  # announces the body a GET would have had, sends none
-        response = Wire(
-            (response_head + f"Content-Length: {draw(st.integers(0, 999))}{eol}{eol}").encode(), 0
-        )
+        response = Wire((response_head + f"Content-Length: {draw(st.integers(0, 999))}{eol}{eol}").encode(), 0)
     else:
         framing, encoded, body = draw(bodies(eol, allow_close=last))
         response = Wire((response_head + framing + eol).encode() + encoded, len(body))
@@ -122,9 +120,7 @@ def test_generated_conversations_round_trip(data: st.DataObject) -> None:
             (requests_out, b"".join(r.wire for r, _, _ in batch)),
             (requests_out.reverse(), b"".join(r.wire for _, r, _ in batch)),
         ):
-            for piece in cut(
-                wire, data.draw(st.sets(st.integers(1, max(1, len(wire))), max_size=8))
-            ):
+            for piece in cut(wire, data.draw(st.sets(st.integers(1, max(1, len(wire))), max_size=8))):
                 chunks.append(Chunk(direction, 1000 * (len(chunks) + 1), piece))
     run = replay(chunks, role)
 

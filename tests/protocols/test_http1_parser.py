@@ -22,10 +22,7 @@ def ok(body: bytes = b"", status: int = 200, extra: bytes = b"") -> bytes:
 
 def chunks(*items: tuple[Direction, bytes] | tuple[Direction, bytes, int]) -> list[Chunk]:
     """Chunks at t = 10, 20, 30, ...; a third element is a gap after the chunk's bytes."""
-    return [
-        Chunk(item[0], 10 * (i + 1), item[1], item[2] if len(item) > 2 else 0)
-        for i, item in enumerate(items)
-    ]
+    return [Chunk(item[0], 10 * (i + 1), item[1], item[2] if len(item) > 2 else 0) for i, item in enumerate(items)]
 
 
 def brief(run) -> list[tuple]:
@@ -212,17 +209,17 @@ def test_invalid_content_length_keeps_the_fifo_aligned() -> None:
 
 
 def test_matching_content_length_duplicates_are_accepted() -> None:
-    (request,) = messages(HTTP1Session(Role.SERVER), 
-        IN, b"POST /a HTTP/1.1\r\nContent-Length: 2, 2\r\ncontent-length: 2\r\n\r\nab", 1
+    (request,) = messages(
+        HTTP1Session(Role.SERVER), IN, b"POST /a HTTP/1.1\r\nContent-Length: 2, 2\r\ncontent-length: 2\r\n\r\nab", 1
     )
     assert request.body_size == 2
 
 
 def test_transfer_encoding_wins_over_content_length() -> None:
-    (request,) = messages(HTTP1Session(Role.SERVER), 
+    (request,) = messages(
+        HTTP1Session(Role.SERVER),
         IN,
-        b"POST /a HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
-        b"2\r\nab\r\n0\r\n\r\n",
+        b"POST /a HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
         1,
     )
     assert (request.body_size, request.incomplete) == (2, None)
@@ -352,18 +349,14 @@ def test_start_is_the_feed_of_the_first_byte_even_when_resynchronising() -> None
     session = HTTP1Session(Role.SERVER)
     assert messages(session, IN, b"\x00garbage\xffGE", 1) == []
     assert messages(session, IN, b"T /a HTTP/1.1\r\nHost:", 2) == []
-    (request,) = messages(session, IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + messages(session, 
-        IN, b"y", 4
-    )
+    (request,) = messages(session, IN, b" h\r\nContent-Length: 2\r\n\r\nx", 3) + messages(session, IN, b"y", 4)
     assert (request.start_ns, request.end_ns, request.body_size) == (1, 4, 2)
     assert session.parse_errors == 1
 
 
 def test_pipelined_messages_start_in_the_feed_that_carries_them() -> None:
     session = HTTP1Session(Role.CLIENT)
-    first, second = messages(session, IN, ok(b"1") + ok(b"22")[:20], 5) + messages(session, 
-        IN, ok(b"22")[20:], 6
-    )
+    first, second = messages(session, IN, ok(b"1") + ok(b"22")[:20], 5) + messages(session, IN, ok(b"22")[20:], 6)
     assert (first.start_ns, first.end_ns, second.start_ns, second.end_ns) == (5, 5, 5, 6)
 
 

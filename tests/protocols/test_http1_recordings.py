@@ -108,9 +108,7 @@ def test_random_rechunking(data: st.DataObject) -> None:
     assert [summary(e) for e in replay(rechunked(data, load(name))).exchanges] == expected(name)
 
 
-@pytest.mark.parametrize(
-    ("name", "cap"), [("large", 160), ("large", 4096), ("large", 65535), ("continue", 1024)]
-)
+@pytest.mark.parametrize(("name", "cap"), [("large", 160), ("large", 4096), ("large", 65535), ("continue", 1024)])
 def test_capture_cap_inside_known_length_bodies(name: str, cap: int) -> None:
     """Bytes past the cap of a syscall arrive as gaps; inside a Content-Length body, skipped."""
     run = replay(capped(load(name), cap))
@@ -142,9 +140,7 @@ def test_capture_starting_at_any_byte(name: str) -> None:
     for index, chunk in enumerate(chunks):
         later = sum(1 for e in EXPECTED[name] if e[5] > index)
         for offset in range(1, len(chunk.data)):
-            run = replay(
-                [Chunk(chunk.direction, chunk.t_ns, chunk.data[offset:]), *chunks[index + 1 :]]
-            )
+            run = replay([Chunk(chunk.direction, chunk.t_ns, chunk.data[offset:]), *chunks[index + 1 :]])
             got = [summary(e) for e in run.exchanges]
             if later:
                 assert got[-later:] == want[-later:]

@@ -28,8 +28,10 @@ from otel_ebpf.protocols.http2.session import MAX_STREAMS
 from stream_replay import Chunk, mutate, replay
 from http2_replay import RECORDINGS, conn, load
 
-PROTOCOLS = [HTTP2({"capture_headers": ["content-type", "authorization"], "semconv_stability_opt_in": mode})
-             for mode in ("", "rpc/dup")]
+PROTOCOLS = [
+    HTTP2({"capture_headers": ["content-type", "authorization"], "semconv_stability_opt_in": mode})
+    for mode in ("", "rpc/dup")
+]
 MAX_BUFFERED = 5 * 64 * 1024  # frame body, sync hold, header block, handshake: each bounded
 
 
@@ -48,11 +50,20 @@ def run_hostile(chunks: list[Chunk], closes: bool) -> None:
 
 
 chunk_lists = st.lists(
-    st.builds(Chunk, st.sampled_from(list(Direction)), st.integers(0, 10**9), st.binary(max_size=300),
-              st.sampled_from([0, 0, 0, 1, 9, 5000])),
+    st.builds(
+        Chunk,
+        st.sampled_from(list(Direction)),
+        st.integers(0, 10**9),
+        st.binary(max_size=300),
+        st.sampled_from([0, 0, 0, 1, 9, 5000]),
+    ),
     max_size=30,
-).map(lambda chunks: [Chunk(c.direction, c.t_ns, PREFACE + c.data, c.gap) if i == 0 else c
-                      for i, c in enumerate(sorted(chunks, key=lambda c: c.t_ns))])
+).map(
+    lambda chunks: [
+        Chunk(c.direction, c.t_ns, PREFACE + c.data, c.gap) if i == 0 else c
+        for i, c in enumerate(sorted(chunks, key=lambda c: c.t_ns))
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -73,11 +84,25 @@ def test_mutated_recordings(chunks: list[Chunk], closes: bool) -> None:
 
 
 FIELDS = [
-    (":method", "GET"), (":method", "POST"), (":method", "BREW"), (":path", "/a/1"), (":path", "/pkg.S/M"),
-    (":scheme", "http"), (":authority", "example.com:8080"), (":status", "200"), (":status", "503"),
-    (":status", "100"), (":status", "x"), ("content-type", "application/grpc"), ("grpc-status", "13"),
-    ("grpc-status", "99"), ("grpc-message", "bad%20thing"), ("te", "trailers"), ("x-request-id", "r-1"),
-    ("authorization", "Bearer secret"), ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    (":method", "GET"),
+    (":method", "POST"),
+    (":method", "BREW"),
+    (":path", "/a/1"),
+    (":path", "/pkg.S/M"),
+    (":scheme", "http"),
+    (":authority", "example.com:8080"),
+    (":status", "200"),
+    (":status", "503"),
+    (":status", "100"),
+    (":status", "x"),
+    ("content-type", "application/grpc"),
+    ("grpc-status", "13"),
+    ("grpc-status", "99"),
+    ("grpc-message", "bad%20thing"),
+    ("te", "trailers"),
+    ("x-request-id", "r-1"),
+    ("authorization", "Bearer secret"),
+    ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
 ]
 streams = st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1])
 
@@ -91,8 +116,23 @@ def frame_streams(draw: st.DrawFn) -> list[Chunk]:
     for t in range(1, draw(st.integers(1, 25))):
         direction = draw(st.sampled_from(list(Direction)))
         stream = draw(streams)
-        kind = draw(st.sampled_from(["headers", "continuation", "data", "rst", "goaway", "settings", "push",
-                                     "ping", "priority", "window", "unknown"]))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "headers",
+                    "continuation",
+                    "data",
+                    "rst",
+                    "goaway",
+                    "settings",
+                    "push",
+                    "ping",
+                    "priority",
+                    "window",
+                    "unknown",
+                ]
+            )
+        )
         flags = set(draw(st.sets(st.sampled_from(["END_STREAM", "END_HEADERS", "PADDED", "PRIORITY", "ACK"]))))
         if kind in ("headers", "continuation", "push"):
             block = encoders[direction].encode(draw(st.lists(st.sampled_from(FIELDS), max_size=8)))
@@ -104,8 +144,9 @@ def frame_streams(draw: st.DrawFn) -> list[Chunk]:
                     frame.flags.add("PADDED")
                     frame.pad_length = draw(st.integers(0, 20))
             elif kind == "push":
-                frame = PushPromiseFrame(max(stream, 1), promised_stream_id=2 * t, data=block,
-                                         flags=flags & {"END_HEADERS"})
+                frame = PushPromiseFrame(
+                    max(stream, 1), promised_stream_id=2 * t, data=block, flags=flags & {"END_HEADERS"}
+                )
             else:
                 frame = ContinuationFrame(max(stream, 1), block, flags=flags & {"END_HEADERS"})
         elif kind == "data":
@@ -118,8 +159,13 @@ def frame_streams(draw: st.DrawFn) -> list[Chunk]:
         elif kind == "goaway":
             frame = GoAwayFrame(0, last_stream_id=draw(streams), error_code=draw(st.integers(0, 20)))
         elif kind == "settings":
-            frame = SettingsFrame(0, settings={SettingsFrame.HEADER_TABLE_SIZE: draw(st.sampled_from([0, 100, 4096, 2**20])),
-                                               SettingsFrame.MAX_FRAME_SIZE: draw(st.sampled_from([16384, 2**24 - 1]))})
+            frame = SettingsFrame(
+                0,
+                settings={
+                    SettingsFrame.HEADER_TABLE_SIZE: draw(st.sampled_from([0, 100, 4096, 2**20])),
+                    SettingsFrame.MAX_FRAME_SIZE: draw(st.sampled_from([16384, 2**24 - 1])),
+                },
+            )
         elif kind == "ping":
             frame = PingFrame(0, b"12345678")
         elif kind == "priority":
@@ -153,8 +199,9 @@ def test_many_streams_stay_bounded() -> None:
     """A client that opens streams and never ends them: the oldest are dropped, counted."""
     encoder = Encoder()
     data = PREFACE + b"".join(
-        HeadersFrame(stream, encoder.encode([(":method", "GET"), (":path", "/"), (":scheme", "http")]),
-                     flags=["END_HEADERS"]).serialize()
+        HeadersFrame(
+            stream, encoder.encode([(":method", "GET"), (":path", "/"), (":scheme", "http")]), flags=["END_HEADERS"]
+        ).serialize()
         for stream in range(1, 2 * (MAX_STREAMS + 100), 2)
     )
     session, stitcher = PROTOCOLS[0].new_session(Role.SERVER), PROTOCOLS[0].new_stitcher(Role.SERVER)

@@ -56,18 +56,36 @@ def grpc_body(draw: st.DrawFn) -> tuple[bytes, int]:
 def streams(draw: st.DrawFn, stream_id: int, refused: bool) -> Stream:
     grpc = draw(st.booleans())
     path = "/" + draw(st.text(SAFE, min_size=1, max_size=10)) + ("/M" if grpc else "")
-    fields = [(":method", "POST" if grpc else draw(st.sampled_from(["GET", "POST", "PUT"]))), (":scheme", "http"),
-              (":path", path), (":authority", "svc:8080")]
+    fields = [
+        (":method", "POST" if grpc else draw(st.sampled_from(["GET", "POST", "PUT"]))),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "svc:8080"),
+    ]
     fields += [("content-type", "application/grpc"), ("te", "trailers")] if grpc else []
-    fields += draw(st.lists(st.tuples(st.sampled_from(["x-request-id", "user-agent", "x-custom"]),
-                                      st.text(SAFE, max_size=12)), max_size=3))
+    fields += draw(
+        st.lists(
+            st.tuples(st.sampled_from(["x-request-id", "user-agent", "x-custom"]), st.text(SAFE, max_size=12)),
+            max_size=3,
+        )
+    )
     body, messages = draw(grpc_body()) if grpc else (draw(st.binary(max_size=100)), None)
     response_body, response_messages = draw(grpc_body()) if grpc else (draw(st.binary(max_size=100)), None)
     status = None if refused else (200 if grpc else draw(st.sampled_from([200, 201, 404, 500])))
     trailers = [("grpc-status", str(draw(st.sampled_from([0, 5, 13])))), ("grpc-message", "")] if grpc else []
     reset = draw(st.sampled_from([None, None, None, 8, 2])) if not refused else None
-    return Stream(stream_id, fields, body, messages, status, [(":status", str(status))] if status else [],
-                  response_body, response_messages, trailers, reset)
+    return Stream(
+        stream_id,
+        fields,
+        body,
+        messages,
+        status,
+        [(":status", str(status))] if status else [],
+        response_body,
+        response_messages,
+        trailers,
+        reset,
+    )
 
 
 @dataclass
@@ -92,8 +110,15 @@ def _events(draw: st.DrawFn, stream: Stream) -> list[Event]:
     events += [Event(CLIENT, stream.id, "data", data=p, end_stream=i == len(pieces) - 1) for i, p in enumerate(pieces)]
     if stream.status is None:
         return events
-    events.append(Event(SERVER, stream.id, "headers", stream.response_fields,
-                        end_stream=not stream.response_body and not stream.trailers and stream.reset is None))
+    events.append(
+        Event(
+            SERVER,
+            stream.id,
+            "headers",
+            stream.response_fields,
+            end_stream=not stream.response_body and not stream.trailers and stream.reset is None,
+        )
+    )
     pieces = _pieces(draw, stream.response_body) if stream.response_body else []
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1 and not stream.trailers and stream.reset is None
@@ -141,9 +166,18 @@ def conversations(draw: st.DrawFn) -> tuple[list[Chunk], list[Stream]]:
 
 def _frames(draw: st.DrawFn, event: Event, encoder: Encoder) -> list[Frame]:
     if event.kind == "noise":
-        return [draw(st.sampled_from([PingFrame(0, b"pingpong"), WindowUpdateFrame(0, window_increment=1000),
-                                      PriorityFrame(1, depends_on=0, stream_weight=16),
-                                      SettingsFrame(0, flags=["ACK"])]))]
+        return [
+            draw(
+                st.sampled_from(
+                    [
+                        PingFrame(0, b"pingpong"),
+                        WindowUpdateFrame(0, window_increment=1000),
+                        PriorityFrame(1, depends_on=0, stream_weight=16),
+                        SettingsFrame(0, flags=["ACK"]),
+                    ]
+                )
+            )
+        ]
     if event.kind == "rst":
         return [RstStreamFrame(event.stream, error_code=event.data[0])]
     if event.kind == "goaway":
@@ -162,8 +196,10 @@ def _frames(draw: st.DrawFn, event: Event, encoder: Encoder) -> list[Frame]:
     if draw(st.booleans()):
         first.flags.add("PRIORITY")
         first.depends_on, first.stream_weight = 0, 200
-    rest = [ContinuationFrame(event.stream, fragment, flags=["END_HEADERS"] if i == len(fragments) - 2 else [])
-            for i, fragment in enumerate(fragments[1:])]
+    rest = [
+        ContinuationFrame(event.stream, fragment, flags=["END_HEADERS"] if i == len(fragments) - 2 else [])
+        for i, fragment in enumerate(fragments[1:])
+    ]
     return [first, *rest]
 
 
@@ -193,12 +229,17 @@ def expected(all_streams: list[Stream], chunks: list[Chunk]) -> list[tuple]:
 
 @settings(max_examples=200, deadline=None)
 @given(conversations(), st.booleans(), st.data())
-def test_generated_conversations(conversation: tuple[list[Chunk], list[Stream]], client: bool, data: st.DataObject) -> None:
+def test_generated_conversations(
+    conversation: tuple[list[Chunk], list[Stream]], client: bool, data: st.DataObject
+) -> None:
     chunks, all_streams = conversation
     role = Role.CLIENT if client else Role.SERVER
     if data.draw(st.booleans()):  # and cut anywhere
-        chunks = [Chunk(c.direction, c.t_ns, piece) for c in chunks
-                  for piece in cut(c.data, data.draw(st.sets(st.integers(1, len(c.data)), max_size=3)))]
+        chunks = [
+            Chunk(c.direction, c.t_ns, piece)
+            for c in chunks
+            for piece in cut(c.data, data.draw(st.sets(st.integers(1, len(c.data)), max_size=3)))
+        ]
     run = replay(as_client(chunks) if client else chunks, role)
     got = sorted(summary(e)[:5] + (summary(e)[6],) for e in run.exchanges)
     assert got == sorted(expected(all_streams, chunks))

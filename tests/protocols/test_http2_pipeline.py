@@ -40,10 +40,26 @@ def both_ends(chunks: list[Chunk]) -> list[Event]:
         writer_first = server_chunk.direction is Direction.EGRESS  # the server wrote it
         server_at, client_at = (t, t + 10_000) if writer_first else (t + 10_000, t)
         protocols_events += [
-            ConnData(server_at, SERVER_PID, SERVER_PID, 4, 1, server_chunk.direction, len(server_chunk.data),
-                     server_chunk.data),
-            ConnData(client_at, CLIENT_PID, CLIENT_PID, 3, 1, client_chunk.direction, len(client_chunk.data),
-                     client_chunk.data),
+            ConnData(
+                server_at,
+                SERVER_PID,
+                SERVER_PID,
+                4,
+                1,
+                server_chunk.direction,
+                len(server_chunk.data),
+                server_chunk.data,
+            ),
+            ConnData(
+                client_at,
+                CLIENT_PID,
+                CLIENT_PID,
+                3,
+                1,
+                client_chunk.direction,
+                len(client_chunk.data),
+                client_chunk.data,
+            ),
         ]
     return sorted(protocols_events, key=lambda e: e.timestamp_ns)
 
@@ -52,16 +68,22 @@ def run(events: list[Event]) -> list[ReadableSpan]:
     protocols = load_protocols()
     selfmetrics = SelfMetrics()
     telemetry = Telemetry(protocols, "node-1", {}, selfmetrics)
-    pipeline = Pipeline(ConnectionTracker(protocols, selfmetrics), telemetry, selfmetrics,
-                        reorderer=EventReorderer(selfmetrics, window_ns=0))
+    pipeline = Pipeline(
+        ConnectionTracker(protocols, selfmetrics),
+        telemetry,
+        selfmetrics,
+        reorderer=EventReorderer(selfmetrics, window_ns=0),
+    )
     pipeline.handle(events)
     pipeline.flush()
     return telemetry.take_spans()
 
 
 def _pairs(spans: list[ReadableSpan]) -> list[tuple[ReadableSpan, ReadableSpan]]:
-    by_kind = {kind: sorted((s for s in spans if s.kind is kind), key=lambda s: s.start_time)
-               for kind in (trace.SpanKind.CLIENT, trace.SpanKind.SERVER)}
+    by_kind = {
+        kind: sorted((s for s in spans if s.kind is kind), key=lambda s: s.start_time)
+        for kind in (trace.SpanKind.CLIENT, trace.SpanKind.SERVER)
+    }
     return list(zip(by_kind[trace.SpanKind.CLIENT], by_kind[trace.SpanKind.SERVER], strict=True))
 
 
@@ -90,12 +112,24 @@ def test_concurrent_streams_in_one_syscall_keep_their_own_parents() -> None:
     chunks = [
         Chunk(Direction.INGRESS, 0, PREFACE + SettingsFrame(0).serialize()),
         Chunk(Direction.EGRESS, 1_000, SettingsFrame(0).serialize()),
-        Chunk(Direction.INGRESS, 2_000, headers(Direction.INGRESS, 1, [*request, (":path", "/slow")])
-              + headers(Direction.INGRESS, 3, [*request, (":path", "/fast")])),
-        Chunk(Direction.EGRESS, 3_000_000, headers(Direction.EGRESS, 3, [(":status", "200")], end=False)
-              + DataFrame(3, b"fast", flags=["END_STREAM"]).serialize()),
-        Chunk(Direction.EGRESS, 9_000_000, headers(Direction.EGRESS, 1, [(":status", "200")], end=False)
-              + DataFrame(1, b"slow", flags=["END_STREAM"]).serialize()),
+        Chunk(
+            Direction.INGRESS,
+            2_000,
+            headers(Direction.INGRESS, 1, [*request, (":path", "/slow")])
+            + headers(Direction.INGRESS, 3, [*request, (":path", "/fast")]),
+        ),
+        Chunk(
+            Direction.EGRESS,
+            3_000_000,
+            headers(Direction.EGRESS, 3, [(":status", "200")], end=False)
+            + DataFrame(3, b"fast", flags=["END_STREAM"]).serialize(),
+        ),
+        Chunk(
+            Direction.EGRESS,
+            9_000_000,
+            headers(Direction.EGRESS, 1, [(":status", "200")], end=False)
+            + DataFrame(1, b"slow", flags=["END_STREAM"]).serialize(),
+        ),
     ]
     spans = run(both_ends(chunks))
     clients = {s.attributes["url.full"].rsplit("/", 1)[1]: s for s in spans if s.kind is trace.SpanKind.CLIENT}

@@ -33,8 +33,14 @@ from http2_replay import RECORDINGS, conn, load, replay, summary
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 IN, OUT = Direction.INGRESS, Direction.EGRESS
-GRPC_REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/pkg.Svc/Get"), (":authority", "svc:50051"),
-                ("content-type", "application/grpc"), ("te", "trailers")]
+GRPC_REQUEST = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/pkg.Svc/Get"),
+    (":authority", "svc:50051"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
 
 
 def wire(*frames: Frame) -> bytes:
@@ -56,13 +62,18 @@ class Conversation:
         self.chunks.append(Chunk(direction, 1000 * len(self.chunks), wire(*frames), gap))
         return self
 
-    def headers(self, direction: Direction, stream: int, fields: list, end_stream: bool = False, **kwargs) -> HeadersFrame:
+    def headers(
+        self, direction: Direction, stream: int, fields: list, end_stream: bool = False, **kwargs
+    ) -> HeadersFrame:
         flags = ["END_HEADERS"] + (["END_STREAM"] if end_stream else [])
         return HeadersFrame(stream, self.encoders[direction].encode(fields), flags=flags, **kwargs)
 
     def run(self, role: Role = Role.SERVER):
-        chunks = self.chunks if role is Role.SERVER else [Chunk(c.direction.reverse(), c.t_ns, c.data, c.gap)
-                                                           for c in self.chunks]
+        chunks = (
+            self.chunks
+            if role is Role.SERVER
+            else [Chunk(c.direction.reverse(), c.t_ns, c.data, c.gap) for c in self.chunks]
+        )
         return replay(chunks, role)
 
 
@@ -146,7 +157,9 @@ def test_h2c_upgrade_goes_to_the_plugin_tried_first(order: str, claims: str) -> 
     tracker.open(ConnOpen(0, *key, Role.SERVER, Endpoint("127.0.0.1", 80), Endpoint("127.0.0.1", 5000), Transport.TCP))
     outcomes = []
     for chunk in load("h2_curl_upgrade"):
-        outcomes += tracker.data(ConnData(chunk.t_ns, *key[:1], 1, *key[1:], chunk.direction, len(chunk.data), chunk.data))
+        outcomes += tracker.data(
+            ConnData(chunk.t_ns, *key[:1], 1, *key[1:], chunk.direction, len(chunk.data), chunk.data)
+        )
     conn_state = tracker._table[key]  # noqa: SLF001 -- which plugin got the connection
     assert conn_state.protocol.name == claims
     exchanges = [outcome for _, outcome, _ in outcomes if hasattr(outcome, "span")]
@@ -227,8 +240,12 @@ def test_padding_priority_and_continuation() -> None:
 def test_reset_and_goaway_end_streams_with_an_error() -> None:
     c = Conversation()
     get = [(":method", "GET"), (":path", "/slow"), (":scheme", "http"), (":authority", "h")]
-    c.send(IN, c.headers(IN, 1, get, end_stream=True), c.headers(IN, 3, get, end_stream=True),
-           c.headers(IN, 5, get, end_stream=True))
+    c.send(
+        IN,
+        c.headers(IN, 1, get, end_stream=True),
+        c.headers(IN, 3, get, end_stream=True),
+        c.headers(IN, 5, get, end_stream=True),
+    )
     c.send(OUT, c.headers(OUT, 1, [(":status", "200")]))
     c.send(IN, RstStreamFrame(1, error_code=8))  # the client cancels
     c.send(OUT, GoAwayFrame(0, last_stream_id=3), c.headers(OUT, 3, [(":status", "200")], end_stream=True))
@@ -241,11 +258,19 @@ def test_reset_and_goaway_end_streams_with_an_error() -> None:
 def test_push_promise_and_flow_control_are_harmless() -> None:
     c = Conversation()
     c.send(IN, c.headers(IN, 1, [(":method", "GET"), (":path", "/"), (":scheme", "http")], end_stream=True))
-    promise = PushPromiseFrame(1, promised_stream_id=2, flags=["END_HEADERS"],
-                               data=c.encoders[OUT].encode([(":method", "GET"), (":path", "/style.css")]))
+    promise = PushPromiseFrame(
+        1,
+        promised_stream_id=2,
+        flags=["END_HEADERS"],
+        data=c.encoders[OUT].encode([(":method", "GET"), (":path", "/style.css")]),
+    )
     c.send(OUT, promise, c.headers(OUT, 1, [(":status", "200")], end_stream=True))
-    c.send(OUT, c.headers(OUT, 2, [(":status", "200")]), DataFrame(2, b"css", flags=["END_STREAM"]),
-           WindowUpdateFrame(0, window_increment=99))
+    c.send(
+        OUT,
+        c.headers(OUT, 2, [(":status", "200")]),
+        DataFrame(2, b"css", flags=["END_STREAM"]),
+        WindowUpdateFrame(0, window_increment=99),
+    )
     run = c.run()
     assert [summary(e)[:3] for e in run.exchanges] == [(1, "GET", "/")]
     assert run.session.parse_errors == 0 and run.stitcher.unmatched == 0
@@ -267,8 +292,9 @@ def test_gap_hiding_frames_resynchronises_on_the_next_syscall() -> None:
     get = [(":method", "GET"), (":path", "/a"), (":scheme", "http")]
     c.send(IN, c.headers(IN, 1, get, end_stream=True))
     tail = wire(DataFrame(1, b"z" * 50), WindowUpdateFrame(0, window_increment=1))
-    c.chunks.append(Chunk(OUT, 5000, c.headers(OUT, 1, [(":status", "200")]).serialize() + tail[:20],
-                          gap=len(tail) - 20))
+    c.chunks.append(
+        Chunk(OUT, 5000, c.headers(OUT, 1, [(":status", "200")]).serialize() + tail[:20], gap=len(tail) - 20)
+    )
     c.send(OUT, DataFrame(1, b"", flags=["END_STREAM"]))
     run = c.run()
     (exchange,) = run.exchanges
@@ -279,8 +305,11 @@ def test_gap_hiding_frames_resynchronises_on_the_next_syscall() -> None:
 
 def test_connection_closed_mid_response() -> None:
     c = Conversation()
-    c.send(IN, c.headers(IN, 1, [(":method", "GET"), (":path", "/a"), (":scheme", "http")], end_stream=True),
-           c.headers(IN, 3, [(":method", "GET"), (":path", "/b"), (":scheme", "http")], end_stream=True))
+    c.send(
+        IN,
+        c.headers(IN, 1, [(":method", "GET"), (":path", "/a"), (":scheme", "http")], end_stream=True),
+        c.headers(IN, 3, [(":method", "GET"), (":path", "/b"), (":scheme", "http")], end_stream=True),
+    )
     c.send(OUT, c.headers(OUT, 1, [(":status", "200")]), DataFrame(1, b"partial"))
     spans = {e.request.stream: e.span(conn(Role.SERVER)) for e in c.run().exchanges}
     assert spans[1].attributes["error.type"] == "connection_closed"
@@ -291,8 +320,11 @@ def test_requests_starting_in_one_syscall_get_distinct_start_times() -> None:
     c = Conversation()
     get = [(":method", "GET"), (":path", "/"), (":scheme", "http")]
     c.send(IN, c.headers(IN, 1, get, end_stream=True), c.headers(IN, 3, get, end_stream=True))
-    c.send(OUT, c.headers(OUT, 3, [(":status", "200")], end_stream=True),
-           c.headers(OUT, 1, [(":status", "200")], end_stream=True))
+    c.send(
+        OUT,
+        c.headers(OUT, 3, [(":status", "200")], end_stream=True),
+        c.headers(OUT, 1, [(":status", "200")], end_stream=True),
+    )
     run = c.run()
     starts = {s.stream: s.start_ns for s in run.starts}
     assert starts[3] == starts[1] + 1
@@ -317,8 +349,18 @@ def test_message_counter_across_frames_and_gaps() -> None:
 
 @pytest.mark.parametrize(
     ("status", "server_error", "client_error"),
-    [(0, False, False), (5, False, True), (2, True, True), (4, True, True), (12, True, True), (13, True, True),
-     (14, True, True), (15, True, True), (16, False, True), (1, False, True)],
+    [
+        (0, False, False),
+        (5, False, True),
+        (2, True, True),
+        (4, True, True),
+        (12, True, True),
+        (13, True, True),
+        (14, True, True),
+        (15, True, True),
+        (16, False, True),
+        (1, False, True),
+    ],
 )
 def test_grpc_status_to_span_status(status: int, server_error: bool, client_error: bool) -> None:
     call = GrpcCall("/pkg.Svc/Get", 0, 10, "svc:50051", status, "why")
@@ -346,11 +388,18 @@ def test_semconv_sets() -> None:
     new = grpc_semconv.describe_span(call, conn(Role.CLIENT), Semconv.NEW)
     dup = grpc_semconv.describe_span(call, conn(Role.CLIENT), Semconv.DUP)
     assert old.name == new.name == dup.name == "pkg.Svc/Get"
-    assert (old.attributes["rpc.system"], old.attributes["rpc.service"], old.attributes["rpc.method"],
-            old.attributes["rpc.grpc.status_code"]) == ("grpc", "pkg.Svc", "Get", 5)
+    assert (
+        old.attributes["rpc.system"],
+        old.attributes["rpc.service"],
+        old.attributes["rpc.method"],
+        old.attributes["rpc.grpc.status_code"],
+    ) == ("grpc", "pkg.Svc", "Get", 5)
     assert "rpc.system.name" not in old.attributes
-    assert (new.attributes["rpc.system.name"], new.attributes["rpc.method"],
-            new.attributes["rpc.response.status_code"]) == ("grpc", "pkg.Svc/Get", "NOT_FOUND")
+    assert (
+        new.attributes["rpc.system.name"],
+        new.attributes["rpc.method"],
+        new.attributes["rpc.response.status_code"],
+    ) == ("grpc", "pkg.Svc/Get", "NOT_FOUND")
     assert "rpc.system" not in new.attributes and "rpc.service" not in new.attributes
     assert dup.attributes["rpc.system"] == dup.attributes["rpc.system.name"] == "grpc"
     points = {p.instrument: p for p in grpc_semconv.metric_points(call, conn(Role.CLIENT), Semconv.DUP)}
@@ -368,7 +417,10 @@ def test_unknown_and_unimplemented_methods() -> None:
     unimplemented = GrpcCall("/scan.Me/Now", 0, 1, status=12)
     new = grpc_semconv.describe_span(unimplemented, conn(Role.SERVER), Semconv.NEW)
     assert (new.name, new.attributes["rpc.method"], new.attributes["rpc.method_original"]) == (
-        "grpc", "_OTHER", "scan.Me/Now")
+        "grpc",
+        "_OTHER",
+        "scan.Me/Now",
+    )
     assert grpc_semconv.describe_span(unimplemented, conn(Role.SERVER), Semconv.OLD).name == "scan.Me/Now"
 
 
@@ -391,8 +443,9 @@ def test_grpc_outcomes(response: str, status: int, description: str | None) -> N
     c = Conversation()
     ok = [(":status", "200"), ("content-type", "application/grpc")]
     frames = {  # built only for the case at hand: encoding changes the encoder's table
-        "trailers-only": lambda: [c.headers(OUT, 1, ok + [("grpc-status", "5"), ("grpc-message", "gone%20away")],
-                                            end_stream=True)],
+        "trailers-only": lambda: [
+            c.headers(OUT, 1, ok + [("grpc-status", "5"), ("grpc-message", "gone%20away")], end_stream=True)
+        ],
         "http-503": lambda: [c.headers(OUT, 1, [(":status", "503")], end_stream=True)],
         "no-trailers": lambda: [c.headers(OUT, 1, ok), DataFrame(1, message(b"r"), flags=["END_STREAM"])],
         "reset-cancel": lambda: [c.headers(OUT, 1, ok), RstStreamFrame(1, error_code=8)],
@@ -410,10 +463,14 @@ def test_grpc_messages_straddling_frames() -> None:
     c = Conversation()
     body = message(b"a" * 30) + message(b"b" * 7, compressed=True)
     pieces = [body[:3], body[3:37], body[37:]]
-    c.send(IN, c.headers(IN, 1, GRPC_REQUEST), *(DataFrame(1, p) for p in pieces),
-           DataFrame(1, b"", flags=["END_STREAM"]))
-    c.send(OUT, c.headers(OUT, 1, [(":status", "200"), ("content-type", "application/grpc")]),
-           c.headers(OUT, 1, [("grpc-status", "0")], end_stream=True))
+    c.send(
+        IN, c.headers(IN, 1, GRPC_REQUEST), *(DataFrame(1, p) for p in pieces), DataFrame(1, b"", flags=["END_STREAM"])
+    )
+    c.send(
+        OUT,
+        c.headers(OUT, 1, [(":status", "200"), ("content-type", "application/grpc")]),
+        c.headers(OUT, 1, [("grpc-status", "0")], end_stream=True),
+    )
     (exchange,) = c.run().exchanges
     span = exchange.span(conn(Role.SERVER))
     assert span.attributes["otel_ebpf.rpc.request.message_count"] == 2
@@ -423,8 +480,10 @@ def test_grpc_messages_straddling_frames() -> None:
 
 # -- h2c upgrade ------------------------------------------------------------------------------------
 
-UPGRADE = (b"POST /submit HTTP/1.1\r\nHost: svc:8080\r\nContent-Length: 5\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-           b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\nhello")
+UPGRADE = (
+    b"POST /submit HTTP/1.1\r\nHost: svc:8080\r\nContent-Length: 5\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+    b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\nhello"
+)
 
 
 def test_upgrade_request_with_a_body_becomes_stream_1() -> None:
@@ -443,7 +502,10 @@ def test_upgrade_request_with_a_body_becomes_stream_1() -> None:
     assert [(s.stream, s.start_ns) for s in run.starts] == [(1, 0)]
     span = exchange.span(conn(Role.SERVER))
     assert (span.name, span.attributes["server.address"], span.attributes["network.protocol.version"]) == (
-        "POST /submit", "svc", "2")
+        "POST /submit",
+        "svc",
+        "2",
+    )
 
 
 def test_declined_upgrade_stays_http1() -> None:
@@ -457,8 +519,9 @@ def test_declined_upgrade_stays_http1() -> None:
     ]
     run = replay(chunks)
     spans = [e.span(conn(Role.SERVER)) for e in run.exchanges]
-    assert [(s.name, s.attributes["http.response.status_code"], s.attributes["network.protocol.version"])
-            for s in spans] == [("POST /submit", 200, "1.1"), ("GET /next", 404, "1.1")]
+    assert [
+        (s.name, s.attributes["http.response.status_code"], s.attributes["network.protocol.version"]) for s in spans
+    ] == [("POST /submit", 200, "1.1"), ("GET /next", 404, "1.1")]
     assert len(run.starts) == 2 and run.session.parse_errors == 0 and run.stitcher.unmatched == 0
 
 
@@ -468,8 +531,11 @@ def test_unknown_method_and_path_are_left_out(role: Role) -> None:
     no method, path or URL is made up, and the message is counted partial."""
     c = Conversation(preface=False)
     c.encoders[IN].encode([(":method", "PURGE"), (":path", "/cache/1")])  # before the capture
-    c.send(IN, c.headers(IN, 9, [(":method", "PURGE"), (":path", "/cache/1"), (":scheme", "http")], end_stream=True),
-           WindowUpdateFrame(0, window_increment=1))
+    c.send(
+        IN,
+        c.headers(IN, 9, [(":method", "PURGE"), (":path", "/cache/1"), (":scheme", "http")], end_stream=True),
+        WindowUpdateFrame(0, window_increment=1),
+    )
     c.send(OUT, c.headers(OUT, 9, [(":status", "204")], end_stream=True))
     run = c.run(role)
     (exchange,) = run.exchanges

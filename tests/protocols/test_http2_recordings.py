@@ -91,7 +91,10 @@ def test_grpc_spans(role: Role) -> None:
     assert ok.attributes["rpc.grpc.status_code"] == 0 and ok.status is StatusCode.UNSET
     assert "error.type" not in ok.attributes
     assert not_found.attributes["rpc.grpc.status_code"] == 5
-    assert (ok.attributes["otel_ebpf.rpc.request.message_count"], ok.attributes["otel_ebpf.rpc.response.message_count"]) == (1, 1)
+    assert (
+        ok.attributes["otel_ebpf.rpc.request.message_count"],
+        ok.attributes["otel_ebpf.rpc.response.message_count"],
+    ) == (1, 1)
     assert not_found.attributes["otel_ebpf.rpc.response.message_count"] == 0
     if role is Role.SERVER:  # NOT_FOUND is the caller's problem, not the server's
         assert not_found.status is StatusCode.UNSET and "error.type" not in not_found.attributes
@@ -115,7 +118,9 @@ def test_http_spans(role: Role) -> None:
     assert post.attributes["http.request.body.size"] == 3000
     assert post.attributes["http.response.body.size"] == 18
     if role is Role.SERVER:
-        assert get.attributes["url.path"] == "/items/1" and get.attributes["user_agent.original"].startswith("python-httpx/")
+        assert get.attributes["url.path"] == "/items/1" and get.attributes["user_agent.original"].startswith(
+            "python-httpx/"
+        )
     else:
         assert get.attributes["url.full"] == f"http://127.0.0.1:{get.attributes['server.port']}/items/1"
     durations = [p for e in run.exchanges for p in e.metric_points(conn(role)) if p.instrument.endswith("duration")]
@@ -257,7 +262,9 @@ def test_mid_stream_grpc_channel_is_partial_not_wrong() -> None:
 
 
 def test_recordings_through_the_entry_point() -> None:
-    (protocol,) = load_protocols(["http2"], {"http2": {"capture_headers": ["content-type"], "semconv_stability_opt_in": "rpc"}})
+    (protocol,) = load_protocols(
+        ["http2"], {"http2": {"capture_headers": ["content-type"], "semconv_stability_opt_in": "rpc"}}
+    )
     assert isinstance(protocol, HTTP2)
     run = replay(load("grpc_unary"), protocol=protocol)
     span = run.exchanges[0].span(conn(Role.SERVER))

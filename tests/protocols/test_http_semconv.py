@@ -27,12 +27,8 @@ from otel_ebpf.protocols.http_semconv import (
     split_target,
 )
 
-SERVER_CONN = ConnectionInfo(
-    Role.SERVER, local=Endpoint("10.0.0.5", 8080), peer=Endpoint("10.0.0.9", 51234)
-)
-CLIENT_CONN = ConnectionInfo(
-    Role.CLIENT, local=Endpoint("10.0.0.9", 51234), peer=Endpoint("10.0.0.5", 8080)
-)
+SERVER_CONN = ConnectionInfo(Role.SERVER, local=Endpoint("10.0.0.5", 8080), peer=Endpoint("10.0.0.9", 51234))
+CLIENT_CONN = ConnectionInfo(Role.CLIENT, local=Endpoint("10.0.0.9", 51234), peer=Endpoint("10.0.0.5", 8080))
 
 
 def tx(**fields: object) -> HttpTransaction:
@@ -87,9 +83,7 @@ def test_server_span() -> None:
 
 
 def test_client_span() -> None:
-    span = describe_span(
-        tx(authority="api.example.com:8443", method="POST", request_body_size=7), CLIENT_CONN
-    )
+    span = describe_span(tx(authority="api.example.com:8443", method="POST", request_body_size=7), CLIENT_CONN)
     assert span.name == "POST /users/{id}/orders/{hash}"
     assert span.kind is SpanKind.CLIENT
     assert span.attributes == {
@@ -127,9 +121,7 @@ def test_absolute_form_target_names_the_origin() -> None:
 
 
 def test_connect_span_is_named_by_method_only() -> None:
-    span = describe_span(
-        tx(method="CONNECT", target="db.internal:5432", authority=None), CLIENT_CONN
-    )
+    span = describe_span(tx(method="CONNECT", target="db.internal:5432", authority=None), CLIENT_CONN)
     assert span.name == "CONNECT"
     assert (span.attributes["server.address"], span.attributes["server.port"]) == (
         "db.internal",
@@ -312,9 +304,7 @@ def test_client_metric_points() -> None:
     }
     tls = ConnectionInfo(Role.CLIENT, peer=Endpoint("10.0.0.5", 443), scheme="https")
     missing = tx(status=None, response_body_size=None, request_body_size=None)
-    assert metric_points(missing, tls) == [
-        MetricPoint("http.client.request.duration", 0.25, attributes)
-    ]
+    assert metric_points(missing, tls) == [MetricPoint("http.client.request.duration", 0.25, attributes)]
 
 
 def test_instruments() -> None:
@@ -326,9 +316,7 @@ def test_instruments() -> None:
     )
     for spec in HTTP_INSTRUMENTS:
         assert spec.kind is InstrumentKind.HISTOGRAM
-        assert (spec.unit, spec.boundaries) == (
-            ("s", DURATION_BUCKETS) if "duration" in spec.name else ("By", None)
-        )
+        assert (spec.unit, spec.boundaries) == (("s", DURATION_BUCKETS) if "duration" in spec.name else ("By", None))
     assert DURATION_BUCKETS == (
         0.005,
         0.01,

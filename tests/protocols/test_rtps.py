@@ -33,8 +33,9 @@ def replay(events: list[Event]) -> tuple[list, dict, SelfMetrics]:
     protocols = load_protocols()
     selfmetrics = SelfMetrics()
     telemetry = Telemetry(protocols, "node-1", {}, selfmetrics)
-    pipeline = Pipeline(ConnectionTracker(protocols, selfmetrics), telemetry, selfmetrics,
-                        reorderer=EventReorderer(selfmetrics))
+    pipeline = Pipeline(
+        ConnectionTracker(protocols, selfmetrics), telemetry, selfmetrics, reorderer=EventReorderer(selfmetrics)
+    )
     pipeline.handle(events)
     pipeline.flush()
     pids = {e.pid: e.command_line for e in events if isinstance(e, ProcessInfo)}
@@ -101,8 +102,12 @@ def test_recorded_cyclone_traffic_replays_to_every_scenario() -> None:
 
 
 def _big_endian(events: list[Event]) -> list[Event]:
-    return [dataclasses.replace(e, data=rb.to_big_endian(e.data, service_payloads=True))
-            if isinstance(e, ConnData) and e.data[:4] == b"RTPS" else e for e in events]
+    return [
+        dataclasses.replace(e, data=rb.to_big_endian(e.data, service_payloads=True))
+        if isinstance(e, ConnData) and e.data[:4] == b"RTPS"
+        else e
+        for e in events
+    ]
 
 
 def test_big_endian_traffic_gives_the_same_telemetry() -> None:
@@ -113,16 +118,34 @@ def test_big_endian_traffic_gives_the_same_telemetry() -> None:
 
     def view(span) -> tuple:
         attributes = dict(span.attributes)
-        return (span.name, span.kind.name, span.context.span_id, span.parent and span.parent.span_id, span.start_time,
-                span.end_time, tuple(sorted(attributes.items())))
+        return (
+            span.name,
+            span.kind.name,
+            span.context.span_id,
+            span.parent and span.parent.span_id,
+            span.start_time,
+            span.end_time,
+            tuple(sorted(attributes.items())),
+        )
 
     assert sorted(map(view, big)) == sorted(map(view, little))
 
 
 def _project(sub) -> tuple:
     if isinstance(sub, Data):
-        return ("DATA", sub.writer_guid, sub.reader_id, sub.sn, sub.sample_size, sub.payload_size,
-                sub.fragment_start, sub.fragments, sub.fragment_size, sub.key_only, tuple(sorted(sub.inline_qos)))
+        return (
+            "DATA",
+            sub.writer_guid,
+            sub.reader_id,
+            sub.sn,
+            sub.sample_size,
+            sub.payload_size,
+            sub.fragment_start,
+            sub.fragments,
+            sub.fragment_size,
+            sub.key_only,
+            tuple(sorted(sub.inline_qos)),
+        )
     return (type(sub).__name__, *dataclasses.astuple(sub))
 
 
@@ -149,37 +172,56 @@ def test_discovery_learns_ros2_names_across_processes() -> None:
         if isinstance(event, ConnData) and event.data[:4] == b"RTPS":
             session = sessions.setdefault(event.key, RTPSSession(state, event.pid))
             session.feed(event.direction, event.data, event.timestamp_ns)
-    topics = {(e.topic, e.type_name, e.writer): (e.ros_name, e.ros_kind, e.ros_type)
-              for e in state.discovery.endpoints.values()}
+    topics = {
+        (e.topic, e.type_name, e.writer): (e.ros_name, e.ros_kind, e.ros_type)
+        for e in state.discovery.endpoints.values()
+    }
     assert topics[("rt/chatter", "std_msgs::msg::dds_::String_", True)] == ("/chatter", "topic", "std_msgs/msg/String")
     assert topics[("rq/add_two_intsRequest", "example_interfaces::srv::dds_::AddTwoInts_Request_", True)] == (
-        "/add_two_ints", "request", "example_interfaces/srv/AddTwoInts")
+        "/add_two_ints",
+        "request",
+        "example_interfaces/srv/AddTwoInts",
+    )
     assert topics[("rr/add_two_intsReply", "example_interfaces::srv::dds_::AddTwoInts_Response_", False)][:2] == (
-        "/add_two_ints", "reply")
+        "/add_two_ints",
+        "reply",
+    )
     assert len(state.discovery.participants) == 9  # one per peer process
     assert state.discovery.unknown_writers == 0
 
 
 def test_ros2_names() -> None:
     assert ros_names("rt/robot/cmd_vel", "geometry_msgs::msg::dds_::Twist_") == (
-        "/robot/cmd_vel", "topic", "geometry_msgs/msg/Twist")
-    assert ros_names("rr/set_modeReply", "pkg::srv::dds_::SetMode_Response_") == ("/set_mode", "reply", "pkg/srv/SetMode")
+        "/robot/cmd_vel",
+        "topic",
+        "geometry_msgs/msg/Twist",
+    )
+    assert ros_names("rr/set_modeReply", "pkg::srv::dds_::SetMode_Response_") == (
+        "/set_mode",
+        "reply",
+        "pkg/srv/SetMode",
+    )
     assert ros_names("ChatterDDS", "Foo") == (None, None, None)
 
 
 def _udp_events(datagrams: list[tuple[int, Direction, bytes]]) -> list[Event]:
     """One process's one UDP socket sending/receiving ``datagrams`` (ms offset, direction, bytes)."""
-    events: list[Event] = [ProcessInfo(T0, 7, "/usr/bin/node", "node", {}),
-                           ConnOpen(T0, 7, 5, 1, None, Endpoint("127.0.0.1", 7411), None, Transport.UDP)]
+    events: list[Event] = [
+        ProcessInfo(T0, 7, "/usr/bin/node", "node", {}),
+        ConnOpen(T0, 7, 5, 1, None, Endpoint("127.0.0.1", 7411), None, Transport.UDP),
+    ]
     for ms, direction, raw in datagrams:
-        events.append(ConnData(T0 + ms * 10**6, 7, 8, 5, 1, direction, len(raw), raw,
-                               peer=Endpoint("127.0.0.1", 7400 + ms)))
+        events.append(
+            ConnData(T0 + ms * 10**6, 7, 8, 5, 1, direction, len(raw), raw, peer=Endpoint("127.0.0.1", 7400 + ms))
+        )
     return events
 
 
 def test_crafted_big_endian_discovery_then_sample() -> None:
     for little in (True, False):
-        announce = rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, WRITER, "rt/scan", "sensor_msgs::msg::dds_::LaserScan_", little)
+        announce = rb.header(PREFIX_A) + rb.sedp_publication(
+            PREFIX_A, WRITER, "rt/scan", "sensor_msgs::msg::dds_::LaserScan_", little
+        )
         payload = (b"\x00\x01" if little else b"\x00\x00") + b"\x00\x00" + bytes(40)
         sample = rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, 7, payload, little)
         spans, _, selfmetrics = replay(_udp_events([(1, Direction.INGRESS, announce), (2, Direction.EGRESS, sample)]))
@@ -221,8 +263,14 @@ def test_retransmissions_requested_and_lost_samples() -> None:
         writer_side.feed(Direction.EGRESS, rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, seq, payload), T0 + seq)
     # the reader asks for 2 (bitmap base 2, one bit) — sent to the writer's participant (INFO_DST)
     acknack = rb.submessage(rb.INFO_DST, PREFIX_A) + rb.submessage(
-        rb.ACKNACK, bytes.fromhex("00000104") + WRITER + rb.sn(2) + (1).to_bytes(4, "little")
-        + (0x80000000).to_bytes(4, "little") + (1).to_bytes(4, "little"))
+        rb.ACKNACK,
+        bytes.fromhex("00000104")
+        + WRITER
+        + rb.sn(2)
+        + (1).to_bytes(4, "little")
+        + (0x80000000).to_bytes(4, "little")
+        + (1).to_bytes(4, "little"),
+    )
     out = writer_side.feed(Direction.INGRESS, rb.header(PREFIX_B) + acknack, T0 + 10)
     assert [(c.requested, c.retransmissions) for c in out if isinstance(c, Control)] == [(1, 0)]
     resend = writer_side.feed(Direction.EGRESS, rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, 2, payload), T0 + 11)
@@ -235,9 +283,14 @@ def test_retransmissions_requested_and_lost_samples() -> None:
     points = [(p.instrument, p.value) for c in out + resend + lost for p in c.metric_points(None)]
     assert sorted(points) == [("dds.acknack.requested", 1), ("dds.retransmissions", 1), ("dds.samples.lost", 2)]
     # the reader got sequence numbers 1..3 once each, whatever copies arrive
-    received = [o for seq in (1, 2, 2, 3) for o in reader_side.feed(
-        Direction.INGRESS, rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, seq, payload), T0 + 20 + seq)
-        if isinstance(o, Sample)]
+    received = [
+        o
+        for seq in (1, 2, 2, 3)
+        for o in reader_side.feed(
+            Direction.INGRESS, rb.header(PREFIX_A) + rb.data(bytes(4), WRITER, seq, payload), T0 + 20 + seq
+        )
+        if isinstance(o, Sample)
+    ]
     assert [s.sn for s in received] == [1, 2, 3]
     assert all(s.latency_ns == 20 for s in received)
     assert state.discovery.unknown_writers == 6  # three sent, three received: no discovery here
@@ -249,9 +302,17 @@ def test_fragments_reassemble_and_incomplete_ones_flush() -> None:
     session, stitcher = RTPSSession(state, 1), FragmentStitcher()
 
     def frag(seq: int, start: int, count: int, size: int = 2500) -> bytes:
-        body = (b"\x00\x00\x1c\x00" + bytes(4) + WRITER + rb.sn(seq) + start.to_bytes(4, "little")
-                + count.to_bytes(2, "little") + (1000).to_bytes(2, "little") + size.to_bytes(4, "little")
-                + bytes(1000 * count))
+        body = (
+            b"\x00\x00\x1c\x00"
+            + bytes(4)
+            + WRITER
+            + rb.sn(seq)
+            + start.to_bytes(4, "little")
+            + count.to_bytes(2, "little")
+            + (1000).to_bytes(2, "little")
+            + size.to_bytes(4, "little")
+            + bytes(1000 * count)
+        )
         return rb.header(PREFIX_A) + rb.submessage(rb.DATA_FRAG, body)
 
     done = []
@@ -270,7 +331,9 @@ def test_service_reply_for_another_client_is_ignored() -> None:
     req_writer, rep_writer = bytes.fromhex("00000203"), bytes.fromhex("00000303")
     table = state.discovery
     for entity, topic in ((req_writer, "rq/xRequest"), (rep_writer, "rr/xReply")):
-        (data,) = parse_message(rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, entity, topic, "p::srv::dds_::X_Request_")).submessages
+        (data,) = parse_message(
+            rb.header(PREFIX_A) + rb.sedp_publication(PREFIX_A, entity, topic, "p::srv::dds_::X_Request_")
+        ).submessages
         table.learn(data.writer_guid[12:], PREFIX_A, data.payload, data.inline_qos)
     body = b"\x00\x01\x00\x00" + (42).to_bytes(8, "little") + (1).to_bytes(8, "little")
     client, other = RTPSSession(state, 10), RTPSSession(state, 11)
@@ -315,8 +378,11 @@ def test_random_datagrams_never_raise(raw: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(_SEEDS), st.lists(st.tuples(st.integers(0, 4095), st.integers(0, 255)), max_size=8),
-       st.integers(20, 4096))
+@given(
+    st.sampled_from(_SEEDS),
+    st.lists(st.tuples(st.integers(0, 4095), st.integers(0, 255)), max_size=8),
+    st.integers(20, 4096),
+)
 def test_mutated_recorded_datagrams_never_raise(seed: bytes, flips: list, cut: int) -> None:
     raw = bytearray(seed[:cut])
     for at, value in flips:

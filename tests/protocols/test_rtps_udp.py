@@ -70,8 +70,9 @@ def test_each_datagram_names_its_own_peer() -> None:
     seen = []
     for port in (7410, 7412):
         raw = rb.header(bytes(12)) + rb.data(bytes(4), bytes.fromhex("00000103"), port, b"\x00\x01\x00\x00")
-        for conn, item, _ in tracker.data(ConnData(port, 7, 8, 3, 1, Direction.EGRESS, len(raw), raw,
-                                                   peer=Endpoint("127.0.0.1", port))):
+        for conn, item, _ in tracker.data(
+            ConnData(port, 7, 8, 3, 1, Direction.EGRESS, len(raw), raw, peer=Endpoint("127.0.0.1", port))
+        ):
             if hasattr(item, "span"):
                 seen.append(item.span(conn.info()).attributes["network.peer.port"])
     assert seen == [7410, 7412]

@@ -24,8 +24,18 @@ HERE = Path(__file__).resolve().parent
 # -fno-optimize-sibling-calls: cudaMalloc *calls* cuMemAlloc_v2 as the real runtime does (it has
 # work left after the driver returns), instead of jumping to it — a tail call under a uretprobe
 # takes the kernel's slow path (~17 us here, against ~2 us for a plain call).
-CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer",
-          "-fno-shrink-wrap", "-fno-optimize-sibling-calls", "-Wall", "-Werror"]
+CFLAGS = [
+    "-O2",
+    "-g",
+    "-fPIC",
+    "-shared",
+    "-fno-omit-frame-pointer",
+    "-mno-omit-leaf-frame-pointer",
+    "-fno-shrink-wrap",
+    "-fno-optimize-sibling-calls",
+    "-Wall",
+    "-Werror",
+]
 LIBRARIES = {  # soname -> (source, extra link arguments)
     "libcuda.so.1": ("cuda_driver.c", []),
     "libcudart.so.12": ("cudart.c", ["-L{out}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"]),
@@ -52,8 +62,12 @@ def build(out: Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(dir=out))  # concurrent builders must not see half-written files
     for name, (source, extra) in LIBRARIES.items():  # dict order: the driver before the runtime
         link = [arg.format(out=staging) for arg in extra]
-        subprocess.run(["gcc", *CFLAGS, f"-Wl,-soname,{name}", "-o", str(staging / name), str(HERE / source), *link],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["gcc", *CFLAGS, f"-Wl,-soname,{name}", "-o", str(staging / name), str(HERE / source), *link],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     for name in LIBRARIES:
         os.replace(staging / name, out / name)
     staging.rmdir()
