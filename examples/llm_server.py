@@ -8,7 +8,10 @@ streamed answer's first token comes ``--first-token-ms`` after the request, then
 ``--token-ms``; it has ``max_tokens`` tokens (default ``--tokens``). Token counts it reports:
 the prompt's characters / 4, rounded up, in; the tokens it sent, out.
 
-    python examples/llm_server.py PORT_FILE [--first-token-ms 300] [--token-ms 40] [--tokens 25]
+    python examples/llm_server.py PORT_FILE [--first-token-ms 300] [--token-ms 40] [--tokens 25] [--echo]
+
+With ``--echo`` a non-streamed chat or text completion answers with the last message's content
+(the prompt) instead of tokens, as a model repeating what it was told would.
 
 Writes the port it listens on (loopback, chosen by the kernel) to PORT_FILE once ready.
 """
@@ -36,8 +39,8 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class LLMServer:
     """The ASGI application: one handler per API, each writing its response through ``send``."""
 
-    def __init__(self, first_token_s: float, token_s: float, tokens: int) -> None:
-        self.first_token_s, self.token_s, self.tokens = first_token_s, token_s, tokens
+    def __init__(self, first_token_s: float, token_s: float, tokens: int, echo: bool = False) -> None:
+        self.first_token_s, self.token_s, self.tokens, self.echo = first_token_s, token_s, tokens, echo
         self.routes: dict[str, Callable[[str, dict[str, Any], Send], Awaitable[None]]] = {
             "/v1/chat/completions": self.openai,
             "/v1/completions": self.openai,
@@ -83,7 +86,10 @@ class LLMServer:
         ident = f"cmpl-{time.monotonic_ns()}"
         served = f"{model}-served"  # the response names the model as the server resolved it
         if not body.get("stream"):
-            text = "".join([token async for token in self._tokens(count)])
+            if self.echo:
+                text = body["messages"][-1]["content"] if chat else body["prompt"]
+            else:
+                text = "".join([token async for token in self._tokens(count)])
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             await _json(
@@ -212,7 +218,7 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.port_file:
         Path(args.port_file).write_text(f"{port}\n")
     print(f"LLM stand-in on http://127.0.0.1:{port} (HTTP/1.1 and h2c)", flush=True)
-    app = LLMServer(args.first_token_ms / 1e3, args.token_ms / 1e3, args.tokens)
+    app = LLMServer(args.first_token_ms / 1e3, args.token_ms / 1e3, args.tokens, args.echo)
     await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
@@ -223,6 +229,7 @@ def main() -> None:
     parser.add_argument("--first-token-ms", type=float, default=300)
     parser.add_argument("--token-ms", type=float, default=40)
     parser.add_argument("--tokens", type=int, default=25)
+    parser.add_argument("--echo", action="store_true", help="non-streamed completions answer with the prompt")
     try:
         asyncio.run(_serve(parser.parse_args()))
     except KeyboardInterrupt:

@@ -31,6 +31,7 @@ from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
 from .metrics import DELTA_KINDS
+from .pii import build_scrubber
 from .pipeline import Pipeline
 from .preflight import StartupError, exited, write_ready_file
 from .protocol import load_protocols
@@ -100,6 +101,9 @@ class Agent:
             DELTA_KINDS[config.export.metric_temporality],
             kernel_http_metrics,
             SpanSampler(config.trace.sample_ratio, int(config.trace.keep_slower_than_ms * 1e6)),
+            build_scrubber(config.pii.kinds, config.pii.patterns, self.selfmetrics).scrub
+            if config.pii.enabled and (config.pii.kinds or config.pii.patterns)
+            else None,
         )
         self.tracker = ConnectionTracker(protocols, self.selfmetrics, config.capture.max_connections)
         trace = config.trace

@@ -33,6 +33,8 @@ import yaml
 
 from otel_ebpf.model_guard import DEFAULT_PATHS as DEFAULT_MODEL_PATHS
 from otel_ebpf.model_guard import MAX_ALLOWED, MAX_RULES, MECHANISMS, parse_rule
+from otel_ebpf.pii import KIND_NAMES as PII_KIND_NAMES
+from otel_ebpf.pii import custom_kind
 from otel_ebpf.protocol import ENTRY_POINT_GROUP
 
 EXPORTER_NAMES = ("otlp", "file", "console", "prometheus")
@@ -245,6 +247,15 @@ class ModelGuardConfig:
 
 
 @dataclass(frozen=True)
+class PiiConfig:
+    """Personal data and secrets scrubbed from captured content before export (docs/genai.md)."""
+
+    enabled: bool = True
+    kinds: tuple[str, ...] = PII_KIND_NAMES  # built-in kinds scrubbed
+    patterns: Mapping[str, str] = field(default_factory=_frozen)  # extra kinds: name -> regular expression
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -259,6 +270,7 @@ class AgentConfig:
     profiling: ProfilingConfig = ProfilingConfig()
     gpu: GpuConfig = GpuConfig()
     model_guard: ModelGuardConfig = ModelGuardConfig()
+    pii: PiiConfig = PiiConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -471,6 +483,14 @@ def _absolute_path(value: Any) -> str:
     return text
 
 
+def _pii_patterns(raw: Any) -> Mapping[str, str]:
+    """``pii.patterns``: name -> regular expression, each compiled and checked now (custom_kind)."""
+    patterns = _mapping(_text)(raw)
+    for name, pattern in patterns.items():
+        custom_kind(name, pattern)
+    return patterns
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration key and every way to set it.
@@ -599,6 +619,9 @@ SETTINGS: tuple[Setting, ...] = (
         _at_most(MAX_ALLOWED, _list(_absolute_path)),
         env="OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS",
     ),
+    Setting("pii.enabled", _boolean, env="OTEL_EBPF_PII"),
+    Setting("pii.kinds", _list(_choice(*PII_KIND_NAMES)), env="OTEL_EBPF_PII_KINDS"),
+    Setting("pii.patterns", _pii_patterns),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

@@ -13,7 +13,9 @@ one is made per syscall, and a frozen dataclass costs five times as much to cons
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .protocol import Direction, Endpoint, Role, Transport
 
@@ -99,6 +101,11 @@ class ConnClose:
 class ProcessExit:
     timestamp_ns: int
     pid: int
+
+
+# The attribute of what a process left at its exit (spans of exchanges its exit cut, profile
+# samples), exported then rather than at the end of an interval.
+EXITED: Mapping[str, bool] = MappingProxyType({"otel_ebpf.process.exited": True})
 
 
 @dataclass(slots=True)

@@ -8,11 +8,22 @@ when it starts (:mod:`otel_ebpf.assembly`) and hands spans and metrics to
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from .assembly import TraceAssembler
 from .connections import ConnectionTracker, Outcome
-from .events import ConnClose, ConnData, ConnOpen, Event, HttpRequestCounts, KernelLoss, ProcessExit, ProcessInfo
+from .events import (
+    EXITED,
+    ConnClose,
+    ConnData,
+    ConnOpen,
+    Event,
+    HttpRequestCounts,
+    KernelLoss,
+    ProcessExit,
+    ProcessInfo,
+)
 from .protocol import RequestStart
 from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
@@ -69,7 +80,7 @@ class Pipeline:
             elif isinstance(event, ProcessInfo):
                 self.telemetry.process_info(event)
             elif isinstance(event, ProcessExit):
-                self._report(self.tracker.close_process(event.pid, event.timestamp_ns))
+                self._report(self.tracker.close_process(event.pid, event.timestamp_ns), EXITED)
                 self.telemetry.process_exit(event.pid, event.timestamp_ns)
             elif isinstance(event, HttpRequestCounts):
                 self.telemetry.http_counts(event)
@@ -78,7 +89,8 @@ class Pipeline:
         if events:
             self.assembler.expire(self.last_timestamp_ns)
 
-    def _report(self, outcomes: list[Outcome]) -> None:
+    def _report(self, outcomes: list[Outcome], label: Mapping[str, bool] | None = None) -> None:
+        """``label``: attributes for every span (those of a process's exchanges cut by its exit)."""
         assembler = self.assembler
         for conn, item, tid in outcomes:
             info = conn.info()
@@ -92,5 +104,7 @@ class Pipeline:
                 continue
             conn.exchanges += 1
             description = item.span(info)
+            if label:
+                description = replace(description, attributes={**description.attributes, **label})
             context = assembler.finish(conn.key, info, description.start_ns, tid, item.message_start)
             self.telemetry.exchange(conn.claimed().protocol.name, conn.key[0], item, description, info, context)

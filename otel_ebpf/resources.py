@@ -49,5 +49,6 @@ class ProcessResources:
             self._known.popitem(last=False)
         return known
 
-    def forget(self, pid: int) -> None:
-        self._known.pop(pid, None)
+    def pop(self, pid: int) -> Mapping[str, object] | None:
+        """Forget ``pid`` (it exited); what was known of it, None if nothing was."""
+        return self._known.pop(pid, None)

@@ -153,6 +153,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "or a directory rule's path did not resolve (path_failed)",
         False,
     ),
+    "otel_ebpf.pii.scrubbed": ("{value}", "Personal data and secrets replaced in captured content, by kind", False),
     "otel_ebpf.logs.exported": ("{log_record}", "Log records handed to an exporter successfully", False),
     "otel_ebpf.logs.dropped": ("{log_record}", "Log records dropped: export queue full or export failed", False),
     "otel_ebpf.metrics.points.dropped": (

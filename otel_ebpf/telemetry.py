@@ -8,7 +8,7 @@ produces the very same telemetry (DESIGN.md, principle 6).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import unquote
 
 from opentelemetry import trace
@@ -22,6 +22,7 @@ from . import __version__
 from .assembly import RequestContext
 from .events import HttpRequestCounts, ProcessInfo
 from .metrics import ProcessMetrics
+from .pii import filter_content
 from .protocol import (
     AttributeValue,
     ConnectionInfo,
@@ -109,9 +110,12 @@ class Telemetry:
         delta_kinds: frozenset[InstrumentKind] = frozenset(),
         kernel_http_metrics: bool = False,
         sampler: SpanSampler | None = None,
+        content_filter: Callable[[str], str] | None = None,
     ) -> None:
         """``kernel_http_metrics``: HTTP/1 request durations come from the kernel's exact counts
-        (:meth:`http_counts`), not from the exchanges, which may have been shed."""
+        (:meth:`http_counts`), not from the exchanges, which may have been shed. ``content_filter``
+        rewrites captured content (GenAI messages, headers, metadata) before it is exported: the
+        PII scrubber (:mod:`otel_ebpf.pii`)."""
         self._specs: dict[str, InstrumentSpec] = {
             spec.name: spec for protocol in protocols for spec in protocol.instruments
         }
@@ -128,6 +132,7 @@ class Telemetry:
         self._pending_spans: list[ReadableSpan] = []
         self._kernel_counted = _KERNEL_COUNTED if kernel_http_metrics else {}
         self._sampler = sampler or SpanSampler()
+        self._content_filter = content_filter
 
     # ---- processes -------------------------------------------------------------------------------
 
@@ -185,13 +190,16 @@ class Telemetry:
         ):
             self._selfmetrics.add("otel_ebpf.spans.shed", 1, {"reason": "sampled"})
         elif context.emit:
+            attributes = description.attributes
+            if self._content_filter is not None:
+                attributes = filter_content(attributes, self._content_filter)
             self._pending_spans.append(
                 ReadableSpan(
                     name=description.name,
                     context=context.span_context(),
                     parent=context.parent,
                     resource=process.resource,
-                    attributes=description.attributes,
+                    attributes=attributes,
                     links=context.links,
                     kind=_KINDS[description.kind],
                     status=_status(description.status, description.status_description),

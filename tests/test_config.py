@@ -11,6 +11,7 @@ import yaml
 
 from otel_ebpf import config as config_module
 from otel_ebpf.config import SETTINGS, AgentConfig, ConfigError, OTLPConfig, TargetsConfig, load_config
+from otel_ebpf.pii import KIND_NAMES as PII_KIND_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "otel-ebpf.example.yaml"
@@ -296,6 +297,12 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
             ("env", "OTEL_EBPF_MODEL_GUARD_ALLOW_CGROUPS", "/kubepods.slice", ("/kubepods.slice",)),
         ],
     ),
+    "pii.enabled": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_PII", "on", True)]),
+    "pii.kinds": (
+        PII_KIND_NAMES,
+        [("yaml", "", ["email", "card"], ("email", "card")), ("env", "OTEL_EBPF_PII_KINDS", "jwt", ("jwt",))],
+    ),
+    "pii.patterns": ({}, [("yaml", "", {"employee_id": r"EMP-\d{6}"}, {"employee_id": r"EMP-\d{6}"})]),
     "protocols.enabled": (
         None,
         [("yaml", "", ["http1", "kafka"], ("http1", "kafka")), ("env", "OTEL_EBPF_PROTOCOLS", "http2", ("http2",))],
@@ -575,6 +582,13 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"resource.attributes": {"k": [1]}}, "resource.attributes", "k:"),
     ("yaml", {"agent.service_name": ""}, "agent.service_name", "non-empty"),
     ("yaml", {"protocols.enabled": ["nope"]}, "protocols.enabled", "not installed: nope"),
+    ("yaml", {"pii.kinds": ["email", "ssn"]}, "pii.kinds", "item 2"),
+    ("env", {"OTEL_EBPF_PII": "maybe"}, "OTEL_EBPF_PII", "true or false"),
+    ("yaml", {"pii.patterns": {"badge": "EMP-[0-9"}}, "pii.patterns", "invalid regular expression"),
+    ("yaml", {"pii.patterns": {"badge": "(EMP)-\\d+"}}, "pii.patterns", "non-capturing"),
+    ("yaml", {"pii.patterns": {"badge": "x*"}}, "pii.patterns", "empty text"),
+    ("yaml", {"pii.patterns": {"Badge": "x"}}, "pii.patterns", "lower-case"),
+    ("yaml", {"pii.patterns": {"email": "x"}}, "pii.patterns", "built-in"),
     ("yaml", {"export.max_queue_spans": 0}, "export.max_queue_spans", "out of range"),
     ("yaml", {"export.max_batch": 0}, "export.max_batch", "out of range"),
     ("yaml", {"export.interval_s": 0}, "export.interval_s", "greater than 0"),

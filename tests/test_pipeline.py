@@ -800,6 +800,7 @@ def test_process_exit_flushes_only_that_process_and_the_stop_counts_the_rest() -
         (s.name, s.start_time, s.end_time, s.attributes["error.type"], s.resource.attributes["process.pid"])
         for s in spans
     ] == [("GET /a", at(1), at(20), "response_missing", 100), ("GET /b", at(2), at(20), "response_missing", 100)]
+    assert all(s.attributes["otel_ebpf.process.exited"] is True for s in spans)  # cut by the exit
     assert len(run.tracker) == 1
     assert run.total("otel_ebpf.connections.tracked") == 1
     run.pipeline.flush()  # the agent stops: /c is in flight, not failed

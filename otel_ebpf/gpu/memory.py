@@ -16,7 +16,7 @@ has leaked more since its last report.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Collection, Hashable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -88,12 +88,15 @@ class AllocationTable:
         self._account(alloc, -alloc.size)
         return alloc
 
-    def forget_process(self, pid: int) -> None:
-        """A process exited: its device memory went with it."""
-        for key in [k for k in self._live if k[0] == pid]:
-            del self._live[key]
-        for key in [k for k in self._usage if k[0] == pid]:
+    def remove_processes(self, pids: Collection[int]) -> dict[int, list[Allocation]]:
+        """Processes exited (their device memory went with them): what each still held, oldest
+        first. One pass over the table however many exited, so a burst of exits costs one."""
+        held: dict[int, list[Allocation]] = {}
+        for key in [k for k in self._live if k[0] in pids]:
+            held.setdefault(key[0], []).append(self._live.pop(key))
+        for key in [k for k in self._usage if k[0] in pids]:
             del self._usage[key]
+        return held
 
     def _account(self, alloc: Allocation, delta: int) -> None:
         usage = self._usage.setdefault((alloc.pid, alloc.layer, alloc.device), _Usage())
@@ -168,6 +171,6 @@ class LeakReporter:
             fresh.append(report)
         return fresh
 
-    def forget_process(self, pid: int) -> None:
-        for key in [k for k in self._reported if k[0] == pid]:
+    def forget_processes(self, pids: Collection[int]) -> None:
+        for key in [k for k in self._reported if k[0] in pids]:
             del self._reported[key]

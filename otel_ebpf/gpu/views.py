@@ -16,7 +16,7 @@ gives a process's resource attributes. Tests pass plain functions.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 
 from opentelemetry._logs import LogRecord, SeverityNumber
@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
+from ..events import EXITED
 from ..metrics import ProcessMetrics
 from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
 from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
@@ -161,13 +162,30 @@ class GpuViews:
         elif kind is Kind.SET_DEVICE:
             self._remember(self._devices, (call.pid, call.tid), call.arg(spec.device_arg, signed32=True), MAX_THREADS)
 
-    def process_exit(self, pid: int) -> None:
-        """Forget what a process held (its device memory died with it)."""
-        self.table.forget_process(pid)
-        self._leaks.forget_process(pid)
+    def processes_exited(self, pids: Collection[int], now_ns: int) -> list[Profile]:
+        """Processes exited: their state at exit, now rather than at the end of the interval, then
+        forgotten (their device memory died with them). That is each one's in-use view — what it
+        still held, by the stack that allocated it: the leak report — with every sample labelled
+        ``otel_ebpf.process.exited``, and its samples of the other views so far, labelled alike."""
+        pids = frozenset(pids)
+        held = self.table.remove_processes(pids)
+        self._leaks.forget_processes(pids)
         for mapping in (self._devices, self._comms):
-            for key in [k for k in mapping if k[0] == pid]:
+            for key in [k for k in mapping if k[0] in pids]:
                 del mapping[key]
+        samples, period = PROFILE_TYPES["in_use"]
+        at_exit = ProfileBuilder(samples, period, 1, self.config.max_stacks)
+        profiles = []
+        for pid in pids:
+            resource = self._resource_of(pid)
+            for alloc in held.get(pid, ()):
+                at_exit.add(resource, alloc.stack, (alloc.size, 1), attributes=EXITED)  # type: ignore[arg-type]
+            for builder in self._profiles.values():
+                profiles += builder.take_resource(resource, now_ns, EXITED)
+        self._selfmetrics.add("otel_ebpf.gpu.stacks.dropped", at_exit.dropped, {"view": "in_use"})
+        return (
+            at_exit.take(now_ns, min((a.ts_ns for allocs in held.values() for a in allocs), default=now_ns)) + profiles
+        )
 
     def rank_of(self, pid: int, comm: int) -> tuple[int, int] | None:
         """(rank, communicator size) of an NCCL communicator whose initialisation was seen."""

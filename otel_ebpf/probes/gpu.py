@@ -724,12 +724,13 @@ class GpuMonitor:
                     self._load()
             return 0
         calls = 0
+        exited: list[int] = []
         for event in self.probe.poll(timeout_ms):
             if isinstance(event, ProcessEvent):
                 if event.exited:
-                    self._forget(event.pid)
+                    exited.append(event.pid)
                 else:  # a new image: what we knew of the pid is stale
-                    self._forget(event.pid, exited=False)
+                    self._forget(event.pid)
                 continue
             calls += 1
             self.views.handle(event)
@@ -737,6 +738,8 @@ class GpuMonitor:
                 self._pending_nccl.append(event)
         self._selfmetrics.add("otel_ebpf.gpu.calls", calls)
         self._nccl_spans(horizon_ns)
+        if exited:
+            self._exported_at_exit(exited)
         self._install_pythons()
         self._periodic()
         return calls
@@ -772,11 +775,16 @@ class GpuMonitor:
             for reason, total in self.kernel_stats().items():
                 self._selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
 
-    def _forget(self, pid: int, exited: bool = True) -> None:
-        if exited:
-            self.views.process_exit(pid)
+    def _exported_at_exit(self, pids: list[int]) -> None:
+        """Exited processes' GPU state, exported now: a process that leaks and exits between two
+        intervals would otherwise leave no in-use profile at all."""
+        self._profile_sink.export(self.views.processes_exited(pids, time.time_ns()))
+        for pid in pids:
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
         self._pythons.pop(pid, None)
-        self._resources.forget(pid)
+        self._resources.pop(pid)
         self._stacks.forget(pid)
         self._symbolizer.forget(pid)
         if self._code_resolver is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -153,6 +153,23 @@ class ProfileBuilder:
 
     def __len__(self) -> int:
         return self._stacks
+
+    def take_resource(self, resource: Mapping[str, Any], end_ns: int, label: Mapping[str, Any]) -> list[Profile]:
+        """The profile of one resource aggregated since the last take, each sample given the
+        ``label`` attributes (its process exited: it is wanted now, not at the end of the
+        interval, and marked as the state at exit); the other resources go on."""
+        profile = self._profiles.pop(tuple(sorted(resource.items())), None)
+        if profile is None or not profile.samples:
+            return []
+        self._stacks -= len(profile.samples)
+        profile.start_ns, profile.end_ns = self._start_ns or end_ns, end_ns
+        relabel = {
+            key: replace(key, attributes=tuple(sorted({**dict(key.attributes), **label}.items())))
+            for key in profile.samples
+        }
+        profile.samples = {relabel[key]: values for key, values in profile.samples.items()}
+        profile.timestamps = {relabel[key]: stamps for key, stamps in profile.timestamps.items()}
+        return [profile]
 
     def take(self, end_ns: int, start_ns: int | None = None) -> list[Profile]:
         """The profiles aggregated since the last take (empty ones left out), and a fresh start."""

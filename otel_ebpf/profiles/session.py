@@ -12,6 +12,7 @@ from collections import deque
 
 from otel_ebpf.config import AgentConfig
 from otel_ebpf.containers import ContainerResolver
+from otel_ebpf.events import EXITED
 from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
 from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
 from otel_ebpf.resources import ProcessResources
@@ -63,11 +64,6 @@ class CpuProfiling:
         assembler learns of a request's start, and of its end, only when the reorder window
         releases them)."""
         samples = self.probe.poll(timeout_ms)
-        if self.probe.exited:
-            for pid in self.probe.exited:
-                self.profiler.forget(pid)
-                self.resources.forget(pid)
-            self.probe.exited.clear()
         if samples:
             self.metrics.add("otel_ebpf.profiles.samples", len(samples))
             self._pending.extend(self.profiler.resolve(samples, self.probe.python))
@@ -79,8 +75,31 @@ class CpuProfiling:
             ready.append(pending.popleft())
         if ready:
             self.profiler.add_resolved(ready)
+        if self.probe.exited:  # after this poll's samples were resolved: their maps are still known
+            self._export_at_exit(set(self.probe.exited))
+            self.probe.exited.clear()
         if time.monotonic() >= self._next_export:
             self.export()
+
+    def _export_at_exit(self, pids: set[int]) -> None:
+        """Exited processes' samples so far, exported now (labelled ``otel_ebpf.process.exited``)
+        rather than at the end of the interval; their samples still held for span links go in
+        first. One pass over the held samples for all the processes that exited."""
+        if any(sample.pid in pids for sample, _, _ in self._pending):
+            held = [entry for entry in self._pending if entry[0].pid in pids]
+            self._pending = deque(entry for entry in self._pending if entry[0].pid not in pids)
+            self.profiler.add_resolved(held)
+        now = time.time_ns()
+        profiles = []
+        for pid in pids:
+            resource = self.resources.pop(pid)
+            if resource is not None:
+                profiles += self.profiler.builder.take_resource(resource, now, EXITED)
+            self.profiler.forget(pid)
+        for profile in profiles:
+            profile.start_ns = self._interval_start_ns
+        if profiles:
+            self.sink.export(profiles)
 
     def export(self) -> None:
         self._next_export = time.monotonic() + self.config.profiling.interval_s

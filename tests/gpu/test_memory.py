@@ -47,8 +47,14 @@ def test_an_allocation_over_a_live_pointer_replaces_it() -> None:
 def test_process_exit_forgets_its_allocations() -> None:
     table = AllocationTable()
     table.allocate(alloc(0x10, 10, 0, pid=1))
+    table.allocate(alloc(0x20, 5, 1, pid=1))
     table.allocate(alloc(0x10, 10, 0, pid=2))
-    table.forget_process(1)
+    table.allocate(alloc(0x10, 7, 0, pid=3))
+    held = table.remove_processes({1, 3})
+    assert {pid: [(a.ptr, a.size) for a in allocs] for pid, allocs in held.items()} == {
+        1: [(0x10, 10), (0x20, 5)],
+        3: [(0x10, 7)],
+    }
     assert table.in_use() == {(2, "runtime", 0): 10} and len(table) == 1
 
 
@@ -112,5 +118,5 @@ def test_reporter_repeats_a_stack_only_when_it_leaked_more() -> None:
     assert reporter.new(reports) == []  # the same reports again: nothing new
     more = reporter.new(grow(table, 5, 1.0))
     assert more and more[0].count > first[-1].count
-    reporter.forget_process(1)
+    reporter.forget_processes({1})
     assert reporter.new(reports[-1:]) == reports[-1:]

@@ -293,12 +293,27 @@ def test_leak_reports_name_the_program_frame_not_the_framework(setup: tuple) -> 
     assert metrics.total("otel_ebpf.gpu.leaks.reported") == len(records)
 
 
-def test_process_exit_forgets_its_memory(setup: tuple) -> None:
+def test_process_exit_gives_its_state_at_exit_then_forgets_it(setup: tuple) -> None:
+    """What an exiting process still held is its leak report: exported at exit, labelled, with the
+    allocating stacks; its samples of the other views come along; nothing is left for the interval."""
     views, call, _, clock = setup
-    call("cudaMalloc", 0, 100, out=0xA)
-    views.process_exit(PID)
+    call("cudaMalloc", 0, 100, out=0xA, where=3)
+    call("cudaMalloc", 0, 300, out=0xB, where=3)
+    call("cudaMalloc", 0, 50, out=0xC, where=0)
+    call("cudaFree", 0xC)
+    call("cudaLaunchKernel", 0)
+    profiles = views.processes_exited([PID], clock.tick())
+    by_view = {p.period_type.type: p for p in profiles}
+    assert set(by_view) == {"cuda_memory_in_use", "cuda_memory_allocated", "cuda_launch"}
+    in_use = by_view["cuda_memory_in_use"]
+    assert in_use.total(0) == 400 and in_use.total(1) == 2
+    ((key, values),) = in_use.samples.items()
+    assert dict(key.attributes) == {"otel_ebpf.process.exited": True} and values == [400, 2]
+    assert "leaky" in [f.function for f in key.stack]
+    assert in_use.resource["process.pid"] == PID
+    assert by_view["cuda_memory_allocated"].total(0) == 450
     assert len(views.table) == 0
-    assert views.take_profiles(clock.tick())[0].period_type.type == "cuda_memory_allocated"
+    assert views.take_profiles(clock.tick()) == []  # flushed at exit: nothing twice
 
 
 def test_delta_temporality_restarts_counters(setup: tuple) -> None:
