@@ -1,5 +1,5 @@
 // Socket capture with stable kernel ABI only: syscall tracepoints, sock tracepoints, sched
-// tracepoints. No kprobes, no reads of kernel struct fields (DESIGN.md, principle 1).
+// tracepoints. No kprobes, no reads of kernel struct fields (docs/architecture.md, "Stable kernel ABI only").
 //
 // How a syscall's bytes are tied to a TCP connection, all on one thread:
 //   sys_enter_write(fd, buf)          remember fd and the user buffer           (active_io[tid])

@@ -15,7 +15,7 @@ received and a final ``{"done": ...}`` line. Roles::
     server   --count 5                                      (answers inside the data callback)
     client   --count 5
 
-The loopback-only configuration of REFERENCE.md is used unless CYCLONEDDS_URI is already set.
+The loopback-only configuration below (LOOPBACK_URI) is used unless CYCLONEDDS_URI is already set.
 """
 
 import argparse

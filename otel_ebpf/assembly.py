@@ -1,6 +1,6 @@
 """Trace assembly: every request gets its trace id, span id and parent when it *starts*.
 
-Deciding at the start (DESIGN.md, "Trace assembly without code changes") is what lets work done on
+Deciding at the start (docs/architecture.md, "Trace assembly") is what lets work done on
 behalf of a request inherit its trace: an outgoing call made while an incoming request is being
 served starts after that request did and completes before it does. The rules, in order:
 

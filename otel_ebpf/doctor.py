@@ -226,7 +226,7 @@ def _tracepoint_check(name: str, events: list[str], why: str, fix: str, required
 
 
 def check_tracepoints() -> list[CheckResult]:
-    """The tracepoints the socket probe attaches to (DESIGN.md, "Sockets without kprobes")."""
+    """The tracepoints the socket probe attaches to (docs/architecture.md, "Sockets without kprobes")."""
     sock_length = ".".join(map(str, SOCK_LENGTH_KERNEL))
     return [
         _tracepoint_check(
@@ -421,7 +421,7 @@ def _grpcio_modules() -> list[str]:
 
 
 def check_kprobes() -> CheckResult:
-    """Information only: otel-ebpf never uses kprobes (DESIGN.md, principle 1)."""
+    """Information only: otel-ebpf never uses kprobes (docs/architecture.md, "Stable kernel ABI only")."""
     root = tracefs_root()
     present = os.path.isdir(KPROBE_PMU) or (root is not None and os.path.exists(f"{root}/kprobe_events"))
     return CheckResult(

@@ -1,9 +1,10 @@
 """Typed events: what the probes hand to the user-space pipeline.
 
 Everything downstream of these events is a pure function of the event stream plus configuration
-(DESIGN.md, principle 6), so the probe layer puts every fact the pipeline needs into an event —
-including what it learned from ``/proc`` (process identity, tuples of sockets that predate the
-agent). Timestamps are Unix-epoch nanoseconds, converted from the kernel clock by the probe layer.
+(docs/architecture.md, "Deterministic after the ring buffer"), so the probe layer puts every fact
+the pipeline needs into an event — including what it learned from ``/proc`` (process identity,
+tuples of sockets that predate the agent). Timestamps are Unix-epoch nanoseconds, converted from
+the kernel clock by the probe layer.
 
 A connection is ``(pid, fd, generation)``: the generation changes when an fd is closed and reused.
 

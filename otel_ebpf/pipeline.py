@@ -1,9 +1,11 @@
-"""The user-space pipeline: a pure function of the event stream (DESIGN.md, principle 6).
+"""The user-space pipeline: a pure function of the event stream.
 
 Live capture and replay both feed :class:`Pipeline` the same typed events; it puts them back in
 timestamp order, tracks connections, runs protocol plugins, gives every request its trace context
 when it starts (:mod:`otel_ebpf.assembly`) and hands spans and metrics to
-:mod:`otel_ebpf.telemetry` as exchanges complete.
+:mod:`otel_ebpf.telemetry` as exchanges complete. Its place in the data flow, and why it stays
+pure: docs/architecture.md, "Sockets: from a syscall to a span" and "Deterministic after the ring
+buffer".
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from .containers import ContainerResolver
 from .events import ProcessInfo
 from .protocol import Endpoint, Role
 
-# Environment variables of an observed process that decide its resource (REFERENCE.md).
+# Environment variables of an observed process that decide its resource (README.md, "What you get",
+# "A resource per observed process").
 RESOURCE_ENV_VARS = ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
 _TCP_LISTEN = "0A"
 MAX_CGROUP_BYTES = 64 << 10  # /proc/<pid>/cgroup: one line per hierarchy, a few hundred bytes in all

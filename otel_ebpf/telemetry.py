@@ -2,7 +2,7 @@
 
 Trace contexts come from :mod:`otel_ebpf.assembly` (derived from each request's identity, not
 drawn at random) and metric points are stamped with event times, so that replaying a recording
-produces the very same telemetry (DESIGN.md, principle 6).
+produces the very same telemetry (docs/architecture.md, "Deterministic after the ring buffer").
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Every stream is made of real HTTP/1.1 bytes run through the real ``http1`` plugin (found through
 its entry point, as the agent finds it); nothing is mocked. Times are explicit, so each span's
-start and end must equal the timestamp of a known event (DESIGN.md, principle 6), and every drop
-must show up in a self-metric (principle 5).
+start and end must equal the timestamp of a known event (docs/architecture.md, "Deterministic after
+the ring buffer"), and every drop must show up in a self-metric (docs/architecture.md, "Bounded and
+counted").
 """
 
 from __future__ import annotations

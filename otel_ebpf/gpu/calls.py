@@ -4,7 +4,8 @@ One table, :data:`OPS`, names every hooked function: its operation id (the ``op`
 ``bpf/gpu_trace.c`` stamps on each event — keep the two in step), the library it belongs to, what
 kind of work it does, and where its interesting arguments are. Everything downstream (pairing,
 metrics, profiles) works from :class:`GpuCall` records and this table only, so it is a pure
-function of the event stream (DESIGN.md, principle 6) and testable without a GPU or root.
+function of the event stream (docs/architecture.md, "Deterministic after the ring buffer") and
+testable without a GPU or root.
 """
 
 from __future__ import annotations

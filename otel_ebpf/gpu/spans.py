@@ -8,7 +8,7 @@ GPU afterwards), with the same attributes as the metrics. Outside a request noth
 the metrics and profiles already count it, and a root span per collective would only be noise.
 
 Span ids derive from the call's identity (pid, tid, entry time, operation), so a replay of the
-same calls yields the same spans (DESIGN.md, principle 6).
+same calls yields the same spans (docs/architecture.md, "Deterministic after the ring buffer").
 """
 
 from __future__ import annotations
