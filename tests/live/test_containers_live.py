@@ -125,6 +125,7 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
             str(tmp_path / "plain.port"),
         )
     )
+    agent: subprocess.Popen | None = None
     try:
         ports = [_wait_for_file(tmp_path / "heavy.port", heavy), _wait_for_file(tmp_path / "plain.port", plain)]
         client = subprocess.Popen(
@@ -146,9 +147,10 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
             assert receiver.wait_for(lambda r: len(r.spans()) >= 4 * CALLS and bool(r.requests("profiles")), 10)
             spans, profiles = receiver.spans(), receiver.requests("profiles")
     finally:
-        for server in (heavy, plain):
-            server.kill()
-            server.wait()
+        for process in (heavy, plain, agent):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
 
     by_pid: dict[int, list[dict]] = {}
     for span in spans:

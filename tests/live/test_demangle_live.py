@@ -45,6 +45,7 @@ def test_cxx_frames_are_demangled_in_otlp_profiles(tmp_path: Path) -> None:
     binary = tmp_path / "model"
     subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-o", str(binary), str(tmp_path / "model.c")], check=True)
     workload = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
+    agent: subprocess.Popen | None = None
     try:
         assert workload.stdout.readline() == "ready\n"
         with OTLPReceiver() as receiver:
@@ -61,8 +62,10 @@ def test_cxx_frames_are_demangled_in_otlp_profiles(tmp_path: Path) -> None:
             assert receiver.wait_for(lambda r: bool(r.requests("profiles")), 10)
             strings = {s for request in receiver.requests("profiles") for s in request.dictionary.string_table}
     finally:
-        workload.kill()
-        workload.wait()
+        for process in (workload, agent):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
     ours = sorted(s for s in strings if "otl" in s or "main" in s)
     assert "otl::model::forward(int)" in strings, ours
     assert "otl::Server::serve(otl::Request const&)" in strings, ours

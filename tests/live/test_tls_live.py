@@ -66,7 +66,12 @@ def _start_agent(
         text=True,
         env={**os.environ, "OTEL_EBPF_SOCKET_MODE": socket_mode, **(env or {})},
     )
-    _wait_for_file(ready, agent, timeout)
+    try:
+        _wait_for_file(ready, agent, timeout)
+    except BaseException:
+        agent.kill()  # an agent left attached would tax every later test's syscalls
+        agent.wait()
+        raise
     return agent
 
 
