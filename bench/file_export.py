@@ -1,4 +1,4 @@
-"""CPU cost of the file exporter per span: the protobuf path (baseline) and the direct encoder, side by side.
+"""CPU cost of encoding a span, file (OTLP/JSON) and OTLP (protobuf): the SDK's path and the direct encoders.
 
 The spans look like the agent's HTTP server spans: 15 semantic-convention attributes each, a few
 observed processes (one shared ``Resource`` object each, as the agent creates them) and one
@@ -6,8 +6,12 @@ protocol scope. Each round times every path on the same batches, alternating, so
 shared machine hits all of them; the figures are medians over the rounds.
 
 - ``old``: ``to_json_line(encode_spans(spans))`` — protobuf messages, then ``MessageToDict``
-- ``new``: ``SpanJsonEncoder.encode(spans)`` — dicts straight from the spans, one ``json`` call
+- ``new``: ``SpanJsonEncoder.encode(spans)`` — the JSON text straight from the spans
 - ``new+write``: ``FileSpanExporter.export`` — the new encoding plus the flushed file append
+- ``proto old``: ``encode_spans(spans).SerializeToString()`` — what the OTLP exporter did
+- ``proto new``: ``SpanProtoEncoder.encode(spans)`` — the same bytes, written directly
+
+The speed-up column compares each JSON path with ``old`` and each protobuf path with ``proto old``.
 
 It also prints what a span costs on the wire to a backend: the OTLP protobuf bytes per span of
 those batches, plain and gzip-compressed (``otlp.compression``), the figures the gateway sizing in
@@ -38,6 +42,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from otel_ebpf.exporters.file import FileSpanExporter, to_json_line
 from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
+from otel_ebpf.exporters.otlp_proto import SpanProtoEncoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
 from results import write_result
@@ -129,14 +134,19 @@ def main() -> None:
 
     spans = batches(args.batches, args.batch, args.processes)
     encoder = SpanJsonEncoder()
+    proto = SpanProtoEncoder()
     if encoder.encode(spans[0]) != to_json_line(encode_spans(spans[0])):
-        sys.exit("the two paths disagree; not timing them")
+        sys.exit("the two JSON paths disagree; not timing them")
+    if proto.encode(spans[0]) != encode_spans(spans[0]).SerializeToString():
+        sys.exit("the two protobuf paths disagree; not timing them")
     with tempfile.TemporaryDirectory() as out:
         exporter = FileSpanExporter(Path(out))
         paths: dict[str, Callable[[Sequence[ReadableSpan]], object]] = {
             "old": lambda batch: to_json_line(encode_spans(batch)),
             "new": encoder.encode,
             "new+write": exporter.export,
+            "proto old": lambda batch: encode_spans(batch).SerializeToString(),
+            "proto new": proto.encode,
         }
         figures: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.rounds):
@@ -150,10 +160,16 @@ def main() -> None:
     otlp_bytes = sum(map(len, wire)) / count
     otlp_gzip_bytes = sum(len(gzip.compress(body)) for body in wire) / count
     print(f"  OTLP protobuf: {otlp_bytes:.0f} bytes/span, {otlp_gzip_bytes:.0f} gzip-compressed")
-    old = statistics.median(figures["old"])
+
+    def baseline(name: str) -> float:
+        return statistics.median(figures["proto old" if name.startswith("proto") else "old"])
+
     for name, values in figures.items():
         median = statistics.median(values)
-        print(f"{name:>10}: {median:7.2f} us/span  (min {min(values):.2f}, max {max(values):.2f})  x{old / median:.1f}")
+        print(
+            f"{name:>10}: {median:7.2f} us/span  (min {min(values):.2f}, max {max(values):.2f})"
+            f"  x{baseline(name) / median:.1f}"
+        )
     write_result(
         "file_export",
         None,
@@ -170,7 +186,7 @@ def main() -> None:
                     "us_per_span": round(statistics.median(v), 2),
                     "min_us": round(min(v), 2),
                     "max_us": round(max(v), 2),
-                    "speedup": round(old / statistics.median(v), 1),
+                    "speedup": round(baseline(name) / statistics.median(v), 1),
                 }
                 for name, v in figures.items()
             ],

@@ -40,6 +40,7 @@ from otel_ebpf.exporters import ExporterSetupError
 from otel_ebpf.exporters.console import ConsoleMetricExporter, ConsoleSpanExporter
 from otel_ebpf.exporters.file import FileMetricExporter, FileSpanExporter, from_json_line, to_json_line
 from otel_ebpf.exporters.otlp_json import SpanJsonEncoder
+from otel_ebpf.exporters.otlp_proto import SpanProtoEncoder
 from otel_ebpf.exporters.sink import TelemetrySink, build_sink, temporality_preference
 from otel_ebpf.exporters.transport import build_transport
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -336,7 +337,12 @@ def protobuf_line(spans: Sequence[ReadableSpan]) -> str:
     return to_json_line(encode_spans(spans))
 
 
-def assert_same_document(spans: Sequence[ReadableSpan], encoder: SpanJsonEncoder | None = None) -> str:
+def assert_same_document(
+    spans: Sequence[ReadableSpan], encoder: SpanJsonEncoder | None = None, proto: SpanProtoEncoder | None = None
+) -> str:
+    """Both direct encoders write what the SDK's path writes: the very bytes of its protobuf, and
+    its JSON document."""
+    assert (proto or SpanProtoEncoder()).encode(spans) == encode_spans(spans).SerializeToString()
     line = (encoder or SpanJsonEncoder()).encode(spans)
     assert from_json_line(line, ExportTraceServiceRequest()) == encode_spans(spans)
     expected = protobuf_line(spans)
@@ -491,13 +497,15 @@ def test_span_encoder_writes_the_protobuf_paths_document() -> None:
 
 def test_span_encoder_matches_span_by_span_and_in_small_batches() -> None:
     spans = varied_spans()
-    encoder = SpanJsonEncoder(max_cached=1)  # every batch evicts: cached and fresh encodings agree
+    # every batch evicts: cached and fresh encodings agree
+    encoder, proto = SpanJsonEncoder(max_cached=1), SpanProtoEncoder(max_cached=1)
     for span in spans:
-        assert_same_document([span], encoder)
+        assert_same_document([span], encoder, proto)
     for start in range(0, len(spans), 3):
-        assert_same_document(spans[start : start + 3], encoder)
-    assert_same_document(make_spans(), encoder)
+        assert_same_document(spans[start : start + 3], encoder, proto)
+    assert_same_document(make_spans(), encoder, proto)
     assert SpanJsonEncoder().encode([]) == protobuf_line([]) == "{}"
+    assert SpanProtoEncoder().encode([]) == encode_spans([]).SerializeToString() == b""
 
 
 def test_span_encoder_drops_the_attributes_the_sdk_encoder_drops(caplog: pytest.LogCaptureFixture) -> None:
@@ -517,7 +525,8 @@ def test_span_encoder_drops_the_attributes_the_sdk_encoder_drops(caplog: pytest.
     line = assert_same_document([span])
     kept = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
     assert [kv["key"] for kv in kept] == ["kept", "kept.too"]
-    assert sum("cannot be encoded" in r.getMessage() for r in caplog.records) == len(attributes) - 2
+    # once by each direct encoder
+    assert sum("cannot be encoded" in r.getMessage() for r in caplog.records) == 2 * (len(attributes) - 2)
 
 
 @pytest.mark.parametrize(
@@ -537,6 +546,8 @@ def test_span_encoder_fails_the_batch_where_protobuf_does(span: ReadableSpan) ->
         protobuf_line([span])
     with pytest.raises(protobuf.type):
         SpanJsonEncoder().encode([span])
+    with pytest.raises(protobuf.type):
+        SpanProtoEncoder().encode([span])
 
 
 any_text = st.text(st.characters(exclude_categories=()))  # lone surrogates too: those attributes are dropped
@@ -580,8 +591,19 @@ def test_span_encoder_matches_protobuf_for_any_attributes(
     assert_same_document([span])
 
 
+def test_remembered_attributes_never_stand_for_equal_values_of_another_type() -> None:
+    # 1 == True == 1.0 and "1" is not 1: each value keeps its own encoding across spans and batches
+    values = [1, True, 1.0, "1", 0, False, 0.0, "", None, (1,), 2**62, -1]
+    spans = [ReadableSpan("s", context=_ctx(n + 1), attributes={"v": value}) for n, value in enumerate(values)]
+    proto = SpanProtoEncoder()
+    assert_same_document(spans, proto=proto)
+    for span in reversed(spans):
+        assert_same_document([span], proto=proto)
+
+
 def test_span_encoder_writes_nan_as_protobuf_json_does() -> None:
     span = ReadableSpan("s", context=_ctx(1), attributes={"nan": float("nan"), "in": (float("nan"),)})
+    assert SpanProtoEncoder().encode([span]) == encode_spans([span]).SerializeToString()
     assert SpanJsonEncoder().encode([span]) == protobuf_line([span])
     assert '{"doubleValue":"NaN"}' in protobuf_line([span])
 

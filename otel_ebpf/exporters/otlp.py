@@ -1,7 +1,8 @@
 """OTLP export of every signal (spans, metric points, log records, profile samples), one design.
 
 :class:`OTLPExporter` encodes a batch of one signal's items into its ``Export*ServiceRequest``
-(the OpenTelemetry encoders, or :mod:`otel_ebpf.profiles.otlp`) and hands the bytes to that
+(spans written directly by :mod:`.otlp_proto`, the other signals through the OpenTelemetry
+encoders, or :mod:`otel_ebpf.profiles.otlp`) and hands the bytes to that
 signal's :class:`~.delivery.Delivery`, which queues, retries and counts them. The four signals
 differ only in the :class:`Signal` row below: encoder and unit.
 
@@ -19,12 +20,12 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricsData
 
 from otel_ebpf.config import OTLPConfig
 from otel_ebpf.exporters.batches import BatchQueue, MemoryQueue
 from otel_ebpf.exporters.delivery import Account, Delivery
+from otel_ebpf.exporters.otlp_proto import SpanProtoEncoder
 from otel_ebpf.exporters.retry import Backoff
 from otel_ebpf.exporters.spool import Spool
 from otel_ebpf.exporters.transport import build_transport
@@ -36,11 +37,19 @@ T = TypeVar("T")
 ENCODE_FAILED = "encode_failed"
 
 
+Encoder = Callable[[Sequence[T]], bytes]  # a batch -> its serialized Export*ServiceRequest
+
+
 @dataclass(frozen=True)
 class Signal(Generic[T]):
     name: str  # traces | metrics | logs | profiles (the endpoint and spool directory)
-    encode: Callable[[Sequence[T]], Message]
+    new_encoder: Callable[[], Encoder[T]]  # one per exporter: an encoder may keep caches
     count: Callable[[Sequence[T]], int]  # items in a batch, in the unit losses are counted in
+
+
+def _serialized(encode: Callable[[Sequence[T]], Message]) -> Callable[[], Encoder[T]]:
+    """An encoder factory from one of the encoders that build protobuf messages."""
+    return lambda: lambda batch: encode(batch).SerializeToString()
 
 
 def _metric_points(batch: Sequence[MetricsData]) -> int:
@@ -65,10 +74,12 @@ def _encode_profiles(batch: Sequence[Any]) -> Message:
     return otlp.encode(batch)
 
 
-TRACES: Signal[Any] = Signal("traces", encode_spans, len)
-METRICS: Signal[MetricsData] = Signal("metrics", _encode_metrics, _metric_points)
-LOGS: Signal[Any] = Signal("logs", encode_logs, len)
-PROFILES: Signal[Any] = Signal("profiles", _encode_profiles, lambda batch: sum(len(p.samples) for p in batch))
+TRACES: Signal[Any] = Signal("traces", lambda: SpanProtoEncoder().encode, len)
+METRICS: Signal[MetricsData] = Signal("metrics", _serialized(_encode_metrics), _metric_points)
+LOGS: Signal[Any] = Signal("logs", _serialized(encode_logs), len)
+PROFILES: Signal[Any] = Signal(
+    "profiles", _serialized(_encode_profiles), lambda batch: sum(len(p.samples) for p in batch)
+)
 
 
 class OTLPExporter(Generic[T]):
@@ -76,6 +87,7 @@ class OTLPExporter(Generic[T]):
 
     def __init__(self, signal: Signal[T], delivery: Delivery, account: Account) -> None:
         self.signal = signal
+        self._encode = signal.new_encoder()
         self.delivery = delivery
         self._account = account
 
@@ -84,7 +96,7 @@ class OTLPExporter(Generic[T]):
         as lost (``encode_failed``) and logged."""
         count = self.signal.count(batch)
         try:
-            body = self.signal.encode(batch).SerializeToString()
+            body = self._encode(batch)
         except Exception as exc:  # noqa: BLE001 -- a bad value loses its batch, never the exporter
             _logger.warning("OTLP %s: batch of %d cannot be encoded (%s); dropped", self.signal.name, count, exc)
             self._account(ENCODE_FAILED, count)

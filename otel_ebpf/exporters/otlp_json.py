@@ -36,9 +36,9 @@ from __future__ import annotations
 import base64
 import json.encoder
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from math import isfinite
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PB2Span
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
@@ -47,9 +47,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
-_logger = logging.getLogger(__name__)
+from .span_groups import IdentityCache, group_spans
 
-K = TypeVar("K")
+_logger = logging.getLogger(__name__)
 
 _KINDS = {kind: PB2Span.SpanKind.Value(f"SPAN_KIND_{kind.name}") for kind in SpanKind}
 _LOCAL = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -64,34 +64,19 @@ _escape = json.encoder.encode_basestring
 
 
 class SpanJsonEncoder:
-    """Turns span batches into OTLP/JSON lines, keeping each resource's and scope's encoding.
-
-    The agent gives all spans of a process one ``Resource`` object and all spans of a protocol one
-    ``InstrumentationScope``, so their encodings are reused across batches, keyed by identity.
-    An entry holds a reference to its object, so the ``id`` cannot be reused while the entry lives;
-    the oldest entry is evicted beyond ``max_cached`` objects of each kind, which bounds how many
-    resources of exited processes the cache keeps alive.
+    """Turns span batches into OTLP/JSON lines, keeping each resource's and scope's encoding
+    (:class:`~.span_groups.IdentityCache`).
 
     Not safe for concurrent calls: an SDK exporter's ``export`` is called by one thread at a time.
     """
 
     def __init__(self, max_cached: int = 1024) -> None:
-        self._resources = _IdentityCache[Resource](max_cached, _resource)
-        self._scopes = _IdentityCache[InstrumentationScope | None](max_cached, _scope)
+        self._resources = IdentityCache[Resource, str](max_cached, _resource)
+        self._scopes = IdentityCache[InstrumentationScope | None, str](max_cached, _scope)
 
     def encode(self, spans: Sequence[ReadableSpan]) -> str:
         """``spans`` as one line of OTLP/JSON (no newline), grouped as ``encode_spans`` groups them."""
-        grouped: dict[Resource, dict[InstrumentationScope | None, list[str]]] = {}
-        # Equal resources are merged, but hashing a Resource serializes its attributes, so each
-        # (resource, scope) object pair is looked up once per batch. The batch keeps both alive.
-        groups: dict[tuple[int, int], list[str]] = {}
-        for span in spans:
-            resource, scope = span.resource, span.instrumentation_scope
-            group = groups.get((id(resource), id(scope)))
-            if group is None:
-                group = grouped.setdefault(resource, {}).setdefault(scope, [])
-                groups[(id(resource), id(scope))] = group
-            group.append(_span(span))
+        grouped = group_spans(spans, _span)
         if not grouped:
             return "{}"
         # Formatted level by level rather than as nested _object()s: every level copies the line.
@@ -108,23 +93,6 @@ class SpanJsonEncoder:
             )
             for resource, scopes in grouped.items()
         )
-
-
-class _IdentityCache(Generic[K]):
-    """``encode(obj)`` per object identity, for immutable objects; oldest evicted first."""
-
-    def __init__(self, capacity: int, encode: Callable[[K], str]) -> None:
-        self._entries: dict[int, tuple[K, str]] = {}
-        self._capacity = capacity
-        self._encode = encode
-
-    def get(self, obj: K) -> str:
-        entry = self._entries.get(id(obj))
-        if entry is None:
-            if len(self._entries) >= self._capacity:
-                del self._entries[next(iter(self._entries))]
-            entry = self._entries[id(obj)] = (obj, self._encode(obj))
-        return entry[1]
 
 
 def _object(fields: list[str]) -> str:

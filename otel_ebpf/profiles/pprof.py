@@ -12,33 +12,19 @@ import gzip
 from collections.abc import Iterator
 
 from otel_ebpf.profiles.model import Frame, FrameKind, Profile, SampleKey, ValueType
-
-_VARINT, _LEN = 0, 2
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64 as two's complement, like protobuf
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+from otel_ebpf.protowire import LEN, VARINT, length_delimited, tag, varint
 
 
 def _field_varint(number: int, value: int) -> bytes:
-    return _varint(number << 3 | _VARINT) + _varint(value) if value else b""
+    return tag(number, VARINT) + varint(value) if value else b""
 
 
 def _field_bytes(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(payload)) + payload
+    return length_delimited(tag(number, LEN), payload)
 
 
 def _packed(number: int, values: list[int]) -> bytes:
-    return _field_bytes(number, b"".join(_varint(v) for v in values)) if values else b""
+    return _field_bytes(number, b"".join(varint(v) for v in values)) if values else b""
 
 
 class _Strings:
@@ -131,10 +117,10 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     while i < len(data):
         key, i = _read_varint(data, i)
         number, wire = key >> 3, key & 7
-        if wire == _VARINT:
+        if wire == VARINT:
             value, i = _read_varint(data, i)
             yield number, wire, value
-        elif wire == _LEN:
+        elif wire == LEN:
             size, i = _read_varint(data, i)
             yield number, wire, data[i : i + size]
             i += size
@@ -149,7 +135,7 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
 
 
 def _ints(wire: int, value: int | bytes) -> list[int]:
-    if wire == _LEN:
+    if wire == LEN:
         assert isinstance(value, bytes)
         out, i = [], 0
         while i < len(value):
