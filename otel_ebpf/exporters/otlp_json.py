@@ -26,9 +26,11 @@ protobuf JSON mapping of what the SDK's OTLP encoder builds, with OTLP's hex ids
 - compact separators, non-ASCII characters unescaped;
 - spans grouped by resource, then by instrumentation scope, both compared by equality, in order of
   first appearance;
-- an attribute the SDK encoder cannot encode (an int outside int64, a string with lone surrogates,
-  an unsupported type, a key that is not a string) is logged and dropped, the rest of its span
-  kept; an id, a time or another string that protobuf would refuse fails the whole batch, as there.
+- an attribute the SDK encoder cannot encode (an int outside int64, an unsupported type, a key that
+  is not a string) is logged and dropped, the rest of its span kept; an id or a time that protobuf
+  would refuse fails the whole batch, as there;
+- except that a string with lone surrogates has each of them written as ``?``, where the SDK
+  encoder drops the attribute or fails the batch (see :mod:`.otlp_proto`).
 """
 
 from __future__ import annotations
@@ -101,9 +103,12 @@ def _object(fields: list[str]) -> str:
 
 
 def _string(text: str) -> str:
-    """``text`` as a JSON string; refuses lone surrogates, as protobuf (UTF-8 only) does."""
+    """``text`` as a JSON string, lone surrogates written as ``?`` (as :mod:`.otlp_proto` does)."""
     if not text.isascii():
-        text.encode()
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "replace").decode()
     return _escape(text)
 
 

@@ -15,9 +15,14 @@ protobuf's canonical encoding of what the SDK encoder builds:
 - ``int64`` as a varint of its two's complement (ten bytes when negative), times as ``fixed64``,
   span flags as ``fixed32``, doubles as little-endian IEEE 754;
 - spans grouped by resource, then by instrumentation scope (:func:`~.span_groups.group_spans`);
-- an attribute the SDK encoder cannot encode (an int outside int64, a string with lone surrogates,
-  an unsupported type, a key that is not a string) is logged and dropped, the rest of its span
-  kept; an id, a time or another string that protobuf would refuse fails the whole batch, as there.
+- an attribute the SDK encoder cannot encode (an int outside int64, an unsupported type, a key that
+  is not a string) is logged and dropped, the rest of its span kept; an id or a time that protobuf
+  would refuse fails the whole batch, as there.
+
+Where the two differ: a string with lone surrogates (which ``json.loads`` makes of a body's
+``"\ud800"``, so a hostile peer can send one) has each of them written as ``?``. The SDK encoder
+drops such an attribute and fails the whole batch on such a span name or status message: one
+request could lose 511 others.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ class SpanProtoEncoder:
 
 
 def _string(tag: bytes, text: str) -> bytes:
-    return length_delimited(tag, text.encode())  # refuses lone surrogates, as protobuf does
+    return length_delimited(tag, text.encode("utf-8", "replace"))  # lone surrogates become "?"
 
 
 def _time(tag: bytes, nanos: int) -> bytes:
