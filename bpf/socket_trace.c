@@ -148,6 +148,8 @@ struct open_event {
     u8 laddr[16];
     u8 raddr[16];
     char comm[16];  // names a process that exits before user space can read its /proc entry
+    u32 client_isn;  // the TCP handshake's initial sequence numbers (both 0: unknown)
+    u32 server_isn;
 };
 
 struct tuple {
@@ -157,6 +159,8 @@ struct tuple {
     u16 role;
     u8 laddr[16];
     u8 raddr[16];
+    u32 client_isn;  // what both ends of a connection agree on, whatever NAT did to the tuple
+    u32 server_isn;
 };
 
 #include "http1_summary.h"
@@ -374,6 +378,17 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         __builtin_memcpy(t.laddr, args->saddr_v6, 16);
         __builtin_memcpy(t.raddr, args->daddr_v6, 16);
     }
+#ifdef TCP_SND_UNA
+    // The handshake is over and no data has moved yet: the first byte not acknowledged and the
+    // next one expected are one past the two SYNs' sequence numbers. The offsets come from the
+    // running kernel's BTF (probes/btf.py), not from the headers BCC compiles against.
+    u32 snd_una = 0, rcv_nxt = 0;
+    if (!bpf_probe_read_kernel(&snd_una, 4, (void *)sk + TCP_SND_UNA) &&
+        !bpf_probe_read_kernel(&rcv_nxt, 4, (void *)sk + TCP_RCV_NXT) && t.role != ROLE_UNKNOWN) {
+        t.client_isn = (t.role == ROLE_CLIENT ? snd_una : rcv_nxt) - 1;
+        t.server_isn = (t.role == ROLE_CLIENT ? rcv_nxt : snd_una) - 1;
+    }
+#endif
     sk_tuples.update(&sk, &t);
 #ifdef FD_TRACKING
     if (t.role == ROLE_SERVER) {
@@ -435,6 +450,8 @@ static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, struct 
     }
     if (role == ROLE_CLIENT && io->conn.lport) {
         t.lport = io->conn.lport;
+        t.client_isn = io->conn.client_isn;
+        t.server_isn = io->conn.server_isn;
         __builtin_memcpy(t.laddr, io->conn.laddr, 16);
     } else if (role == ROLE_SERVER) {
         u64 listen_key = (pid_tgid & 0xffffffff00000000ULL) | (u32)io->fd;
@@ -445,6 +462,8 @@ static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, struct 
             __builtin_memcpy(k.raddr, t.raddr, 16);
             struct tuple *established = accepted.lookup(&k);
             if (established) {
+                t.client_isn = established->client_isn;
+                t.server_isn = established->server_isn;
                 __builtin_memcpy(t.laddr, established->laddr, 16);
                 accepted.delete(&k);
             }
@@ -677,6 +696,8 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         ev.family = t->family;
         ev.lport = t->lport;
         ev.rport = t->rport;
+        ev.client_isn = t->client_isn;
+        ev.server_isn = t->server_isn;
         __builtin_memcpy(ev.laddr, t->laddr, 16);
         __builtin_memcpy(ev.raddr, t->raddr, 16);
         struct endpoint_key peer = {.port = t->rport};

@@ -8,6 +8,7 @@ connection no plugin claims within a bounded amount of traffic is handed back to
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -60,6 +61,7 @@ class Connection:
     stitcher: Stitcher | None = None
     unknown: bool = False
     tls: bool = False  # its bytes come as TLS plaintext
+    isns: tuple[int, int] | None = None  # (client, server) initial sequence numbers, to join across hosts
     exchanges: int = 0
     # undecided traffic, kept until a plugin claims the connection
     pending: list[ConnData] = field(default_factory=list)
@@ -79,7 +81,7 @@ class Connection:
 
     def info(self) -> ConnectionInfo:
         scheme = "https" if self.tls else "http"
-        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme)
+        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme, self.isns)
 
     def start_tls(self) -> None:
         """Plaintext from the SSL probes from now on: what the ciphertext before it looked like
@@ -96,6 +98,10 @@ class Connection:
 # What a connection produced: a request that started, or an exchange that completed, with the
 # thread whose syscall produced it (0 when none did: a close, a flush).
 Outcome = tuple[Connection, RequestStart | Exchange, int]
+
+
+def _on_this_host(peer: Endpoint | None) -> bool:
+    return peer is None or ipaddress.ip_address(peer.address).is_loopback
 
 
 class ConnectionTracker:
@@ -131,6 +137,10 @@ class ConnectionTracker:
         conn = self._table.get(event.key) or self._insert(event.key)
         conn.role = conn.role or event.role
         conn.local, conn.peer, conn.transport = conn.local or event.local, conn.peer or event.peer, event.transport
+        # Only a connection between hosts needs joining by its ISNs: one on this host is joined
+        # by trace assembly, and its spans need not carry two more attributes.
+        if event.client_isn is not None and event.server_isn is not None and not _on_this_host(conn.peer):
+            conn.isns = (event.client_isn, event.server_isn)
 
     def data(self, event: ConnData) -> list[Outcome]:
         conn = self._table.get(event.key)

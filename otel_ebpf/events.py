@@ -47,6 +47,10 @@ class ConnOpen:
     local: Endpoint | None
     peer: Endpoint | None
     transport: Transport = Transport.TCP
+    # TCP: the initial sequence numbers of the client's and the server's SYN, which both ends see
+    # alike (through NAT too); None when the kernel did not see the handshake
+    client_isn: int | None = None
+    server_isn: int | None = None
 
     @property
     def key(self) -> ConnKey:

@@ -31,6 +31,11 @@ from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
 from .telemetry import Telemetry
 
+# On the spans of a connection between hosts: the same on both ends, so a backend joins the
+# client's span with the server's across nodes without any header (docs/kubernetes.md).
+CLIENT_ISN = "otel_ebpf.tcp.client_isn"
+SERVER_ISN = "otel_ebpf.tcp.server_isn"
+
 
 class Pipeline:
     def __init__(
@@ -106,7 +111,10 @@ class Pipeline:
                 continue
             conn.exchanges += 1
             description = item.span(info)
-            if label:
-                description = replace(description, attributes={**description.attributes, **label})
+            extra = label
+            if info.isns is not None:
+                extra = {**(label or {}), CLIENT_ISN: info.isns[0], SERVER_ISN: info.isns[1]}
+            if extra:
+                description = replace(description, attributes={**description.attributes, **extra})
             context = assembler.finish(conn.key, info, description.start_ns, tid, item.message_start)
             self.telemetry.exchange(conn.claimed().protocol.name, conn.key[0], item, description, info, context)

@@ -95,7 +95,9 @@ class ConnectionInfo:
 
     ``local`` is the observed process's end, ``peer`` the other end; either may be ``None`` when the
     agent could not learn the tuple (a socket that predates the agent and has left ``/proc``).
-    ``scheme`` is ``"https"`` when the bytes were captured as TLS plaintext.
+    ``scheme`` is ``"https"`` when the bytes were captured as TLS plaintext. ``isns``: the TCP
+    handshake's initial sequence numbers (client's, server's) of a connection to another host,
+    which its other end's agent sees alike.
     """
 
     role: Role
@@ -103,6 +105,7 @@ class ConnectionInfo:
     peer: Endpoint | None = None
     transport: Transport = Transport.TCP
     scheme: str = "http"
+    isns: tuple[int, int] | None = None
 
     @property
     def server(self) -> Endpoint | None:

@@ -10,7 +10,9 @@ counted").
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace
@@ -1273,3 +1275,17 @@ def test_a_plugin_that_raises_costs_only_its_connection() -> None:
     assert selfmetrics.total("otel_ebpf.protocol.failures") == 2
     assert [o.attributes for o in selfmetrics.observe("otel_ebpf.protocol.failures")] == [{"protocol": "raising"}]
     assert unknown == [(10, 3, 0), (10, 4, 0)]
+
+
+@pytest.mark.parametrize(
+    ("peer", "joined"),
+    [(Endpoint("10.0.0.9", 51000), True), (Endpoint("127.0.0.1", 51000), False), (Endpoint("::1", 51000), False)],
+)
+def test_spans_of_a_connection_between_hosts_carry_its_initial_sequence_numbers(peer: Endpoint, joined: bool) -> None:
+    isns = (0xDEADBEEF, 7)
+    opening = replace(opened(0, PID, 7, peer=peer), client_isn=isns[0], server_isn=isns[1])
+    spans = Run().feed([opening, data(1, PID, 7, IN, get("/a")), data(2, PID, 7, OUT, ok()), closed(3, PID, 7)])
+    assert len(spans) == 1
+    attributes = spans[0].attributes
+    expected = isns if joined else (None, None)
+    assert (attributes.get("otel_ebpf.tcp.client_isn"), attributes.get("otel_ebpf.tcp.server_isn")) == expected

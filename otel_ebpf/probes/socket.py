@@ -27,6 +27,7 @@ from ..containers import ContainerResolver
 from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
 from ..protocol import Direction, Endpoint, Role, Transport
 from .addresses import endpoint
+from .btf import Btf, BtfError
 from .http_red import HttpRedReader
 from .loading import (
     close_program,
@@ -67,7 +68,8 @@ _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flag
 HDR_AFTER_LOSS = 1
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 DATA_TLS = 1
-_OPEN = struct.Struct("<IHHHH4x16s16s16s")  # role, family, lport, rport, protocol, pad, laddr, raddr, comm
+# role, family, lport, rport, protocol, pad, laddr, raddr, comm, client_isn, server_isn
+_OPEN = struct.Struct("<IHHHH4x16s16s16sII")
 _DGRAM_PEER = struct.Struct("<HH4x16s")  # family, port, pad, addr: after _DATA in a datagram event
 IPPROTO_UDP = 17
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
@@ -110,6 +112,21 @@ class _Opening:
     rport: int
     unwanted: bool = False
     transport: Transport = Transport.TCP
+    isns: tuple[int, int] | None = None  # (client, server): the TCP handshake's sequence numbers
+
+
+def _handshake_offsets() -> list[str]:
+    """Where ``tcp_sock`` keeps the sequence numbers the ISNs are read from, as ``-D`` flags; none
+    (no ISNs, said once) when the kernel has no BTF."""
+    try:
+        btf = Btf.from_file()
+        return [
+            f"-DTCP_SND_UNA={btf.offset('tcp_sock', 'snd_una')}",
+            f"-DTCP_RCV_NXT={btf.offset('tcp_sock', 'rcv_nxt')}",
+        ]
+    except BtfError as exc:
+        log.info("TCP initial sequence numbers not read (connections cannot be joined across nodes): %s", exc)
+        return []
 
 
 def _tls_symbols(path: str) -> set[str]:
@@ -209,6 +226,7 @@ class SocketProbe:
             f"-DRINGBUF_PAGES={pages}",
             f"-DNR_CPUS={max(possible_cpus()) + 1}",
             "-Wno-macro-redefined",
+            *_handshake_offsets(),
         ]
         if self.socket_mode == "fd-tracking":
             cflags.append("-DFD_TRACKING")
@@ -387,7 +405,7 @@ class SocketProbe:
         if ts > self.latest_event_ns:
             self.latest_event_ns = ts
         if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE):
-            comm = _OPEN.unpack_from(raw, _HEADER.size)[-1] if kind == EV_OPEN else b""
+            comm = _OPEN.unpack_from(raw, _HEADER.size)[-3] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
             direction, length, captured, data_flags = _DATA.unpack_from(raw, _HEADER.size)
@@ -434,7 +452,8 @@ class SocketProbe:
             self._on_exit(ts, tgid)
 
     def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
-        role_code, family, lport, rport, protocol, laddr, raddr, _ = _OPEN.unpack_from(raw, _HEADER.size)
+        fields = _OPEN.unpack_from(raw, _HEADER.size)
+        role_code, family, lport, rport, protocol, laddr, raddr, _, client_isn, server_isn = fields
         udp = protocol == IPPROTO_UDP
         # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard
         # address, and never a peer (each datagram has its own).
@@ -450,6 +469,7 @@ class SocketProbe:
             lport,
             rport,
             transport=Transport.UDP if udp else Transport.TCP,
+            isns=(client_isn, server_isn) if client_isn or server_isn else None,
         )
         if opening.local is None:
             # The kernel saw no state change (the socket predates the agent) or, tracking fds,
@@ -507,7 +527,17 @@ class SocketProbe:
             if len(self._filtered_out) > self.capture.max_connections:
                 del self._filtered_out[next(iter(self._filtered_out))]
             return None
-        return ConnOpen(opening.ts, *opening.key, opening.role, opening.local, opening.peer, opening.transport)
+        client_isn, server_isn = opening.isns or (None, None)
+        return ConnOpen(
+            opening.ts,
+            *opening.key,
+            opening.role,
+            opening.local,
+            opening.peer,
+            opening.transport,
+            client_isn,
+            server_isn,
+        )
 
     def _talks_to_agent(self, local: Endpoint | None, peer: Endpoint | None) -> bool:
         """A collector on this node receiving the agent's own exports: tracing it would feed the

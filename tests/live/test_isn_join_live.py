@@ -1,0 +1,198 @@
+"""Live BPF: the two halves of a connection between hosts carry the TCP handshake's initial sequence
+numbers, the same on both ends, so a backend can join them without any header (issue 15, item 4).
+
+Two hosts are stood for by the root network namespace and one the test creates, joined by a veth
+pair: the server listens on the root end, the client runs in the namespace. The ISNs the spans must
+carry are read independently, off the wire: a packet socket on the veth sees the SYN and SYN-ACK.
+A connection on loopback (the same host: trace assembly joins it) carries none.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.live.test_tls_live import _start_agent, _stop
+from tests.otlp_receiver import OTLPReceiver
+
+pytestmark = pytest.mark.bpf
+
+CLIENT_ISN, SERVER_ISN = "otel_ebpf.tcp.client_isn", "otel_ebpf.tcp.server_isn"
+NAMESPACE = f"oe-isn-{os.getpid()}"
+HOST_END, NS_END = f"oeisn{os.getpid() % 10000}a", f"oeisn{os.getpid() % 10000}b"
+HOST_ADDR, NS_ADDR = "10.251.7.1", "10.251.7.2"
+CALLS = 3
+ETH_P_ALL = 0x0003
+SYN, ACK = 0x02, 0x10
+
+SERVER = r"""
+import socket, sys
+srv = socket.socket()
+srv.bind((sys.argv[1], 0))
+srv.listen()
+print(srv.getsockname()[1], flush=True)
+sys.stdin.readline()  # accept() only once the agent is attached: fd-tracking must see it
+while True:
+    conn, _ = srv.accept()
+    reader = conn.makefile("rb")
+    while reader.readline():
+        while reader.readline() not in (b"\r\n", b""):
+            pass
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    conn.close()
+"""
+# CALLS requests on one keep-alive connection, once told to go.
+CLIENT = r"""
+import socket, sys
+host, port, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+with socket.create_connection((host, port)) as sock:
+    for _ in range(calls):
+        sock.sendall(b"GET /joined HTTP/1.1\r\nHost: server\r\n\r\n")
+        got = b""
+        while not got.endswith(b"ok"):
+            chunk = sock.recv(4096)
+            assert chunk
+            got += chunk
+print("done", flush=True)
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def other_host() -> Iterator[None]:
+    """A network namespace reachable at NS_ADDR from HOST_ADDR over a veth pair."""
+    _ip("netns", "add", NAMESPACE)
+    try:
+        _ip("link", "add", HOST_END, "type", "veth", "peer", "name", NS_END)
+        _ip("link", "set", NS_END, "netns", NAMESPACE)
+        _ip("addr", "add", f"{HOST_ADDR}/24", "dev", HOST_END)
+        _ip("link", "set", HOST_END, "up")
+        _ip("-n", NAMESPACE, "addr", "add", f"{NS_ADDR}/24", "dev", NS_END)
+        _ip("-n", NAMESPACE, "link", "set", NS_END, "up")
+        _ip("-n", NAMESPACE, "link", "set", "lo", "up")
+        yield
+    finally:
+        subprocess.run(["ip", "link", "del", HOST_END], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NAMESPACE], capture_output=True)
+
+
+class HandshakeCapture:
+    """The sequence numbers of the SYN and the SYN-ACK to ``port`` that cross ``interface``."""
+
+    def __init__(self, interface: str, port: int) -> None:
+        self.port = port
+        self.client_isn: int | None = None
+        self.server_isn: int | None = None
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self._sock.bind((interface, 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and (self.client_isn is None or self.server_isn is None):
+            try:
+                frame = self._sock.recv(65535)
+            except TimeoutError:
+                continue
+            if len(frame) < 14 + 20 + 20 or frame[12:14] != b"\x08\x00" or frame[14 + 9] != socket.IPPROTO_TCP:
+                continue
+            tcp = 14 + (frame[14] & 0x0F) * 4
+            sport, dport, seq = struct.unpack_from("!HHI", frame, tcp)
+            flags = frame[tcp + 13]
+            if flags & (SYN | ACK) == SYN and dport == self.port:
+                self.client_isn = seq
+            elif flags & (SYN | ACK) == SYN | ACK and sport == self.port:
+                self.server_isn = seq
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+def _serve(address: str) -> tuple[subprocess.Popen, int]:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    return server, int(server.stdout.readline())
+
+
+def _client(port: int, address: str, namespace: str | None) -> subprocess.Popen:
+    prefix = ["ip", "netns", "exec", namespace] if namespace else []
+    client = subprocess.Popen(
+        [*prefix, sys.executable, "-c", CLIENT, address, str(port), str(CALLS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdout.readline() == "ready\n"
+    return client
+
+
+def _go(process: subprocess.Popen, reply: str | None = "done\n") -> None:
+    process.stdin.write("go\n")
+    process.stdin.flush()
+    if reply is not None:
+        assert process.stdout.readline() == reply
+
+
+@pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
+def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
+    other_host: None, tmp_path: Path, socket_mode: str
+) -> None:
+    server, port = _serve(HOST_ADDR)
+    local_server, local_port = _serve("127.0.0.1")
+    remote = _client(port, HOST_ADDR, NAMESPACE)
+    local = _client(local_port, "127.0.0.1", None)
+    pids = [str(p.pid) for p in (server, local_server, remote, local)]
+    agent = None
+    try:
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, socket_mode, *(f for pid in pids for f in ("--pid", pid)))
+            _go(server, None)
+            _go(local_server, None)
+            capture = HandshakeCapture(HOST_END, port)
+            try:
+                _go(remote)
+            finally:
+                capture.close()
+            _go(local)
+            receiver.wait_for(lambda r: len(r.spans()) >= 4 * CALLS, timeout=15)
+            _stop(agent)
+            agent = None
+            spans = receiver.spans()
+    finally:
+        if agent is not None:
+            agent.kill()
+            agent.wait()
+        for process in (server, local_server, remote, local):
+            process.kill()
+            process.wait()
+
+    assert capture.client_isn is not None and capture.server_isn is not None, "the handshake was not seen"
+    between_hosts = [s for s in spans if s["attributes"]["network.peer.address"] in (HOST_ADDR, NS_ADDR)]
+    on_loopback = [s for s in spans if s["attributes"]["network.peer.address"] == "127.0.0.1"]
+    assert sorted(s["kind"] for s in between_hosts) == ["CLIENT"] * CALLS + ["SERVER"] * CALLS
+    assert len(on_loopback) == 2 * CALLS
+    for span in between_hosts:
+        attributes = span["attributes"]
+        assert (attributes.get(CLIENT_ISN), attributes.get(SERVER_ISN)) == (capture.client_isn, capture.server_isn), (
+            span["kind"],
+            attributes,
+        )
+    assert not any(CLIENT_ISN in s["attributes"] or SERVER_ISN in s["attributes"] for s in on_loopback)
