@@ -26,7 +26,7 @@ from .events import (
     ProcessExit,
     ProcessInfo,
 )
-from .protocol import RequestStart
+from .protocol import AttributeValue, RequestStart
 from .reorder import EventReorderer
 from .selfmetrics import SelfMetrics
 from .telemetry import Telemetry
@@ -111,7 +111,7 @@ class Pipeline:
                 continue
             conn.exchanges += 1
             description = item.span(info)
-            extra = label
+            extra: Mapping[str, AttributeValue] | None = label
             if info.isns is not None:
                 extra = {**(label or {}), CLIENT_ISN: info.isns[0], SERVER_ISN: info.isns[1]}
             if extra:
