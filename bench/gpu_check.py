@@ -198,6 +198,12 @@ def main() -> int:
     results.append(
         ("kernel launches", launches >= summary["ops"], f"{launches:.0f} seen, >= {summary['ops']} expected")
     )
+    kernels = {
+        p["attributes"]["cuda.kernel.name"]
+        for p in metrics.get("cuda.kernel.launches", [])
+        if p["resource"].get("process.pid") == pid and "cuda.kernel.name" in p["attributes"]
+    }
+    results.append(("kernel names", bool(kernels), f"{len(kernels)} named, e.g. {min(kernels, default='none')}"))
     h2d = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "host_to_device"})
     d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
     results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))

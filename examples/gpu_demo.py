@@ -68,10 +68,11 @@ def summary(output: Path, pid: int) -> str:
         attrs = dict(key)
         mode = "sync" if attrs["cuda.memcpy.synchronous"] else "async"
         lines.append(f"    {attrs['cuda.api']:<8} {attrs['cuda.memcpy.direction']:<17} {mode:<5} {value:>12,.0f} B")
-    launches = _last_values(metrics, "cuda.kernel.launches", pid)
-    lines.append(
-        "  kernel launches: " + ", ".join(f"{dict(k)['cuda.api']} {v:.0f}" for k, v in sorted(launches.items()))
-    )
+    launches: dict[str, float] = defaultdict(float)
+    for key, value in _last_values(metrics, "cuda.kernel.launches", pid).items():
+        attrs = dict(key)
+        launches[attrs.get("cuda.kernel.name") or f"({attrs['cuda.api']}, unnamed)"] += value
+    lines.append("  kernel launches: " + ", ".join(f"{name} {n:.0f}" for name, n in sorted(launches.items())))
     nccl: dict[str, float] = defaultdict(float)
     for key, value in _last_values(metrics, "nccl.operation.size", pid).items():
         nccl[dict(key)["nccl.operation"]] += value

@@ -51,6 +51,7 @@ class OpSpec:
     comm_arg: int | None = None  # COLLECTIVE: ncclComm_t
     peer_arg: int | None = None  # COLLECTIVE: root or peer rank
     device_arg: int | None = None  # the device, when the call names it (USDT malloc)
+    function_arg: int | None = None  # LAUNCH: the kernel's host stub, whose symbol is its name
     usdt: bool = False  # a USDT probe of ``library`` (provider:name in ``symbol``), no return
 
 
@@ -83,7 +84,7 @@ _SPECS = (
     OpSpec(31, "cudaStreamSynchronize", Library.RUNTIME, Kind.SYNC),
     OpSpec(32, "cuCtxSynchronize", Library.DRIVER, Kind.SYNC),
     OpSpec(33, "cuStreamSynchronize", Library.DRIVER, Kind.SYNC),
-    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH),
+    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH, function_arg=0),
     OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH),
     OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH),
     OpSpec(50, "cudaSetDevice", Library.RUNTIME, Kind.SET_DEVICE, device_arg=0),

@@ -89,6 +89,7 @@ PROFILE_TYPES: dict[str, tuple[tuple[ValueType, ...], ValueType]] = {
 
 StackOf = Callable[[GpuCall], Stack]
 ResourceOf = Callable[[int], Attributes]
+KernelNameOf = Callable[[int, int], str | None]
 MAX_THREADS = 65536  # per-thread current device remembered
 MAX_COMMS = 4096  # NCCL communicators remembered
 
@@ -112,8 +113,12 @@ class GpuViews:
         selfmetrics: SelfMetrics,
         config: GpuViewsConfig = GpuViewsConfig(),
         delta_kinds: frozenset[InstrumentKind] = frozenset(),
+        kernel_name_of: KernelNameOf | None = None,
     ) -> None:
+        """``kernel_name_of(pid, address)``: the (demangled) name of the function at ``address`` in
+        process ``pid``, None when no symbol is known: names a runtime launch's kernel."""
         self._stack_of = stack_of
+        self._kernel_name_of = kernel_name_of
         self._resource_of = resource_of
         self._selfmetrics = selfmetrics
         self.config = config
@@ -157,8 +162,7 @@ class GpuViews:
             self._record(call.pid, "cuda.synchronize.duration", call.duration_ns / 1e9, {"cuda.function": spec.symbol})
             self._profile("waits", call, (call.duration_ns, 1), {"cuda.function": spec.symbol})
         elif kind is Kind.LAUNCH:
-            self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value})
-            self._profile("launches", call, (1,))
+            self._launch(call)
         elif kind is Kind.SET_DEVICE:
             self._remember(self._devices, (call.pid, call.tid), call.arg(spec.device_arg, signed32=True), MAX_THREADS)
 
@@ -224,6 +228,17 @@ class GpuViews:
         attributes: Attributes = {"cuda.api": alloc.layer, "cuda.device": alloc.device}
         self._record(call.pid, "cuda.memory.freed", alloc.size, attributes)
         self._record(call.pid, "cuda.memory.in_use", -alloc.size, attributes)
+
+    def _launch(self, call: GpuCall) -> None:
+        """A launch, by kernel name where the call names the kernel by its host stub (the runtime's
+        ``cudaLaunchKernel``; a driver launch's ``CUfunction`` is an opaque handle)."""
+        spec = call.spec
+        name = None
+        if spec.function_arg is not None and self._kernel_name_of is not None:
+            name = self._kernel_name_of(call.pid, call.arg(spec.function_arg))
+        named: Attributes = {"cuda.kernel.name": name} if name else {}
+        self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value, **named})
+        self._profile("launches", call, (1,), named or None)
 
     def _copy(self, call: GpuCall) -> None:
         spec = call.spec

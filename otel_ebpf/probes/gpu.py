@@ -657,7 +657,9 @@ class GpuMonitor:
             max_allocations=config.gpu.max_allocations,
             max_stacks=config.gpu.max_stacks,
         )
-        self.views = GpuViews(self._stacks, self._resources.of, selfmetrics, views_config, delta_kinds)
+        self.views = GpuViews(
+            self._stacks, self._resources.of, selfmetrics, views_config, delta_kinds, self._kernel_name
+        )
         self.started = False
         self._next_check = 0.0
         self._next_full_check = 0.0
@@ -805,6 +807,11 @@ class GpuMonitor:
             if process.layout.walker == cpython.PY_V310:
                 for tid, tstate in cpython.thread_states(process).items():
                     self.probe.bpf["py_threads"][ctypes.c_uint32(tid)] = ctypes.c_uint64(tstate)
+
+    def _kernel_name(self, pid: int, address: int) -> str | None:
+        """What nvcc's host stub at ``address`` is named after: its kernel (demangled)."""
+        frame = self._symbolizer.user_frame(pid, address)
+        return frame.function if frame.resolved else None
 
     def _resolve_stack(self, call: GpuCall) -> tuple:
         from ..profiles import merge  # noqa: PLC0415

@@ -371,3 +371,32 @@ def test_collectives_under_a_request_become_child_spans() -> None:
     assert collective_span(nccl("ncclGroupEnd"), (1, 2), resource_of(PID)).name == "nccl GroupEnd"
     assert collective_span(nccl("ncclCommInitRank", 0, 2, 0), (1, 2), resource_of(PID)) is None
     assert collective_span(nccl("cudaMalloc", 0, 2), (1, 2), resource_of(PID)) is None
+
+
+def test_runtime_launches_are_named_after_the_kernel_their_host_stub_is_named_after() -> None:
+    stubs = {0x1000: "void at::native::vectorized_elementwise_kernel<float>(int, float*)", 0x2000: "gemm(float*)"}
+    asked: list[tuple[int, int]] = []
+
+    def kernel_name_of(pid: int, address: int) -> str | None:
+        asked.append((pid, address))
+        return stubs.get(address)
+
+    clock = Clock()
+    views = GpuViews(stack_of, resource_of, SelfMetrics(), kernel_name_of=kernel_name_of)
+    call = Calls(views, clock)
+    for address in (0x1000, 0x1000, 0x2000, 0x3000):  # 0x3000: no symbol there
+        call("cudaLaunchKernel", address)
+    call("cuLaunchKernel", 0x1000)  # a driver launch names a CUfunction handle, not a stub
+    assert asked == [(PID, 0x1000), (PID, 0x1000), (PID, 0x2000), (PID, 0x3000)]
+    points = collected(views, clock.tick())
+    elementwise, gemm = stubs[0x1000], stubs[0x2000]
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime", "cuda.kernel.name": elementwise}) == 2
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime", "cuda.kernel.name": gemm}) == 1
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime"}) == 1
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "driver"}) == 1
+    (launches,) = [p for p in views.take_profiles(clock.tick()) if p.period_type.type == "cuda_launch"]
+    by_name: dict[str | None, int] = {}
+    for key, values in launches.samples.items():
+        name = dict(key.attributes).get("cuda.kernel.name")
+        by_name[name] = by_name.get(name, 0) + values[0]
+    assert by_name == {elementwise: 2, gemm: 1, None: 2}

@@ -201,7 +201,14 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
             count, size = _final(metrics, "cuda.memcpy.size", pid, **attrs)
             assert (count, size) == (ledger[f"copies {layer} {direction} {mode}"], total), attrs
     # launches (runtime: cudaLaunchKernel; driver: cuLaunchKernel + cuLaunchKernelEx) and waits
-    assert _final(metrics, "cuda.kernel.launches", pid, **{"cuda.api": "runtime"}) == ledger["launch runtime"]
+    # runtime launches by the kernel their host stub is named after, demangled
+    kernels = {key.removeprefix("launch kernel "): n for key, n in ledger.items() if key.startswith("launch kernel ")}
+    assert len(kernels) == 3 and sum(kernels.values()) == ledger["launch runtime"]
+    for name, launched in kernels.items():
+        assert _final(metrics, "cuda.kernel.launches", pid, **{"cuda.api": "runtime", "cuda.kernel.name": name}) == (
+            launched
+        ), name
+    assert _final(metrics, "cuda.kernel.launches", pid, **{"cuda.api": "runtime"}) is None  # every one named
     assert _final(metrics, "cuda.kernel.launches", pid, **{"cuda.api": "driver"}) == ledger["launch driver"]
     for function in ("cudaStreamSynchronize", "cudaDeviceSynchronize"):
         assert _final(metrics, "cuda.synchronize.duration", pid, **{"cuda.function": function})[0] == STEPS
@@ -257,15 +264,16 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     assert in_use.sample_types[0].unit == "bytes" and in_use.period_type.unit == "bytes"
     leaked = sum(values[0] for key, values in in_use.samples.items() if "leaky_batch_cache" in _functions(key.stack))
     assert leaked == summary["leaks"] * summary["leak_size"]
-    launches = {}
+    launches: dict[tuple[str, str | None], int] = {}
     for profile in by_type["cuda_launch"]:
         for key, values in profile.samples.items():
-            launches[key.stack[0].function] = launches.get(key.stack[0].function, 0) + values[0]
+            where = (key.stack[0].function, dict(key.attributes).get("cuda.kernel.name"))
+            launches[where] = launches.get(where, 0) + values[0]
             assert "train_step" in _functions(key.stack)
     assert launches == {
-        "cudaLaunchKernel": ledger["launch runtime"],
-        "cuLaunchKernel": STEPS,
-        "cuLaunchKernelEx": STEPS,
+        **{("cudaLaunchKernel", name): launched for name, launched in kernels.items()},
+        ("cuLaunchKernel", None): STEPS,
+        ("cuLaunchKernelEx", None): STEPS,
     }
 
 
@@ -291,7 +299,8 @@ def test_libraries_loaded_after_exec_are_hooked_without_restart(tmp_path: Path) 
     assert summary["pid"] == shell.pid
     assert "GPU: hooked" in stderr and "libcudart.so.12" in stderr and "libnccl.so.2" in stderr
     ledger = summary["ledger"]
-    assert _final(metrics, "cuda.kernel.launches", shell.pid, **{"cuda.api": "runtime"}) == ledger["launch runtime"]
+    named = {"cuda.api": "runtime", "cuda.kernel.name": "plain_c_kernel"}
+    assert _final(metrics, "cuda.kernel.launches", shell.pid, **named) == ledger["launch kernel plain_c_kernel"]
     assert (
         _final(metrics, "cuda.memory.in_use", shell.pid, **{"cuda.api": "runtime", "cuda.device": 0})
         == ledger["in_use runtime 0"]

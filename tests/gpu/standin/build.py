@@ -1,4 +1,5 @@
-"""Builds the stand-in CUDA driver, runtime and NCCL libraries from the C sources beside this file.
+"""Builds the stand-in CUDA driver, runtime and NCCL libraries (and kernels' host stubs) from the
+C and C++ sources beside this file.
 
 The stand-ins carry the real sonames (``libcuda.so.1``, ``libcudart.so.12``, ``libnccl.so.2``) and
 symbol names, so the agent discovers and hooks them exactly as it would the real ones. Builds are
@@ -41,6 +42,7 @@ LIBRARIES = {  # soname -> (source, extra link arguments)
     "libcudart.so.12": ("cudart.c", ["-L{out}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"]),
     "libnccl.so.2": ("nccl.c", []),
     "libc10_cuda.so": ("c10_cuda.c", []),
+    "libstandin_kernels.so": ("kernels.cpp", []),  # C++: the host stubs carry mangled names
 }
 
 
