@@ -10,6 +10,7 @@
 #include <uapi/linux/bpf_perf_event.h>
 #include <linux/sched.h>
 
+#include "current_task.h"
 #include "python_stack.h"
 
 #ifndef USER_FRAMES
@@ -66,7 +67,7 @@ static __always_inline u32 setting(int key) {
 }
 
 int on_sample(struct bpf_perf_event_data *ctx) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     if (tgid == 0 || tgid == setting(SET_AGENT_TGID)) /* idle, or the agent itself */
         return 0;

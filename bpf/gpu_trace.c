@@ -26,6 +26,7 @@
  * Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS, USER_FRAMES, PY_MAX_FRAMES.
  */
 #include <uapi/linux/ptrace.h>
+#include "current_task.h"
 
 #ifdef PYTHON_STACKS
 #include "python_stack.h"
@@ -159,7 +160,7 @@ static __always_inline u32 setting(u32 key) {
 }
 
 static __always_inline int is_target(u32 tgid) {
-    if (tgid == setting(SET_AGENT_TGID))
+    if (!tgid || tgid == setting(SET_AGENT_TGID))  /* 0: outside the agent's PID namespace */
         return 0;
     return !setting(SET_FILTER_PIDS) || targets.lookup(&tgid) != 0;
 }
@@ -187,7 +188,7 @@ static __always_inline void fill_caller(struct pt_regs *ctx, struct gpu_event *e
 }
 
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int stack_arg) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
     u32 tid = (u32)id;
@@ -255,7 +256,7 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
 }
 
 static __always_inline int call_return(struct pt_regs *ctx, u32 op, int out_ptr) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tid = (u32)id;
     u64 key = ((u64)tid << 8) | op;
     struct inflight *call = calls.lookup(&key);
@@ -349,7 +350,7 @@ static __always_inline u64 usdt_arg(struct pt_regs *ctx, struct usdt_arg *a) {
 }
 
 static __always_inline int usdt_event(struct pt_regs *ctx, u32 op, u32 spec_key) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
     struct usdt_spec *spec = usdt_specs.lookup(&spec_key);
@@ -392,8 +393,8 @@ USDT_SLOT(7)
  * process exiting takes its device memory with it (op 255). Execs of every process are reported
  * (they are rare, and one may be a new target by its executable's name); exits only of targets. */
 static __always_inline void process_event(u32 op, int any) {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!is_target(id >> 32) && !any)
+    u64 id = current_pid_tgid();
+    if (!id || (!is_target(id >> 32) && !any))  /* 0: outside the agent's PID namespace */
         return;
     struct gpu_event *e = gpu_events.ringbuf_reserve(sizeof(struct gpu_event));
     if (!e) {
@@ -416,13 +417,16 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exit) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if ((u32)id == id >> 32)  /* the process, not one of its threads */
         process_event(255, 0);
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
+#ifdef PIDNS_INO
+    return 0;  /* host pids: in a PID namespace the targets are the whole namespace */
+#endif
     if (!setting(SET_FILTER_PIDS))
         return 0;
     u32 parent = args->parent_pid, child = args->child_pid;

@@ -1,5 +1,7 @@
 // Socket capture with stable kernel ABI only: syscall tracepoints, sock tracepoints, sched
-// tracepoints. No kprobes, no reads of kernel struct fields (docs/architecture.md, "Stable kernel ABI only").
+// tracepoints. No kprobes; the one kernel struct read (tcp_sock's sequence numbers, for the
+// handshake's ISNs) is at offsets from the running kernel's BTF (docs/architecture.md, "Stable
+// kernel ABI only").
 //
 // How a syscall's bytes are tied to a TCP connection, all on one thread:
 //   sys_enter_write(fd, buf)          remember fd and the user buffer           (active_io[tid])
@@ -163,6 +165,7 @@ struct tuple {
     u32 server_isn;
 };
 
+#include "current_task.h"
 #include "http1_summary.h"
 
 struct conn_info {
@@ -286,7 +289,8 @@ static __always_inline void count(u32 slot, u64 n) {
 
 static __always_inline int is_target(u32 tgid) {
     // BCC attaches each program as it loads it, before user space has written the filters.
-    if (!setting(SET_READY) || tgid == setting(SET_AGENT_TGID))
+    // tgid 0: a task outside the agent's PID namespace (current_task.h)
+    if (!tgid || !setting(SET_READY) || tgid == setting(SET_AGENT_TGID))
         return 0;
     if (!setting(SET_FILTER_PIDS))
         return 1;
@@ -399,7 +403,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         // A loopback handshake completes inside connect(), in the connecting thread's context.
         // The destination must match: another connection's handshake may complete in softirq
         // while this thread happens to be in connect().
-        u32 tid = bpf_get_current_pid_tgid();
+        u32 tid = current_pid_tgid();
         struct active_io *io = active_io.lookup(&tid);
         if (io && io->kind == IO_CONNECT && !io->conn.lport && io->conn.rport == t.rport &&
             same_addr(io->conn.raddr, t.raddr))
@@ -475,7 +479,7 @@ static __always_inline void remember_conn(u64 pid_tgid, s32 fd, u8 role, struct 
 }
 
 static __always_inline void enter_conn_call(s32 fd, const void *uaddr, u32 kind) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return;
     u32 tid = id;
@@ -506,7 +510,7 @@ static __always_inline void remember_local_end(u64 id, struct active_io *io) {
 
 // ret: the new fd for accept, 0 / -EINPROGRESS for a connect that goes ahead.
 static __always_inline void exit_conn_call(long ret, u32 kind) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tid = id;
     struct active_io *io = active_io.lookup(&tid);
     if (!io)
@@ -545,7 +549,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_getsockname) { enter_conn_call(args->fd, ar
 TRACEPOINT_PROBE(syscalls, sys_exit_getsockname) { exit_conn_call(args->ret, IO_NAME); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
     u64 key = (id & 0xffffffff00000000ULL) | (u32)args->fd;
@@ -562,12 +566,15 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 // ---- processes -------------------------------------------------------------------------------
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
+#ifdef PIDNS_INO
+    return 0;  // child_pid is a host pid: in a PID namespace the targets are the whole namespace
+#endif
     if (!setting(SET_FILTER_PIDS))
         return 0;
     // The forking task's process (any of its threads may fork) passes its membership on. The
     // tracepoint fires for new threads too, which it cannot tell from processes: their ids enter
     // targets as well, unused, and leave when the thread exits (sched_process_exit).
-    u32 parent = bpf_get_current_pid_tgid() >> 32, child = args->child_pid;
+    u32 parent = current_pid_tgid() >> 32, child = args->child_pid;
     u8 one = 1;
     if (targets.lookup(&parent))
         targets.update(&child, &one);
@@ -575,13 +582,14 @@ TRACEPOINT_PROBE(sched, sched_process_fork) {
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exec) {
-    if (setting(SET_WATCH_EXEC))
-        emit_simple(args, EV_EXEC, bpf_get_current_pid_tgid(), -1, 0);
+    u64 id = current_pid_tgid();
+    if (id && setting(SET_WATCH_EXEC))  // 0: outside the agent's PID namespace
+        emit_simple(args, EV_EXEC, id, -1, 0);
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exit) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tgid = id >> 32, tid = id;
     active_io.delete(&tid);
     if (tid != tgid) {  // a thread, not the process: sched_process_fork entered its id too
@@ -600,7 +608,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 
 static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction, const void *name,
                                      u32 kind) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return;
     u32 tid = id, tgid = id >> 32;
@@ -624,7 +632,7 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 static __always_inline void on_sock_io(u16 family, u16 protocol, const void *sk) {
     if (family != AF_INET && family != AF_INET6)
         return;
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (id >> 32 == setting(SET_AGENT_TGID)) {
         u64 skaddr = (u64)sk;
         struct tuple *t = sk_tuples.lookup(&skaddr);
@@ -851,7 +859,7 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
 // mmsg: a compile-time constant, 1 only in the sendmmsg/recvmmsg programs, so that the other
 // programs carry none of the batch loop.
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tid = id;
     struct active_io *iop = active_io.lookup(&tid);
     if (!iop)

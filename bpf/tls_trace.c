@@ -20,7 +20,7 @@ BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socke
 #define MEMORY_BIO_WINDOW_NS 10000000ULL  // a socket read this recently feeds the SSL call
 
 static __always_inline int ssl_enter(struct pt_regs *ctx, u32 op, u64 done) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
     u32 tid = id, tgid = id >> 32;
@@ -52,7 +52,7 @@ static __always_inline u64 ssl_length(struct pt_regs *ctx, const struct active_s
 }
 
 int ssl_return(struct pt_regs *ctx) {
-    u64 id = bpf_get_current_pid_tgid();
+    u64 id = current_pid_tgid();
     u32 tid = id;
     struct active_ssl *found = active_ssl.lookup(&tid);
     if (!found)

@@ -18,7 +18,13 @@ from typing import Any
 
 from otel_ebpf import procfs
 from otel_ebpf.config import TargetsConfig
-from otel_ebpf.probes.loading import compile_program, inline_headers, ring_buffer_pages, write_settings
+from otel_ebpf.probes.loading import (
+    compile_program,
+    inline_headers,
+    pid_namespace_flags,
+    ring_buffer_pages,
+    write_settings,
+)
 from otel_ebpf.profiles import cpython
 from otel_ebpf.profiles.cpython import PythonProcess
 
@@ -112,6 +118,7 @@ class CpuProbe:
             f"-DMAX_TARGETS={MAX_TARGETS}",
             f"-DRINGBUF_PAGES={pages}",
             "-Wno-macro-redefined",
+            *pid_namespace_flags(),
         ]
         source = inline_headers(bpf_dir.joinpath("cpu_profile.c").read_text())
         self._bpf = compile_program(source, cflags, "CPU profiler")

@@ -39,7 +39,7 @@ from ..gpu.calls import BY_SYMBOL, FUNCTION_SYMBOLS, OPS, USDT_PROBES, GpuCall, 
 from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
 from .compiler_memory import release_compiler_memory
-from .loading import inline_headers, ring_buffer_pages, write_settings
+from .loading import inline_headers, pid_namespace_flags, ring_buffer_pages, write_settings
 from .tls import mapped_files
 
 log = logging.getLogger(__name__)
@@ -437,20 +437,20 @@ class GpuProbe:
         from bcc import BPF  # noqa: PLC0415
 
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = bpf_dir.joinpath("gpu_trace.c").read_text()
+        source = inline_headers(bpf_dir.joinpath("gpu_trace.c").read_text())
         pages = ring_buffer_pages(self.ring_buffer_kb)
         cflags = [
             f"-DRINGBUF_PAGES={pages}",
             f"-DUSER_FRAMES={USER_FRAMES}",
             f"-DMAX_TARGETS={self.max_targets}",
             "-Wno-macro-redefined",
+            *pid_namespace_flags(),
         ]
         attempts = [True, False] if self.stacks == "python" else [False]
         error: Exception | None = None
         for python in attempts:
             try:
-                text = inline_headers(source) if python else source
-                bpf = BPF(text=text, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
+                bpf = BPF(text=source, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
                 bpf.load_func(b"enter_cudaMalloc", BPF.KPROBE)  # the verifier's verdict, now
                 bpf.load_func(b"usdt_torch_malloc_0", BPF.KPROBE)
             except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception with the compiler's or verifier's verdict

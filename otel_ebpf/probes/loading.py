@@ -4,6 +4,7 @@ what failed, then giving the compiler's memory back) and write its ``settings`` 
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,19 @@ def power_of_two_at_least(n: int) -> int:
 def ring_buffer_pages(kb: int) -> int:
     """4 KiB pages for a ring buffer of about ``kb`` KiB: BPF wants a power of two."""
     return power_of_two_at_least(max(1, kb // 4))
+
+
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial PID namespace's inode number (include/linux/proc_ns.h)
+
+
+def pid_namespace_flags(ns_path: str = "/proc/self/ns/pid") -> list[str]:
+    """``-D`` flags that make the programs see pids as the agent's PID namespace numbers them
+    (bpf/current_task.h), when that is not the initial namespace: an agent in a pod (sidecar
+    mode) sees only its pod's processes, by the pids its /proc shows. None on the host."""
+    st = os.stat(ns_path)
+    if st.st_ino == PROC_PID_INIT_INO:
+        return []
+    return [f"-DPIDNS_DEV={st.st_dev}", f"-DPIDNS_INO={st.st_ino}"]
 
 
 def compile_program(source: str, cflags: list[str], what: str) -> Any:

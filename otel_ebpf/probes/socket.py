@@ -33,6 +33,7 @@ from .loading import (
     close_program,
     compile_program,
     inline_headers,
+    pid_namespace_flags,
     power_of_two_at_least,
     ring_buffer_pages,
     write_settings,
@@ -227,6 +228,7 @@ class SocketProbe:
             f"-DNR_CPUS={max(possible_cpus()) + 1}",
             "-Wno-macro-redefined",
             *_handshake_offsets(),
+            *pid_namespace_flags(),
         ]
         if self.socket_mode == "fd-tracking":
             cflags.append("-DFD_TRACKING")
