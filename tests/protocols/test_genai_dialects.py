@@ -23,6 +23,7 @@ from otel_ebpf.protocol_testing import (
     as_role,
     assert_every_split,
     assert_survives_gaps,
+    capped,
     load_recording,
     mutate,
     replay,
@@ -157,6 +158,14 @@ def test_a_stream_cut_off_midway_keeps_what_was_seen(name: str) -> None:
     assert span["gen_ai.usage.output_tokens"] == 3
     assert "output_tokens" in span["otel_ebpf.gen_ai.usage.approximate"]
     assert span["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.30, abs=0.03)
+
+
+def test_a_whole_body_the_capture_cut_short_still_names_the_model() -> None:
+    """The per-syscall payload cap cuts the non-streamed Responses body before its usage."""
+    run = replay(capped(_recording("openai_responses"), 600), Role.SERVER, HTTP1())
+    span = _span(run.exchanges[0], Role.SERVER)
+    assert span["name"] == "chat gpt-5-mini" and span["gen_ai.response.model"] == "gpt-5-mini-served"
+    assert "gen_ai.usage.output_tokens" not in span and span["status"] is StatusCode.UNSET
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
