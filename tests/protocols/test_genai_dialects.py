@@ -272,3 +272,18 @@ def test_the_new_paths_are_recognised(method: str, target: str, api: Api | None)
 def test_a_body_without_the_dialects_input_stays_plain_http(path: str, body: dict[str, Any]) -> None:
     span, _ = _sse_call(path, body, [_event("message_stop")])
     assert not any(key.startswith("gen_ai.") for key in span)
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt"),
+    [
+        ("openai_responses_stream", "Say something about eBPF"),
+        ("openai_responses", "Why is the sky blue?"),
+        ("anthropic_messages_stream_helper", "Say something about eBPF"),
+    ],
+)
+def test_content_capture_reads_each_dialects_output(name: str, prompt: str) -> None:
+    protocol = HTTP1({"genai": {"capture_content": True}})
+    span = _span(replay(_recording(name), Role.SERVER, protocol).exchanges[0], Role.SERVER)
+    assert span["gen_ai.output.messages"] == "".join(f"tok{i} " for i in range(TOKENS))
+    assert prompt in span["gen_ai.input.messages"]
