@@ -9,6 +9,16 @@ then off (``genai: {enabled: false}``: the same exchanges as plain HTTP). A toke
 SSE/NDJSON event that carried output content, counted from the spans themselves
 (``otel_ebpf.gen_ai.output_chunks``), so a run that lost them cannot pass for a fast one.
 
+Per dialect (no BPF): one recorded stream of each dialect, replayed ``--dialect-reps`` times through
+an HTTP/1.1 session and stitcher and made into its span and metric points, with the GenAI layer on
+and off: a chat completion (the first server-side connection of the recording above, 25 tokens),
+a Responses API stream and a Messages stream (``tests/protocols/data/genai/``, 8 tokens each,
+recorded from the ``openai`` and ``anthropic`` clients). The cost per token event there includes
+each stream's share of its other events (``response.created`` with the whole response object,
+``message_start``, the usage events) and of the span, over only 8 tokens; the marginal cost of one
+more token event is measured apart, by feeding each dialect's token event (as the stand-in server
+writes it) to a response body tap, 7 rounds of 20,000.
+
 Live (root and BPF): ``examples/llm_server.py`` streams ``--tokens`` tokens per request, one every
 millisecond, to ``examples/llm_clients.py`` (httpx, SSE) ``--streams`` times in a row, without the
 agent, then with it attached to both processes (file exporter), with the GenAI layer on and then
@@ -16,8 +26,8 @@ off. Agent CPU: utime+stime from ``/proc/<pid>/stat`` over the load plus a 0.5 s
 (server and client) sees every token, so the agent reads twice as many token events as the load
 streams.
 
-Usage: ``python bench/genai_stream.py [--copies N] [--reps R] [--streams N] [--tokens N] [--quick]
-[--no-live]``
+Usage: ``python bench/genai_stream.py [--copies N] [--reps R] [--dialect-reps N] [--streams N]
+[--tokens N] [--quick] [--no-live]``
 """
 
 from __future__ import annotations
@@ -35,8 +45,12 @@ import time
 from pathlib import Path
 
 from otel_ebpf.connections import ConnectionTracker
+from otel_ebpf.events import ConnData, ConnOpen
 from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.protocol import load_protocols
+from otel_ebpf.protocol import ConnectionInfo, Endpoint, Role, load_protocols
+from otel_ebpf.protocol_testing import Chunk, load_recording, replay
+from otel_ebpf.protocols.genai import Api, ResponseBody, Route
+from otel_ebpf.protocols.http1 import HTTP1
 from otel_ebpf.recording import read_recording
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.telemetry import Telemetry
@@ -49,6 +63,17 @@ from trace_assembly import laid_end_to_end, run_pipeline
 RECORDING = REPO / "tests" / "data" / "genai_events.jsonl"
 SERVER = [sys.executable, str(REPO / "examples" / "llm_server.py")]
 CLIENTS = [sys.executable, str(REPO / "examples" / "llm_clients.py")]
+DIALECT_RECORDINGS = REPO / "tests" / "protocols" / "data" / "genai"
+TOKEN_EVENTS = {  # one token event of each dialect, as examples/llm_server.py writes it
+    Api.OPENAI_CHAT: b'data: {"id": "cmpl-1", "object": "chat.completion.chunk", "model": "llama-3-8b-served", '
+    b'"choices": [{"index": 0, "finish_reason": null, "delta": {"content": "tok1 "}}]}\n\n',
+    Api.OPENAI_RESPONSES: b"event: response.output_text.delta\n"
+    b'data: {"type": "response.output_text.delta", "sequence_number": 5, "item_id": "msg_1", "output_index": 0, '
+    b'"content_index": 0, "delta": "tok1 ", "logprobs": []}\n\n',
+    Api.ANTHROPIC_MESSAGES: b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "tok1 "}}\n\n',
+}
+SERVER_SIDE = ConnectionInfo(Role.SERVER, Endpoint("127.0.0.1", 8000), Endpoint("127.0.0.1", 50000))
 GENAI_OFF = {"http1": {"genai": {"enabled": False}}, "http2": {"genai": {"enabled": False}}}
 
 
@@ -108,6 +133,76 @@ def replayed(args: argparse.Namespace) -> dict:
         ],
         "genai_layer_us_per_token_event": round(extra, 2),
     }
+
+
+def _chat_completion_stream() -> list[Chunk]:
+    """The recording's first server-side connection (a streamed chat completion), as chunks."""
+    with RECORDING.open() as source:
+        _, events = read_recording(source)
+        first = None
+        chunks: list[Chunk] = []
+        for event in events:
+            if isinstance(event, ConnOpen) and event.role is Role.SERVER and first is None:
+                first = event.key
+            elif isinstance(event, ConnData) and event.key == first:
+                chunks.append(Chunk(event.direction, event.timestamp_ns, event.data))
+    return chunks
+
+
+def dialects(args: argparse.Namespace) -> list[dict]:
+    streams = {
+        "openai chat completions": _chat_completion_stream(),
+        "openai responses": load_recording(DIALECT_RECORDINGS / "openai_responses_stream.json"),
+        "anthropic messages": load_recording(DIALECT_RECORDINGS / "anthropic_messages_stream.json"),
+    }
+    on, off = HTTP1(), HTTP1({"genai": {"enabled": False}})
+
+    def seconds(chunks: list[Chunk], protocol: HTTP1) -> float:
+        start = time.perf_counter()
+        for _ in range(args.dialect_reps):
+            for exchange in replay(chunks, Role.SERVER, protocol).exchanges:
+                exchange.span(SERVER_SIDE)
+                exchange.metric_points(SERVER_SIDE)
+        return time.perf_counter() - start
+
+    print(f"\nPer dialect: one recorded stream replayed {args.dialect_reps} times, span and points included")
+    print(f"{'dialect':<24} {'token events':>12} {'µs/stream on':>13} {'off':>8} {'µs/token event added':>21}")
+    rows = []
+    for name, chunks in streams.items():
+        exchange = replay(chunks, Role.SERVER, on).exchanges[0]
+        tokens = exchange.span(SERVER_SIDE).attributes["otel_ebpf.gen_ai.output_chunks"]
+        seconds(chunks, on)  # warm the caches
+        timed = [(seconds(chunks, on), seconds(chunks, off)) for _ in range(5)]
+        with_genai = statistics.median(t[0] for t in timed) / args.dialect_reps * 1e6
+        without = statistics.median(t[1] for t in timed) / args.dialect_reps * 1e6
+        added = (with_genai - without) / tokens
+        print(f"{name:<24} {tokens:12d} {with_genai:13.1f} {without:8.1f} {added:21.2f}")
+        rows.append(
+            {
+                "dialect": name,
+                "token_events": tokens,
+                "us_per_stream_genai_on": round(with_genai, 1),
+                "us_per_stream_genai_off": round(without, 1),
+                "genai_us_per_token_event": round(added, 2),
+            }
+        )
+    print(f"\n{'one more token event':<24} {'µs, tap only (median)':>22} {'fastest':>8}")
+    for api, event in TOKEN_EVENTS.items():
+        rounds = []
+        for _ in range(7):  # rounds of 20,000 events: the median and the fastest say how noisy it was
+            tap = ResponseBody(Route(api, "bench"), [("content-type", "text/event-stream")])
+            start = time.perf_counter()
+            for i in range(20_000):
+                tap.feed(event, i)
+            rounds.append((time.perf_counter() - start) / 20_000 * 1e6)
+            if tap.finish().chunks != 20_000:
+                raise SystemExit(f"{api.value}: the tap did not count every token event")
+        median, fastest = statistics.median(rounds), min(rounds)
+        print(f"{api.value:<24} {median:22.2f} {fastest:8.2f}")
+        rows.append(
+            {"dialect": api.value, "tap_us_per_token_event": round(median, 2), "tap_fastest_us": round(fastest, 2)}
+        )
+    return rows
 
 
 def stream(port: int, streams: int, tokens: int) -> float:
@@ -252,14 +347,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=200, help="copies of the recording per repetition")
     parser.add_argument("--reps", type=int, default=7, help="replayed repetitions")
+    parser.add_argument("--dialect-reps", type=int, default=2000, help="replays of each dialect's stream")
     parser.add_argument("--streams", type=int, default=20, help="live: streamed completions per load")
     parser.add_argument("--tokens", type=int, default=500, help="live: tokens per stream")
     parser.add_argument("--quick", action="store_true", help="short run: 40 copies, 3 reps, 5 streams")
     parser.add_argument("--no-live", action="store_true", help="the replayed part only")
     args = parser.parse_args()
     if args.quick:
-        args.copies, args.reps, args.streams = 40, 3, 5
-    figures = {"replayed": replayed(args)}
+        args.copies, args.reps, args.streams, args.dialect_reps = 40, 3, 5, 300
+    figures = {"replayed": replayed(args), "dialects": dialects(args)}
     if not args.no_live:
         figures["live"] = live(args)
     write_result("genai_stream", None, figures)

@@ -3,12 +3,16 @@ hypercorn over HTTP/1.1 and h2c, as uvicorn or hypercorn serve vLLM's FastAPI ap
 
 It speaks the OpenAI-compatible API (``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``; SSE with ``data: [DONE]`` and the ``stream_options.include_usage`` chunk),
-Ollama's native NDJSON API (``/api/generate``, ``/api/chat``) and TGI's ``/generate_stream``. A
-streamed answer's first token comes ``--first-token-ms`` after the request, then one every
-``--token-ms``; it has ``max_tokens`` tokens (default ``--tokens``). Token counts it reports:
-the prompt's characters / 4, rounded up, in; the tokens it sent, out.
+OpenAI's Responses API (``/v1/responses``) and Anthropic's Messages API (``/v1/messages``), both
+streamed as SSE with named events, Ollama's native NDJSON API (``/api/generate``, ``/api/chat``)
+and TGI's ``/generate_stream``. A streamed answer's first token comes ``--first-token-ms`` after
+the request, then one every ``--token-ms``; it has ``max_tokens`` tokens (default ``--tokens``;
+Responses and Messages stop at ``--tokens`` when the limit is higher, as a model ending its turn
+would). Token counts it reports: the prompt's characters / 4, rounded up, in; the tokens it sent,
+out.
 
-    python examples/llm_server.py PORT_FILE [--first-token-ms 300] [--token-ms 40] [--tokens 25] [--echo]
+A Responses or Messages request for a model named ``*-fails`` is cut by an error event after
+three tokens (``response.failed``; Anthropic's ``error`` with ``overloaded_error``).
 
 With ``--echo`` a non-streamed chat or text completion answers with the last message's content
 (the prompt) instead of tokens, as a model repeating what it was told would.
@@ -45,6 +49,8 @@ class LLMServer:
             "/v1/chat/completions": self.openai,
             "/v1/completions": self.openai,
             "/v1/embeddings": self.embeddings,
+            "/v1/responses": self.responses,
+            "/v1/messages": self.messages,
             "/api/generate": self.ollama,
             "/api/chat": self.ollama,
             "/generate_stream": self.tgi_stream,
@@ -175,6 +181,113 @@ class LLMServer:
                 event["details"] = {"finish_reason": "length", "generated_tokens": count, "seed": None}
             await _write(send, b"data:" + json.dumps(event).encode() + b"\n\n", last=sent == count)
 
+    def _limit(self, requested: Any) -> tuple[int, bool]:
+        """(tokens to generate, whether the request's limit stopped them)."""
+        limit = int(requested) if requested else self.tokens
+        return min(limit, self.tokens), bool(requested) and limit <= self.tokens
+
+    async def responses(self, path: str, body: dict[str, Any], send: Send) -> None:
+        count, cut = self._limit(body.get("max_output_tokens"))
+        model, prompt_tokens = body["model"], _prompt_tokens(body)
+        fails = model.endswith("-fails")
+        response: dict[str, Any] = {
+            "id": f"resp_{time.monotonic_ns()}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "model": f"{model}-served",
+            "output": [],
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        item: dict[str, Any] = {"id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant"}
+
+        def finish(text: str) -> None:
+            part = {"type": "output_text", "text": text, "annotations": []}
+            response["output"] = [{**item, "status": "completed", "content": [part]}]
+            response["usage"] = {
+                "input_tokens": prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": count,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt_tokens + count,
+            }
+            response["status"] = "incomplete" if cut else "completed"
+            response["incomplete_details"] = {"reason": "max_output_tokens"} if cut else None
+
+        if not body.get("stream"):
+            finish("".join([token async for token in self._tokens(count)]))
+            await _json(send, response)
+            return
+        await _start_stream(send, b"text/event-stream")
+        sequence = iter(range(1 << 30))
+
+        async def event(kind: str, last: bool = False, **fields: Any) -> None:
+            data = {"type": kind, "sequence_number": next(sequence), **fields}
+            await _named_event(send, kind, data, last)
+
+        await event("response.created", response=response)
+        await event("response.in_progress", response=response)
+        await event("response.output_item.added", output_index=0, item={**item, "content": []})
+        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        await event("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []})
+        text = ""
+        async for token in self._tokens(3 if fails else count):
+            text += token
+            await event("response.output_text.delta", **where, delta=token, logprobs=[])
+        if fails:
+            response.update(status="failed", error={"code": "server_error", "message": "the stand-in failed"})
+            await event("response.failed", last=True, response=response)
+            return
+        finish(text)
+        await event("response.output_text.done", **where, text=text, logprobs=[])
+        await event("response.content_part.done", **where, part=response["output"][0]["content"][0])
+        await event("response.output_item.done", output_index=0, item=response["output"][0])
+        await event(f"response.{response['status']}", last=True, response=response)
+
+    async def messages(self, path: str, body: dict[str, Any], send: Send) -> None:
+        count, cut = self._limit(body.get("max_tokens"))
+        model = body["model"]
+        fails = model.endswith("-fails")
+        message: dict[str, Any] = {
+            "id": f"msg_{time.monotonic_ns()}",
+            "type": "message",
+            "role": "assistant",
+            "model": f"{model}-served",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": _prompt_tokens(body), "output_tokens": 1},
+        }
+        stop_reason = "max_tokens" if cut else "end_turn"
+        if not body.get("stream"):
+            text = "".join([token async for token in self._tokens(count)])
+            message.update(content=[{"type": "text", "text": text}], stop_reason=stop_reason)
+            message["usage"]["output_tokens"] = count
+            await _json(send, message)
+            return
+        await _start_stream(send, b"text/event-stream")
+        await _named_event(send, "message_start", {"type": "message_start", "message": message})
+        block_start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        await _named_event(send, "content_block_start", block_start)
+        await _named_event(send, "ping", {"type": "ping"})
+        async for token in self._tokens(3 if fails else count):
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token}}
+            await _named_event(send, "content_block_delta", delta)
+        if fails:
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+            await _named_event(send, "error", error, last=True)
+            return
+        await _named_event(send, "content_block_stop", {"type": "content_block_stop", "index": 0})
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": count},
+        }
+        await _named_event(send, "message_delta", delta)
+        await _named_event(send, "message_stop", {"type": "message_stop"}, last=True)
+
 
 async def _start_stream(send: Send, content_type: bytes) -> None:
     """A streamed response: no length, so HTTP/1.1 frames it chunked and HTTP/2 in DATA frames."""
@@ -189,6 +302,11 @@ async def _start_stream(send: Send, content_type: bytes) -> None:
 
 async def _write(send: Send, data: bytes, last: bool = False) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": not last})
+
+
+async def _named_event(send: Send, kind: str, data: dict[str, Any], last: bool = False) -> None:
+    """An SSE event with its type on an ``event:`` line, as the Responses and Messages APIs send."""
+    await _write(send, b"event: %s\ndata: %s\n\n" % (kind.encode(), json.dumps(data).encode()), last)
 
 
 async def _json(send: Send, document: dict[str, Any], status: int = 200) -> None:

@@ -1,11 +1,12 @@
 """LLM calls seen from the wire: a layer the HTTP plugins feed, not a protocol of its own.
 
-An OpenAI-compatible, Ollama or TGI call is an HTTP exchange whose bodies say more than HTTP does.
-The HTTP/1 and HTTP/2 parsers ask :class:`GenAIOptions` whether a request head names an LLM API
-(:mod:`.routes`); for those only, they feed the request's and the response's content bytes, with
-the timestamp of the syscall that moved them, to body taps (:mod:`.body`), which decode streamed
-events incrementally (:mod:`.framing`) and keep bounded counters. The exchange then describes
-itself with the GenAI conventions on top of the HTTP ones (:mod:`.semconv`).
+An OpenAI-compatible (Chat Completions, Responses), Anthropic Messages, Ollama or TGI call is an
+HTTP exchange whose bodies say more than HTTP does. The HTTP/1 and HTTP/2 parsers ask
+:class:`GenAIOptions` whether a request head names an LLM API (:mod:`.routes`); for those only,
+they feed the request's and the response's content bytes, with the timestamp of the syscall that
+moved them, to body taps (:mod:`.body`), which decode streamed events incrementally
+(:mod:`.framing`), read each in the route's dialect and keep bounded counters. The exchange then
+describes itself with the GenAI conventions on top of the HTTP ones (:mod:`.semconv`).
 
 Options (the ``genai`` key of ``protocols.http1`` and ``protocols.http2``):
 
@@ -14,8 +15,8 @@ Options (the ``genai`` key of ``protocols.http1`` and ``protocols.http2``):
 ``routes``
     Extra paths, for gateways that mount an API elsewhere: ``{path: api}`` or
     ``{path: {api: ..., provider: ...}}``, with ``api`` one of ``openai_chat``,
-    ``openai_completions``, ``openai_embeddings``, ``ollama_generate``, ``ollama_chat``,
-    ``ollama_embed``, ``tgi_generate``, ``tgi_generate_stream``.
+    ``openai_completions``, ``openai_embeddings``, ``openai_responses``, ``anthropic_messages``,
+    ``ollama_generate``, ``ollama_chat``, ``ollama_embed``, ``tgi_generate``, ``tgi_generate_stream``.
 ``capture_content``
     Export prompts (``gen_ai.input.messages``) and output text (``gen_ai.output.messages``), at
     most ``max_content_chars`` characters each, with credentials redacted (default ``false``:

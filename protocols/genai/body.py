@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 from .framing import NDJSONDecoder, SSEDecoder, StreamDecoder, WholeBody
 from .routes import Api, Route
@@ -23,7 +24,6 @@ MAX_REQUEST_BODY = 1024 * 1024
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call checks, once per event
 MAX_GAPS = 4096  # inter-chunk gaps kept per response (4096 chunks ≈ tokens of a long answer)
 
-_OPENAI = (Api.OPENAI_CHAT, Api.OPENAI_COMPLETIONS, Api.OPENAI_EMBEDDINGS)
 _OLLAMA = (Api.OLLAMA_GENERATE, Api.OLLAMA_CHAT, Api.OLLAMA_EMBED)
 _EMBEDDINGS = (Api.OPENAI_EMBEDDINGS, Api.OLLAMA_EMBED)
 # the body key that holds the input, by API: a body without it is not that API's request
@@ -31,6 +31,8 @@ _INPUT_KEYS = {
     Api.OPENAI_CHAT: ("messages",),
     Api.OPENAI_COMPLETIONS: ("prompt",),
     Api.OPENAI_EMBEDDINGS: ("input",),
+    Api.OPENAI_RESPONSES: ("input",),
+    Api.ANTHROPIC_MESSAGES: ("messages",),
     Api.OLLAMA_GENERATE: ("prompt", "model"),
     Api.OLLAMA_CHAT: ("messages",),
     Api.OLLAMA_EMBED: ("input", "prompt"),
@@ -44,7 +46,9 @@ _INPUT_KEYS = {
 _STRING = rb'"((?:[^"\\]|\\.){0,512})"'
 _MODEL = re.compile(rb'"model"\s*:\s*' + _STRING)
 _STREAM = re.compile(rb'"stream"\s*:\s*(true|false)')
-_MAX_TOKENS = re.compile(rb'"(?:max_tokens|max_completion_tokens|max_new_tokens|num_predict)"\s*:\s*(\d{1,9})')
+_MAX_TOKENS = re.compile(
+    rb'"(?:max_tokens|max_completion_tokens|max_output_tokens|max_new_tokens|num_predict)"\s*:\s*(\d{1,9})'
+)
 _INCLUDE_USAGE = re.compile(rb'"include_usage"\s*:\s*true')
 
 
@@ -114,6 +118,7 @@ class RequestBody:
                 for source, key in (
                     (body, "max_tokens"),
                     (body, "max_completion_tokens"),
+                    (body, "max_output_tokens"),
                     (options, "max_new_tokens"),
                     (options, "num_predict"),
                 )
@@ -197,6 +202,7 @@ class ResponseBody:
         self.output_tokens: int | None = None
         self.error_type: str | None = None
         self.finished = False
+        self._read: Callable[[dict], str | None] = partial(self._READERS[route.api], self)
 
     @property
     def errors(self) -> int:
@@ -250,13 +256,7 @@ class ResponseBody:
         if not isinstance(event, dict):
             self.decode_errors += 1
             return
-        api = self.route.api
-        if api in _OPENAI:
-            text = self._openai(event)
-        elif api in _OLLAMA:
-            text = self._ollama(event)
-        else:
-            text = self._tgi(event)
+        text = self._read(event)
         error = event.get("error")
         if error is not None:
             self.error_type = _error_type(error)
@@ -345,6 +345,90 @@ class ResponseBody:
         text = event.get("generated_text")
         return text if isinstance(text, str) and not self._streamed else None
 
+    def _openai_responses(self, event: dict) -> str | None:
+        """A Responses API body (a ``response`` object) or one of its stream's typed events."""
+        if not self._streamed:
+            return self._response_object(event)
+        kind = event.get("type")
+        if kind in _RESPONSES_DELTAS:
+            delta = event.get("delta")
+            return delta if isinstance(delta, str) else None
+        if kind == "error":  # {"type": "error", "code": ..., "message": ...}
+            code = event.get("code")
+            self.error_type = code if isinstance(code, str) and code else "error"
+            return None
+        response = event.get("response")
+        if isinstance(response, Mapping):  # response.created, .in_progress and the terminal events
+            self._response_object(response)
+        return None
+
+    def _response_object(self, response: Mapping) -> str | None:
+        """Model, id, usage and outcome of a ``response`` object; its output text when not streamed."""
+        self._take_model(response.get("model"))
+        if isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        usage = response.get("usage")
+        if isinstance(usage, Mapping):
+            self.input_tokens = _int(usage.get("input_tokens"))
+            self.output_tokens = _int(usage.get("output_tokens"))
+        status = response.get("status")
+        if status in _RESPONSES_ENDS:
+            self.finished = True
+            incomplete = response.get("incomplete_details")
+            reason = incomplete.get("reason") if isinstance(incomplete, Mapping) else None
+            self.finish_reasons.append(reason if isinstance(reason, str) else status)
+        if response.get("error") is not None:
+            self.error_type = _error_type(response["error"])
+        output = response.get("output")
+        if self._streamed or not isinstance(output, list):
+            return None
+        texts: list[str] = []
+        for item in output:
+            if not isinstance(item, Mapping):
+                continue
+            if isinstance(item.get("arguments"), str):  # a function call
+                texts.append(item["arguments"])
+            parts = item.get("content")
+            for part in parts if isinstance(parts, list) else ():
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+        return "".join(texts)
+
+    def _anthropic(self, event: dict) -> str | None:
+        """An Anthropic Messages body (a ``message``) or one of its stream's typed events."""
+        if not self._streamed:
+            self._anthropic_message(event, event.get("usage"), output_total=True)
+            blocks = event.get("content")
+            return "".join(map(_anthropic_block_text, blocks)) if isinstance(blocks, list) else None
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            return _anthropic_block_text(event.get("delta"))
+        if kind == "message_start" and isinstance(event.get("message"), Mapping):
+            # its output count is a placeholder (1) until message_delta gives the total
+            self._anthropic_message(event["message"], event["message"].get("usage"), output_total=False)
+        elif kind == "message_delta" and isinstance(event.get("delta"), Mapping):
+            self._anthropic_message(event["delta"], event.get("usage"), output_total=True)
+        elif kind == "message_stop":
+            self.finished = True
+        return None
+
+    def _anthropic_message(self, message: Mapping, usage: Any, output_total: bool) -> None:
+        """Model, id, stop reason and usage of a message (or of a message_delta)."""
+        self._take_model(message.get("model"))
+        if isinstance(message.get("id"), str):
+            self.response_id = message["id"]
+        reason = message.get("stop_reason")
+        if isinstance(reason, str):
+            self.finish_reasons.append(reason)
+        if not isinstance(usage, Mapping):
+            return
+        # input tokens as the conventions count them: cache reads and writes included
+        counts = [_int(usage.get(key)) for key in _ANTHROPIC_INPUT_KEYS]
+        if counts[0] is not None:
+            self.input_tokens = sum(count or 0 for count in counts)
+        if output_total:
+            self.output_tokens = _int(usage.get("output_tokens"))
+
     def _take_model(self, model: Any) -> None:
         if isinstance(model, str) and model:
             self.model = model
@@ -354,6 +438,41 @@ class ResponseBody:
         model = _MODEL.search(prefix)
         if model:
             self.model = _json_string(model.group(1))
+
+    # each API's reader: one event (or a whole body) → its output text, noting what else it says
+    _READERS: ClassVar[dict[Api, Callable[[ResponseBody, dict], str | None]]] = {
+        Api.OPENAI_CHAT: _openai,
+        Api.OPENAI_COMPLETIONS: _openai,
+        Api.OPENAI_EMBEDDINGS: _openai,
+        Api.OPENAI_RESPONSES: _openai_responses,
+        Api.ANTHROPIC_MESSAGES: _anthropic,
+        Api.OLLAMA_GENERATE: _ollama,
+        Api.OLLAMA_CHAT: _ollama,
+        Api.OLLAMA_EMBED: _ollama,
+        Api.TGI_GENERATE: _tgi,
+        Api.TGI_STREAM: _tgi,
+    }
+
+
+# Responses stream events that carry output (text, reasoning, a refusal, a tool call's arguments)
+_RESPONSES_DELTAS = frozenset(
+    f"response.{part}.delta"
+    for part in ("output_text", "refusal", "reasoning_text", "reasoning_summary_text", "function_call_arguments")
+)
+_RESPONSES_ENDS = frozenset(("completed", "incomplete", "failed", "cancelled"))
+_ANTHROPIC_INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _anthropic_block_text(block: Any) -> str:
+    """The output in a content block or a stream's delta of one: text, thinking, a tool call's input."""
+    if not isinstance(block, Mapping):
+        return ""
+    for key in ("text", "thinking", "partial_json"):  # text_delta, thinking_delta, input_json_delta
+        value = block.get(key)
+        if isinstance(value, str):
+            return value
+    tool_input = block.get("input")  # a whole tool_use block
+    return json.dumps(tool_input) if isinstance(tool_input, Mapping) else ""
 
 
 def _error_type(error: Any) -> str:

@@ -22,6 +22,8 @@ class Api(enum.Enum):
     OPENAI_CHAT = "openai_chat"  # POST …/chat/completions (OpenAI, vLLM, SGLang, TGI messages API, Ollama /v1)
     OPENAI_COMPLETIONS = "openai_completions"  # POST …/completions
     OPENAI_EMBEDDINGS = "openai_embeddings"  # POST …/embeddings
+    OPENAI_RESPONSES = "openai_responses"  # POST …/responses (SSE with named events)
+    ANTHROPIC_MESSAGES = "anthropic_messages"  # POST …/v1/messages (SSE with named events)
     OLLAMA_GENERATE = "ollama_generate"  # POST /api/generate (NDJSON stream by default)
     OLLAMA_CHAT = "ollama_chat"  # POST /api/chat
     OLLAMA_EMBED = "ollama_embed"  # POST /api/embed, /api/embeddings
@@ -43,6 +45,8 @@ _OPERATIONS = {
     Api.OPENAI_CHAT: "chat",
     Api.OPENAI_COMPLETIONS: "text_completion",
     Api.OPENAI_EMBEDDINGS: "embeddings",
+    Api.OPENAI_RESPONSES: "chat",
+    Api.ANTHROPIC_MESSAGES: "chat",
     Api.OLLAMA_GENERATE: "text_completion",
     Api.OLLAMA_CHAT: "chat",
     Api.OLLAMA_EMBED: "embeddings",
@@ -51,7 +55,7 @@ _OPERATIONS = {
 }
 # "openai" names the API dialect of OpenAI-compatible servers too, as the conventions use it; a
 # gateway that knows better says so with a route's ``provider``.
-_PROVIDERS = {"openai": "openai", "ollama": "ollama", "tgi": "huggingface.tgi"}
+_PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "ollama": "ollama", "tgi": "huggingface.tgi"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ _BUILT_IN_SUFFIXES: tuple[tuple[str, Api], ...] = (
     ("/chat/completions", Api.OPENAI_CHAT),
     ("/completions", Api.OPENAI_COMPLETIONS),
     ("/embeddings", Api.OPENAI_EMBEDDINGS),
+    ("/responses", Api.OPENAI_RESPONSES),
+    ("/v1/messages", Api.ANTHROPIC_MESSAGES),  # the version keeps a chat app's own /messages out
 )
 _BUILT_IN_PATHS: dict[str, Api] = {
     "/api/generate": Api.OLLAMA_GENERATE,

@@ -326,18 +326,20 @@ def test_ndjson_decoder_after_a_gap_skips_the_broken_line() -> None:
     assert decoder.errors == 1
 
 
-def _h2_exchange(sse: list[bytes]) -> list[Chunk]:
-    """A real h2 client and server (the ``h2`` library) exchanging one streamed chat completion."""
+def _h2_exchange(sse: list[bytes], path: str = "/v1/chat/completions", request: dict | None = None) -> list[Chunk]:
+    """A real h2 client and server (the ``h2`` library) exchanging one streamed call (a chat
+    completion unless ``path`` and ``request`` say otherwise)."""
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     client.initiate_connection()
     server.initiate_connection()
-    body = json.dumps({"model": "h2-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    request = request or {"model": "h2-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body = json.dumps(request).encode()
     client.send_headers(
         1,
         [
             (":method", "POST"),
-            (":path", "/v1/chat/completions"),
+            (":path", path),
             (":scheme", "http"),
             (":authority", "llm"),
             ("content-type", "application/json"),
@@ -366,3 +368,23 @@ def test_http2_streams_are_read_too() -> None:
     assert span.attributes["otel_ebpf.gen_ai.time_per_output_token"] == pytest.approx(0.010)
     points = [p.instrument for p in exchanges[0].metric_points(SERVER)]
     assert points.count("gen_ai.server.time_per_output_token") == 1
+
+
+def test_http2_carries_the_named_event_dialects_too() -> None:
+    def event(kind: str, **data: Any) -> bytes:
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), json.dumps({"type": kind, **data}).encode())
+
+    message = {"id": "msg_h2", "model": "claude-served", "usage": {"input_tokens": 4, "output_tokens": 1}}
+    events = [event("message_start", message=message)]
+    events += [event("content_block_delta", index=0, delta={"type": "text_delta", "text": f"t{i}"}) for i in range(4)]
+    events.append(event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 4}))
+    events.append(event("message_stop"))
+    request = {"model": "claude", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    exchanges = replay(_h2_exchange(events, "/v1/messages", request), Role.SERVER, HTTP2()).exchanges
+    span = exchanges[0].span(SERVER)
+    assert span.name == "chat claude" and span.attributes["gen_ai.provider.name"] == "anthropic"
+    assert span.attributes["gen_ai.usage.input_tokens"] == 4 and span.attributes["gen_ai.usage.output_tokens"] == 4
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    # the first delta is the second DATA frame: 10 ms after message_start, 100 ms after the request
+    assert span.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.11 - 1e-6)
+    assert span.attributes["otel_ebpf.gen_ai.time_per_output_token"] == pytest.approx(0.010)
