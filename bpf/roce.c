@@ -2,8 +2,8 @@
 // that counts InfiniBand transport headers inside UDP/4791 and lets every packet pass unchanged.
 //
 // Per (interface, direction, source, destination, destination QP) the kernel keeps: packets and
-// bytes by BTH opcode (roce_ops), and PSN gaps and duplicates, ACKs and NAKs by AETH syndrome and
-// ECN-CE marks (roce_qps). User space reads both tables once per metrics interval
+// bytes by BTH opcode (roce_ops), and PSN gaps and duplicates, ACKs and NAKs by AETH syndrome,
+// ECN-CE marks and a histogram of request -> ACK latency (roce_qps). User space reads both tables once per metrics interval
 // (otel_ebpf/probes/roce.py); nothing goes through a ring buffer.
 //
 // Cost: a packet that is not UDP/4791 leaves after reading skb->protocol, the IP header's protocol
@@ -49,6 +49,7 @@
 #define NDROPS 2
 
 #define NSYNDROMES 8  // roce_qps.aeth[]: syndrome_class()
+#define LATENCY_BUCKETS 22  // roce_qps.ack_latency[i]: up to 1024 ns << i, the last one above
 
 struct roce_qp_key {
     u8 saddr[16];  // IPv4 as ::ffff:a.b.c.d
@@ -73,6 +74,10 @@ struct roce_qp_stats {
     u64 psn_duplicates;  // a request PSN before it: retransmissions
     u64 ecn_ce;          // packets the network marked Congestion Experienced
     u64 aeth[NSYNDROMES];
+    u64 ack_latency[LATENCY_BUCKETS];  // of the ACKs of this flow that answered a timed request
+    u64 ack_latency_sum_ns;
+    u64 ack_latency_min_ns;  // 0: none yet
+    u64 ack_latency_max_ns;
     u32 next_psn;
     u32 psn_state;
 };
@@ -85,8 +90,20 @@ struct bth {
     __be32 psn;      // ack-request bit and 7 reserved bits, then the PSN
 };
 
+// A request that asks for an acknowledgement (the BTH's AckReq bit) or a READ request, by the PSN
+// its ACK or first READ response will carry, keyed from the requester's side. ACKs may coalesce:
+// a request never answered by its own PSN stays until the LRU evicts it.
+struct roce_pending_key {
+    u8 requester[16];
+    u8 responder[16];
+    u32 ifindex;
+    u32 psn;
+};
+
 BPF_PERCPU_HASH(roce_ops, struct roce_op_key, struct roce_op_counts, MAX_OPS);
 BPF_HASH(roce_qps, struct roce_qp_key, struct roce_qp_stats, MAX_QPS);
+BPF_TABLE("lru_hash", struct roce_pending_key, u64, roce_pending, MAX_PENDING);
+BPF_ARRAY(roce_zero, struct roce_qp_stats, 1);  // a new flow's first value: too large for the stack
 BPF_PERCPU_ARRAY(roce_drops, u64, NDROPS);
 
 static __always_inline void count_drop(u32 slot) {
@@ -125,18 +142,57 @@ static __always_inline u32 syndrome_class(u8 syndrome) {
     return 7;
 }
 
-static __always_inline void follow_psn(struct roce_qp_stats *stats, u8 opcode, u32 psn) {
+// A retransmitted request is not timed, and untimes the original (Karn's rule): which of the two
+// an ACK answers, the wire does not say.
+static __always_inline void time_request(struct roce_qp_key *key, u32 psn, int retransmitted) {
+    struct roce_pending_key pending = {.ifindex = key->ifindex, .psn = psn};
+    __builtin_memcpy(pending.requester, key->saddr, 16);
+    __builtin_memcpy(pending.responder, key->daddr, 16);
+    if (retransmitted) {
+        roce_pending.delete(&pending);
+        return;
+    }
+    u64 now = bpf_ktime_get_ns();
+    roce_pending.update(&pending, &now);
+}
+
+// An ACK (or first READ response) from the responder: its PSN is the request's.
+static __always_inline void time_ack(struct roce_qp_stats *stats, struct roce_qp_key *key, u32 psn) {
+    struct roce_pending_key pending = {.ifindex = key->ifindex, .psn = psn};
+    __builtin_memcpy(pending.requester, key->daddr, 16);
+    __builtin_memcpy(pending.responder, key->saddr, 16);
+    u64 *sent = roce_pending.lookup(&pending);
+    if (!sent)
+        return;
+    u64 ns = bpf_ktime_get_ns() - *sent;
+    roce_pending.delete(&pending);
+    u64 bucket = 0;  // 64 bits: a 32-bit index is widened again after the check, unbounded to the verifier
+    if (ns > 1024)
+        bucket = bpf_log2l(ns - 1) - 10;  // bpf_log2l(v) is floor(log2(v)) + 1
+    if (bucket > LATENCY_BUCKETS - 1)
+        bucket = LATENCY_BUCKETS - 1;
+    __sync_fetch_and_add(&stats->ack_latency[bucket], 1);
+    __sync_fetch_and_add(&stats->ack_latency_sum_ns, ns);
+    if (!stats->ack_latency_min_ns || ns < stats->ack_latency_min_ns)
+        stats->ack_latency_min_ns = ns;
+    if (ns > stats->ack_latency_max_ns)
+        stats->ack_latency_max_ns = ns;
+}
+
+// Whether the request is a retransmission (its PSN was seen).
+static __always_inline int follow_psn(struct roce_qp_stats *stats, u8 opcode, u32 psn) {
     if (stats->psn_state != PSN_UNKNOWN) {
         u32 ahead = (psn - stats->next_psn) & 0xffffff;  // PSNs are 24 bits and wrap
         if (ahead >= 0x800000) {                         // behind: half the space, as the IBTA's window
             __sync_fetch_and_add(&stats->psn_duplicates, 1);
-            return;  // a retransmission does not move the sequence on
+            return 1;  // a retransmission does not move the sequence on
         }
         if (ahead && stats->psn_state == PSN_TRACKING)
             __sync_fetch_and_add(&stats->psn_gaps, 1);
     }
     stats->next_psn = (psn + 1) & 0xffffff;
     stats->psn_state = OPERATION(opcode) == OP_READ_REQUEST ? PSN_AFTER_READ : PSN_TRACKING;
+    return 0;
 }
 
 static __always_inline void count_roce(struct __sk_buff *skb, struct roce_qp_key *key, u32 offset, u8 ecn) {
@@ -144,6 +200,7 @@ static __always_inline void count_roce(struct __sk_buff *skb, struct roce_qp_key
     if (bpf_skb_load_bytes(skb, offset, &hdr, sizeof(hdr)))
         return;
     key->dest_qp = bpf_ntohl(hdr.dest_qp) & 0xffffff;
+    u32 psn = bpf_ntohl(hdr.psn) & 0xffffff;
 
     struct roce_op_key op_key = {.qp = *key, .opcode = hdr.opcode};
     struct roce_op_counts zero_counts = {};
@@ -155,8 +212,11 @@ static __always_inline void count_roce(struct __sk_buff *skb, struct roce_qp_key
         count_drop(DROP_OPS_FULL);
     }
 
-    struct roce_qp_stats zero_stats = {};
-    struct roce_qp_stats *stats = roce_qps.lookup_or_try_init(key, &zero_stats);
+    u32 first = 0;
+    struct roce_qp_stats *zero_stats = roce_zero.lookup(&first);
+    if (!zero_stats)
+        return;
+    struct roce_qp_stats *stats = roce_qps.lookup_or_try_init(key, zero_stats);
     if (!stats) {
         count_drop(DROP_QPS_FULL);
         return;
@@ -168,9 +228,14 @@ static __always_inline void count_roce(struct __sk_buff *skb, struct roce_qp_key
         u32 class = syndrome_class(bpf_ntohl(aeth) >> 24);
         if (class < NSYNDROMES)  // for the verifier
             __sync_fetch_and_add(&stats->aeth[class], 1);
+        if (class == 0 && OPERATION(hdr.opcode) != OP_READ_RESPONSE_LAST)  // its PSN is not the request's
+            time_ack(stats, key, psn);
     }
-    if (is_request(hdr.opcode))
-        follow_psn(stats, hdr.opcode, bpf_ntohl(hdr.psn) & 0xffffff);
+    if (is_request(hdr.opcode)) {
+        int retransmitted = follow_psn(stats, hdr.opcode, psn);
+        if ((bpf_ntohl(hdr.psn) >> 31) || OPERATION(hdr.opcode) == OP_READ_REQUEST)  // AckReq
+            time_request(key, psn, retransmitted);
+    }
 }
 
 static __always_inline void classify(struct __sk_buff *skb, u32 egress) {

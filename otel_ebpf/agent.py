@@ -333,17 +333,13 @@ def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
 def _start_roce(agent: Agent) -> RoceProbe:
     """RoCEv2 counts on the named interfaces (docs/roce.md), metrics of the node's resource."""
     from .probes.roce import RoceProbe  # noqa: PLC0415 — loads bcc: only when roce.interfaces names some
-    from .probes.tc import TcError  # noqa: PLC0415
 
     resource = {**agent.config.resource.attributes, "host.name": agent.host_name, **SDK_ATTRIBUTES}
     roce = RoceProbe(
         agent.config.roce, agent.selfmetrics, resource, DELTA_KINDS[agent.config.export.metric_temporality]
     )
     try:
-        roce.start()
-    except TcError as exc:
-        roce.close()
-        raise StartupError(f"roce.interfaces: {exc}") from exc
+        roce.start()  # RuntimeError (TcError among them) saying what failed
     except BaseException:
         roce.close()
         raise

@@ -62,6 +62,9 @@ SYNDROMES = (
     "reserved",
 )
 
+# bpf/roce.c, roce_qps.ack_latency[]: bucket i holds latencies up to 1024 ns << i; the last, the rest
+LATENCY_BOUNDARIES_S = tuple((1024 << i) / 1e9 for i in range(21))
+
 INSTRUMENTS = (
     InstrumentSpec("otel_ebpf.roce.packets", InstrumentKind.COUNTER, "{packet}", "RoCEv2 packets, by BTH opcode"),
     InstrumentSpec("otel_ebpf.roce.bytes", InstrumentKind.COUNTER, "By", "RoCEv2 frame bytes, by BTH opcode"),
@@ -78,6 +81,13 @@ INSTRUMENTS = (
     InstrumentSpec("otel_ebpf.roce.naks", InstrumentKind.COUNTER, "{packet}", "Packets whose AETH is a NAK, by code"),
     InstrumentSpec(
         "otel_ebpf.roce.ecn.ce", InstrumentKind.COUNTER, "{packet}", "RoCEv2 packets marked Congestion Experienced"
+    ),
+    InstrumentSpec(
+        "otel_ebpf.roce.ack.latency",
+        InstrumentKind.HISTOGRAM,
+        "s",
+        "From a request that asked for an ACK (or a READ request) to the ACK (or READ response) with its PSN",
+        LATENCY_BOUNDARIES_S,
     ),
 )
 SCOPE = InstrumentationScope("otel_ebpf.roce", __version__)
@@ -139,6 +149,10 @@ class FlowCounts:
     psn_duplicates: int
     ecn_ce: int
     syndromes: tuple[int, ...]  # by SYNDROMES index
+    latency: tuple[int, ...] = ()  # ACK latencies by LATENCY_BOUNDARIES_S bucket (one more: above)
+    latency_sum_ns: int = 0
+    latency_min_ns: int = 0  # over the flow's life, as the kernel keeps them
+    latency_max_ns: int = 0
 
 
 class RoceMetrics:
@@ -152,6 +166,18 @@ class RoceMetrics:
             for point in _points(item):
                 if point.value:
                     self._metrics.record(SCOPE, point, now_ns)
+            if isinstance(item, FlowCounts) and any(item.latency):
+                self._metrics.merge_histogram(
+                    SCOPE,
+                    "otel_ebpf.roce.ack.latency",
+                    item.flow.attributes(),
+                    sum(item.latency),
+                    item.latency_sum_ns / 1e9,
+                    item.latency,
+                    item.latency_min_ns / 1e9,
+                    item.latency_max_ns / 1e9,
+                    now_ns,
+                )
 
     def collect(self, now_ns: int, delta: frozenset[InstrumentKind]) -> ResourceMetrics | None:
         return self._metrics.collect(now_ns, delta)

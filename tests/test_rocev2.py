@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import ResourceMetrics
 
 from otel_ebpf.protocol import InstrumentKind
-from otel_ebpf.rocev2 import Flow, FlowCounts, OpcodeCounts, RoceMetrics, address, opcode_name
+from otel_ebpf.rocev2 import LATENCY_BOUNDARIES_S, Flow, FlowCounts, OpcodeCounts, RoceMetrics, address, opcode_name
 
 FLOW = Flow("eth1", False, "10.0.0.2", "10.0.0.1", 0x11)
 DELTA = frozenset({InstrumentKind.COUNTER})
@@ -90,3 +90,21 @@ def test_series_past_the_cap_fold_into_overflow_and_are_counted() -> None:
     metrics.record([OpcodeCounts(Flow("eth1", True, "a", "b", qp), 0x04, 1, 10) for qp in range(3)], 1)
     assert metrics.take_overflowed() == 4  # the third flow's packets and bytes
     assert metrics.take_overflowed() == 0
+
+
+def test_ack_latencies_merge_into_a_histogram_in_seconds() -> None:
+    metrics = RoceMetrics({}, max_series=100)
+    buckets = [0] * (len(LATENCY_BOUNDARIES_S) + 1)
+    buckets[3] = 2  # two latencies of 4.1 to 8.2 us
+    buckets[-1] = 1  # one above 1.07 s
+    metrics.record([FlowCounts(FLOW, 0, 0, 0, (0,) * 8, tuple(buckets), 2_012_000_000, 5000, 2_000_000_000)], 1)
+    collected = metrics.collect(2, frozenset())
+    assert collected is not None
+    [metric] = collected.scope_metrics[0].metrics
+    [point] = metric.data.data_points
+    assert (metric.name, metric.unit) == ("otel_ebpf.roce.ack.latency", "s")
+    assert point.explicit_bounds[:2] == [1.024e-6, 2.048e-6]
+    assert point.explicit_bounds[-1] == 1024 * 2**20 / 1e9
+    assert (point.count, point.sum, point.min, point.max) == (3, 2.012, 5e-6, 2.0)
+    assert list(point.bucket_counts) == buckets
+    assert dict(point.attributes) == FLOW.attributes()

@@ -22,6 +22,7 @@ from .tc import TcAttachment
 
 IDLE_EVICT_S = 300.0
 OPS_PER_QP = 8  # roce_ops entries per roce_qps entry: the opcodes a queue pair's flow typically shows
+PENDING_PER_QP = 16  # roce_pending entries (requests awaiting their ACK, LRU) per roce_qps entry
 SERIES_PER_QP = 32  # user-space series per queue-pair flow (packets and bytes by opcode, ACK/NAK codes, ...)
 _DROP_REASONS = ("roce_opcode_table_full", "roce_qp_table_full")  # bpf/roce.c, DROP_*
 
@@ -35,7 +36,8 @@ class _CumulativeTable:
         self._clock = clock
         self._seen: dict[bytes, tuple[tuple[int, ...], float]] = {}  # key -> totals, when they last grew
 
-    def read(self) -> Iterator[tuple[Any, tuple[int, ...]]]:
+    def read(self) -> Iterator[tuple[Any, Any, tuple[int, ...]]]:
+        """(key, value, growth) of each key whose totals grew."""
         now = self._clock()
         idle = []
         for key, value in self._table.items():
@@ -43,7 +45,7 @@ class _CumulativeTable:
             totals = self._totals_of(value)
             before, grew_at = self._seen.get(raw, ((0,) * len(totals), now))
             if totals != before:
-                yield key, tuple(t - b for t, b in zip(totals, before, strict=True))
+                yield key, value, tuple(t - b for t, b in zip(totals, before, strict=True))
                 self._seen[raw] = (totals, now)
             elif now - grew_at >= IDLE_EVICT_S:
                 idle.append(key)
@@ -78,11 +80,15 @@ class RoceProbe:
         self._tc = TcAttachment()
         self._interfaces = {self._tc.ifindex(name): name for name in self._config.interfaces}
         source = resources.files("otel_ebpf.bpf").joinpath("roce.c").read_text()
-        cflags = [f"-DMAX_QPS={self._config.max_qp_pairs}", f"-DMAX_OPS={self._config.max_qp_pairs * OPS_PER_QP}"]
+        qps = self._config.max_qp_pairs
+        cflags = [f"-DMAX_QPS={qps}", f"-DMAX_OPS={qps * OPS_PER_QP}", f"-DMAX_PENDING={qps * PENDING_PER_QP}"]
         self._bpf = compile_program(source, cflags, "RoCEv2 classifier (bpf/roce.c)")
         from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
-        programs = {hook: self._bpf.load_func(f"roce_{hook}", BPF.SCHED_CLS) for hook in ("ingress", "egress")}
+        try:
+            programs = {hook: self._bpf.load_func(f"roce_{hook}", BPF.SCHED_CLS) for hook in ("ingress", "egress")}
+        except Exception as exc:  # BCC raises bare Exception with the verifier's verdict
+            raise RuntimeError(f"the kernel refused the RoCEv2 classifier (bpf/roce.c): {exc}") from exc
         for name in self._interfaces.values():
             self._tc.attach(name, programs)
         self._ops = _CumulativeTable(self._bpf["roce_ops"], _opcode_totals, self._clock)
@@ -96,10 +102,23 @@ class RoceProbe:
     def read(self) -> list[OpcodeCounts | FlowCounts]:
         """What the kernel counted since the last read."""
         counts: list[OpcodeCounts | FlowCounts] = []
-        for key, (packets, size) in self._ops.read():
+        for key, _, (packets, size) in self._ops.read():
             counts.append(OpcodeCounts(self._flow(key.qp), key.opcode, packets, size))
-        for key, (gaps, duplicates, ecn_ce, *syndromes) in self._qps.read():
-            counts.append(FlowCounts(self._flow(key), gaps, duplicates, ecn_ce, tuple(syndromes)))
+        syndromes = len(SYNDROMES)
+        for key, stats, (gaps, duplicates, ecn_ce, *rest) in self._qps.read():
+            counts.append(
+                FlowCounts(
+                    self._flow(key),
+                    gaps,
+                    duplicates,
+                    ecn_ce,
+                    tuple(rest[:syndromes]),
+                    tuple(rest[syndromes:-1]),
+                    rest[-1],
+                    stats.ack_latency_min_ns,
+                    stats.ack_latency_max_ns,
+                )
+            )
         return counts
 
     def collect_metrics(self, now_ns: int) -> list:
@@ -136,4 +155,12 @@ def _opcode_totals(per_cpu: Any) -> tuple[int, ...]:
 
 
 def _flow_totals(stats: Any) -> tuple[int, ...]:
-    return (stats.psn_gaps, stats.psn_duplicates, stats.ecn_ce, *(stats.aeth[i] for i in range(len(SYNDROMES))))
+    """Counts, syndromes, latency buckets and the latency sum: in this order."""
+    return (
+        stats.psn_gaps,
+        stats.psn_duplicates,
+        stats.ecn_ce,
+        *stats.aeth,
+        *stats.ack_latency,
+        stats.ack_latency_sum_ns,
+    )

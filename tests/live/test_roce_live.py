@@ -46,7 +46,7 @@ RC = {
     name: roce.opcode("RC", name)[0]
     for name in ("SEND_ONLY", "RDMA_WRITE_ONLY", "RDMA_READ_REQUEST", "RDMA_READ_RESPONSE_ONLY", "ACKNOWLEDGE")
 }
-REQUESTER_QP, RESPONDER_QP, OUT_QP, V6_QP = 0x11, 0x22, 0x44, 0x55
+REQUESTER_QP, RESPONDER_QP, OUT_QP, V6_QP, ACKED_QP = 0x11, 0x22, 0x44, 0x55, 0x66
 
 
 class Frames:
@@ -58,9 +58,11 @@ class Frames:
         self.packets: Counter[tuple] = Counter()  # (source, destination, qp, opcode name)
         self.bytes: Counter[tuple] = Counter()
 
-    def roce(self, src: str, dst: str, name: str, qp: int, psn: int, tos: int = 0, after_bth: Any = None) -> None:
+    def roce(
+        self, src: str, dst: str, name: str, qp: int, psn: int, tos: int = 0, after_bth: Any = None, ackreq: int = 0
+    ) -> None:
         ip = IPv6(src=src, dst=dst, tc=tos) if ":" in src else IP(src=src, dst=dst, tos=tos)
-        bth = BTH(opcode=RC[name], dqpn=qp, psn=psn) if name != "CNP" else roce.cnp(qp)
+        bth = BTH(opcode=RC[name], dqpn=qp, psn=psn, ackreq=ackreq) if name != "CNP" else roce.cnp(qp)
         frame = Ether(src=self.src_mac, dst=self.dst_mac) / ip / UDP(sport=49152, dport=4791) / bth
         if after_bth is not None:
             frame = frame / after_bth
@@ -80,14 +82,17 @@ def _incoming(pair: VethPair) -> Frames:
     src, dst = pair.inner_ipv4, pair.outer_ipv4
     reth = Raw(bytes(16))  # virtual address, R_Key, DMA length: not parsed
     # requester -> QP 0x11: PSNs 100.., a READ (its responses take PSNs: no gap after it), a gap
-    # (113 where 111 was due), then Go-back-N from 112: 112 and 113 again (duplicates), 114 new
+    # (113 where 111 was due), then Go-back-N from 112: 112 and 113 again (duplicates), 114 new.
+    # 102 and 104 ask for an ACK (timed, as the READ is), answered by _outgoing(); so does 113, but
+    # it is sent again: its ACK is not timed (which copy does it answer?)
     for psn in (100, 101, 102):
-        out.roce(src, dst, "SEND_ONLY", REQUESTER_QP, psn, tos=ECN_CE if psn == 101 else 0, after_bth=Raw(b"x" * 32))
+        ecn = ECN_CE if psn == 101 else 0
+        out.roce(src, dst, "SEND_ONLY", REQUESTER_QP, psn, ecn, Raw(b"x" * 32), ackreq=psn == 102)
     for psn in (103, 104):
-        out.roce(src, dst, "RDMA_WRITE_ONLY", REQUESTER_QP, psn, after_bth=reth / Raw(b"y" * 64))
+        out.roce(src, dst, "RDMA_WRITE_ONLY", REQUESTER_QP, psn, after_bth=reth / Raw(b"y" * 64), ackreq=psn == 104)
     out.roce(src, dst, "RDMA_READ_REQUEST", REQUESTER_QP, 105, after_bth=reth)
     for psn in (110, 113, 112, 113, 114):
-        out.roce(src, dst, "SEND_ONLY", REQUESTER_QP, psn, tos=ECN_CE if psn == 114 else 0)
+        out.roce(src, dst, "SEND_ONLY", REQUESTER_QP, psn, tos=ECN_CE if psn == 114 else 0, ackreq=psn == 113)
     # responder -> QP 0x22: ACKs, READ responses (their AETH is an ACK too), NAKs, an RNR NAK, CNPs
     for psn in (200, 201, 202, 203):
         out.roce(src, dst, "ACKNOWLEDGE", RESPONDER_QP, psn, after_bth=AETH(syndrome=0x1F, msn=psn))
@@ -111,10 +116,16 @@ def _incoming(pair: VethPair) -> Frames:
 
 
 def _outgoing(pair: VethPair) -> Frames:
-    """From the watched end into the namespace (its egress)."""
+    """From the watched end into the namespace (its egress), after _incoming(): the answers to its
+    timed requests (ACKs of 102 and 104, the READ response of 105) and to untimed ones (113, sent
+    twice; 114)."""
     out = Frames(pair.mac(pair.outer), pair.mac(pair.inner))
+    src, dst = pair.outer_ipv4, pair.inner_ipv4
     for psn in (1, 2):
-        out.roce(pair.outer_ipv4, pair.inner_ipv4, "SEND_ONLY", OUT_QP, psn)
+        out.roce(src, dst, "SEND_ONLY", OUT_QP, psn)
+    for psn in (102, 104, 113, 114):
+        out.roce(src, dst, "ACKNOWLEDGE", ACKED_QP, psn, after_bth=AETH(syndrome=0x1F))
+    out.roce(src, dst, "RDMA_READ_RESPONSE_ONLY", ACKED_QP, 105, after_bth=AETH(syndrome=0x00) / Raw(b"r" * 16))
     return out
 
 
@@ -186,11 +197,21 @@ def test_roce_counts_on_the_wire(tmp_path: Path, pair: VethPair) -> None:
     assert _final(metrics, "otel_ebpf.roce.psn.gaps") == {requester: 1}
     assert _final(metrics, "otel_ebpf.roce.psn.duplicates") == {requester: 2}
     assert _final(metrics, "otel_ebpf.roce.ecn.ce") == {requester: 2, over_ipv6: 1}
-    assert _final(metrics, "otel_ebpf.roce.acks") == {responder: 6}
+    acked = _flow(pair, "transmit", pair.outer_ipv4, pair.inner_ipv4, ACKED_QP)
+    assert _final(metrics, "otel_ebpf.roce.acks") == {responder: 6, acked: 5}
     assert _final(metrics, "otel_ebpf.roce.naks") == {
         _flow(pair, "receive", pair.inner_ipv4, pair.outer_ipv4, RESPONDER_QP, **{"roce.nak.code": code}): count
         for code, count in (("psn_sequence_error", 2), ("remote_access_error", 1), ("rnr", 1))
     }
+    [latency] = [
+        p
+        for p in metrics["otel_ebpf.roce.ack.latency"]
+        if p["time_ns"] == max(q["time_ns"] for q in metrics["otel_ebpf.roce.ack.latency"])
+    ]
+    assert tuple(sorted(latency["attributes"].items())) == acked
+    assert latency["count"] == 3  # 102, 104 and the READ; not 113 (retransmitted), nor 114 (asked for no ACK)
+    assert 0 < latency["min"] <= latency["max"] < 60
+    assert latency["min"] * 3 <= latency["sum"] <= latency["max"] * 3
     resources = {tuple(sorted(p["resource"].items())) for p in metrics["otel_ebpf.roce.packets"]}
     assert len(resources) == 1
     resource = dict(next(iter(resources)))
