@@ -43,7 +43,8 @@ class _CumulativeTable:
         for key, value in self._table.items():
             raw = bytes(key)
             totals = self._totals_of(value)
-            before, grew_at = self._seen.get(raw, ((0,) * len(totals), now))
+            # a key first seen with nothing counted (a flow without ACKs or marks) still ages
+            before, grew_at = self._seen.setdefault(raw, ((0,) * len(totals), now))
             if totals != before:
                 yield key, value, tuple(t - b for t, b in zip(totals, before, strict=True))
                 self._seen[raw] = (totals, now)
