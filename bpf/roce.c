@@ -70,6 +70,7 @@ struct roce_op_counts {
 };
 
 struct roce_qp_stats {
+    u64 packets;         // keeps a flow that has only packets to count from ageing out of the table
     u64 psn_gaps;        // a request PSN past the next expected one (packets lost on the way)
     u64 psn_duplicates;  // a request PSN before it: retransmissions
     u64 ecn_ce;          // packets the network marked Congestion Experienced
@@ -221,6 +222,7 @@ static __always_inline void count_roce(struct __sk_buff *skb, struct roce_qp_key
         count_drop(DROP_QPS_FULL);
         return;
     }
+    stats->packets++;  // not atomic: a lost increment only delays the flow's ageing
     if (ecn == ECN_CE)
         __sync_fetch_and_add(&stats->ecn_ce, 1);
     __be32 aeth;  // syndrome, then the MSN

@@ -155,6 +155,14 @@ class FlowCounts:
     latency_max_ns: int = 0
 
 
+_FLOW_KEYS = frozenset(Flow("", False, "", "", 0).attributes())
+
+
+def _flow_key(flow: Flow) -> tuple:
+    """The flow's part of a series' attributes, as ProcessMetrics keeps them (sorted)."""
+    return tuple(sorted(flow.attributes().items()))
+
+
 class RoceMetrics:
     """The ``otel_ebpf.roce.*`` series of the node (not of a process: RoCE traffic bypasses sockets)."""
 
@@ -178,6 +186,20 @@ class RoceMetrics:
                     item.latency_max_ns / 1e9,
                     now_ns,
                 )
+
+    def forget(self, flows: Iterable[Flow], opcodes: Iterable[tuple[Flow, int]] = ()) -> None:
+        """Drop every series of ``flows``, and the opcode series of ``opcodes``: gone from the
+        kernel's tables (idle too long), so that queue pairs long gone do not fill the cap."""
+        gone = {_flow_key(flow) for flow in flows}
+        gone_opcodes = {(_flow_key(flow), opcode_name(opcode)) for flow, opcode in opcodes}
+        if not gone and not gone_opcodes:
+            return
+
+        def matches(attributes: tuple) -> bool:
+            flow = tuple(a for a in attributes if a[0] in _FLOW_KEYS)
+            return flow in gone or (flow, dict(attributes).get("roce.opcode")) in gone_opcodes
+
+        self._metrics.forget(matches)
 
     def collect(self, now_ns: int, delta: frozenset[InstrumentKind]) -> ResourceMetrics | None:
         return self._metrics.collect(now_ns, delta)

@@ -108,3 +108,24 @@ def test_ack_latencies_merge_into_a_histogram_in_seconds() -> None:
     assert (point.count, point.sum, point.min, point.max) == (3, 2.012, 5e-6, 2.0)
     assert list(point.bucket_counts) == buckets
     assert dict(point.attributes) == FLOW.attributes()
+
+
+def test_forgotten_flows_lose_their_series_and_free_the_cap() -> None:
+    metrics = RoceMetrics({}, max_series=4)
+    other = Flow("eth1", False, "10.0.0.3", "10.0.0.1", 0x11)
+    metrics.record([OpcodeCounts(FLOW, 0x04, 1, 10), FlowCounts(FLOW, 0, 0, 0, (1, 1, 0, 0, 0, 0, 0, 0))], 1)
+    metrics.forget([FLOW])
+    metrics.record([OpcodeCounts(other, 0x04, 2, 20)], 2)
+    collected = metrics.collect(3, frozenset())
+    assert collected is not None
+    assert {dict(attributes)["source.address"] for _, attributes in _values(collected)} == {"10.0.0.3"}
+    assert metrics.take_overflowed() == 0
+
+
+def test_a_forgotten_opcode_leaves_the_flows_other_series() -> None:
+    metrics = RoceMetrics({}, max_series=100)
+    metrics.record([OpcodeCounts(FLOW, 0x04, 1, 10), OpcodeCounts(FLOW, 0x0A, 1, 10)], 1)
+    metrics.forget([], [(FLOW, 0x04)])
+    collected = metrics.collect(2, frozenset())
+    assert collected is not None
+    assert {dict(attributes)["roce.opcode"] for _, attributes in _values(collected)} == {"RC_RDMA_WRITE_ONLY"}

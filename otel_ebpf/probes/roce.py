@@ -28,13 +28,15 @@ _DROP_REASONS = ("roce_opcode_table_full", "roce_qp_table_full")  # bpf/roce.c, 
 
 
 class _CumulativeTable:
-    """Growth per key of a kernel table of running totals; keys idle too long are deleted."""
+    """Growth per key of a kernel table of running totals; keys idle too long are deleted (a
+    packet counted between their last read and the delete is lost: after 5 idle minutes)."""
 
     def __init__(self, table: Any, totals_of: Callable[[Any], tuple[int, ...]], clock: Callable[[], float]) -> None:
         self._table = table
         self._totals_of = totals_of
         self._clock = clock
         self._seen: dict[bytes, tuple[tuple[int, ...], float]] = {}  # key -> totals, when they last grew
+        self.evicted: list[Any] = []  # the keys the last read deleted
 
     def read(self) -> Iterator[tuple[Any, Any, tuple[int, ...]]]:
         """(key, value, growth) of each key whose totals grew."""
@@ -53,6 +55,7 @@ class _CumulativeTable:
         for key in idle:
             del self._table[key]
             self._seen.pop(bytes(key), None)
+        self.evicted = idle
 
 
 class RoceProbe:
@@ -106,7 +109,7 @@ class RoceProbe:
         for key, _, (packets, size) in self._ops.read():
             counts.append(OpcodeCounts(self._flow(key.qp), key.opcode, packets, size))
         syndromes = len(SYNDROMES)
-        for key, stats, (gaps, duplicates, ecn_ce, *rest) in self._qps.read():
+        for key, stats, (_, gaps, duplicates, ecn_ce, *rest) in self._qps.read():
             counts.append(
                 FlowCounts(
                     self._flow(key),
@@ -125,6 +128,11 @@ class RoceProbe:
     def collect_metrics(self, now_ns: int) -> list:
         """The node's RoCE series, with what grew since the last call (a metric source of the agent)."""
         self.metrics.record(self.read(), now_ns)
+        # idle: their queue pairs are gone, or an opcode is no longer used
+        self.metrics.forget(
+            [self._flow(key) for key in self._qps.evicted],
+            [(self._flow(key.qp), key.opcode) for key in self._ops.evicted],
+        )
         drops = self._bpf["roce_drops"]
         for slot, reason in enumerate(_DROP_REASONS):
             self._selfmetrics.set("otel_ebpf.kernel.drops", sum(drops[slot]), {"reason": reason})
@@ -156,8 +164,9 @@ def _opcode_totals(per_cpu: Any) -> tuple[int, ...]:
 
 
 def _flow_totals(stats: Any) -> tuple[int, ...]:
-    """Counts, syndromes, latency buckets and the latency sum: in this order."""
+    """Packets, counts, syndromes, latency buckets and the latency sum: in this order."""
     return (
+        stats.packets,
         stats.psn_gaps,
         stats.psn_duplicates,
         stats.ecn_ce,

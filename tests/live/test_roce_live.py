@@ -221,18 +221,18 @@ def test_roce_counts_on_the_wire(tmp_path: Path, pair: VethPair) -> None:
 
 def test_a_full_table_counts_its_misses_idle_flows_leave_and_a_clsact_not_ours_stays(pair: VethPair) -> None:
     """In process, on a clock of its own: a QP table of one flow, a second flow missed (counted),
-    then both idle past IDLE_EVICT_S and deleted from the kernel, which makes room for a third. The
-    first flow counted nothing but packets (no ACK, no mark): it must age all the same."""
+    then both idle past IDLE_EVICT_S and deleted from the kernel, which makes room for a third, and
+    their series are forgotten in user space."""
     subprocess.run(["tc", "qdisc", "add", "dev", pair.outer, "clsact"], check=True)
     now = 0.0
     selfmetrics = SelfMetrics()
     config = RoceConfig(interfaces=(pair.outer,), max_qp_pairs=1)
     probe = RoceProbe(config, selfmetrics, {}, frozenset(), clock=lambda: now)
 
-    def send(*qps: int, tos: int = 0) -> None:
+    def send(*qps: int) -> None:
         frames = Frames(pair.mac(pair.outer), pair.mac(pair.inner))
         for qp in qps:
-            frames.roce(pair.outer_ipv4, pair.inner_ipv4, "SEND_ONLY", qp, 1, tos=tos)
+            frames.roce(pair.outer_ipv4, pair.inner_ipv4, "SEND_ONLY", qp, 1)
         scapy_all.sendp(frames.frames, iface=pair.outer, verbose=False)
 
     def flows(counts: list) -> dict[str, set[int]]:
@@ -244,12 +244,17 @@ def test_a_full_table_counts_its_misses_idle_flows_leave_and_a_clsact_not_ours_s
     try:
         probe.start()
         send(1, 2)
-        assert flows(probe.read()) == {"OpcodeCounts": {1, 2}, "FlowCounts": set()}  # the opcode table has room for 8
-        probe.collect_metrics(1)
+        [collected] = probe.collect_metrics(1)
+        assert {
+            p.attributes["roce.dest_qp"] for m in collected.scope_metrics[0].metrics for p in m.data.data_points
+        } == {
+            1,
+            2,  # the opcode table has room for 8 series
+        }
         assert selfmetrics.snapshot()["otel_ebpf.kernel.drops"] == 1  # the QP table's miss
         now = IDLE_EVICT_S
-        assert probe.read() == []  # nothing grew: both tables' series go
-        send(3, tos=ECN_CE)
+        assert probe.collect_metrics(2) == []  # nothing grew: both tables' entries go, and their series
+        send(3)
         assert flows(probe.read()) == {"OpcodeCounts": {3}, "FlowCounts": {3}}
     finally:
         probe.close()
