@@ -44,6 +44,7 @@ from .telemetry import SDK_ATTRIBUTES, Telemetry
 if TYPE_CHECKING:
     from .probes.gpu import GpuMonitor
     from .probes.model_guard import ModelGuard
+    from .probes.roce import RoceProbe
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -227,6 +228,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     profiling: CpuProfiling | None = None
     gpu: GpuMonitor | None = None
     guard: ModelGuard | None = None
+    roce: RoceProbe | None = None
     try:
         if agent is not None and config.model_guard.mode != "off":
             guard = _start_model_guard(agent)
@@ -236,6 +238,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             profiling = agent.start_profiling()
         if agent is not None and config.gpu.enabled != "false":
             gpu = _start_gpu(agent, profiling)
+        if agent is not None and config.roce.interfaces:
+            roce = _start_roce(agent)
         _check_targets_alive(config)
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
@@ -288,6 +292,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None:
             agent.finish()
             log.info("stopped: %s", _summary(agent.selfmetrics))
+        if roce is not None:  # after the last metrics, which read its tables
+            roce.close()
         detaching.join()
         for server in servers:
             server.close()
@@ -322,6 +328,23 @@ def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
     gpu.start()
     agent.metric_sources.append(gpu.collect_metrics)
     return gpu
+
+
+def _start_roce(agent: Agent) -> RoceProbe:
+    """RoCEv2 counts on the named interfaces (docs/roce.md), metrics of the node's resource."""
+    from .probes.roce import RoceProbe  # noqa: PLC0415 — loads bcc: only when roce.interfaces names some
+
+    resource = {**agent.config.resource.attributes, "host.name": agent.host_name, **SDK_ATTRIBUTES}
+    roce = RoceProbe(
+        agent.config.roce, agent.selfmetrics, resource, DELTA_KINDS[agent.config.export.metric_temporality]
+    )
+    try:
+        roce.start()  # RuntimeError (TcError among them) saying what failed
+    except BaseException:
+        roce.close()
+        raise
+    agent.metric_sources.append(roce.collect_metrics)
+    return roce
 
 
 def _start_model_guard(agent: Agent) -> ModelGuard:

@@ -256,6 +256,14 @@ class PiiConfig:
 
 
 @dataclass(frozen=True)
+class RoceConfig:
+    """RoCEv2 traffic counted on the wire by a TC classifier (docs/roce.md)."""
+
+    interfaces: tuple[str, ...] = ()  # none: off
+    max_qp_pairs: int = 4096  # (interface, direction, source, destination, QP) flows the kernel counts
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -271,6 +279,7 @@ class AgentConfig:
     gpu: GpuConfig = GpuConfig()
     model_guard: ModelGuardConfig = ModelGuardConfig()
     pii: PiiConfig = PiiConfig()
+    roce: RoceConfig = RoceConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -622,6 +631,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pii.enabled", _boolean, env="OTEL_EBPF_PII"),
     Setting("pii.kinds", _list(_choice(*PII_KIND_NAMES)), env="OTEL_EBPF_PII_KINDS"),
     Setting("pii.patterns", _pii_patterns),
+    Setting("roce.interfaces", _list(_text), env="OTEL_EBPF_ROCE_INTERFACES"),
+    Setting("roce.max_qp_pairs", _integer(1, 1 << 20), env="OTEL_EBPF_ROCE_MAX_QP_PAIRS"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

@@ -11,7 +11,7 @@ the SDK uses (``otel.metric.overflow=true``).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
@@ -134,6 +134,16 @@ class ProcessMetrics:
                 by_attributes[key] = series
                 self._count += 1
         return series
+
+    def forget(self, matches: Callable[[tuple], bool]) -> None:
+        """Drop the series whose attributes (sorted ``(key, value)`` pairs) ``matches``: their
+        source is gone. One that comes back starts anew, with a new start time."""
+        for instrument, by_attributes in list(self._series.items()):
+            for attributes in [a for a in by_attributes if matches(a)]:
+                del by_attributes[attributes]
+                self._count -= 1
+            if not by_attributes:  # an instrument without series exports nothing
+                del self._series[instrument]
 
     def collect(self, now_ns: int, delta: frozenset[InstrumentKind] = frozenset()) -> ResourceMetrics | None:
         """The current points. Instruments whose kind is in ``delta`` report DELTA temporality:

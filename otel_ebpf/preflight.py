@@ -21,12 +21,15 @@ class StartupError(Exception):
 
 
 def check_start(config: AgentConfig, record_path: str | None, export: bool = True) -> None:
-    """Every ``targets.pids`` process exists and every path the run writes is writable; a ready
-    file left by an earlier run (killed before it could remove it) is removed, so that a script
-    waiting for it does not see "ready" before this run is."""
+    """Every ``targets.pids`` process and ``roce.interfaces`` interface exists and every path the
+    run writes is writable; a ready file left by an earlier run (killed before it could remove it)
+    is removed, so that a script waiting for it does not see "ready" before this run is."""
     gone = exited(config.targets.pids)
     if gone:
         raise StartupError(f"targets.pids (--pid): no such process: {', '.join(map(str, gone))}")
+    missing = [name for name in config.roce.interfaces if not Path("/sys/class/net", name).is_dir()]
+    if missing:
+        raise StartupError(f"roce.interfaces: no network interface named {', '.join(missing)}")
     check_outputs(config, record_path, export)
 
 

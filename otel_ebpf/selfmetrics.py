@@ -55,7 +55,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.kernel.drops": (
         "{item}",
         "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
-        "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket)",
+        "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket, "
+        "RoCEv2 packets not counted by flow because a table was full)",
         False,
     ),
     "otel_ebpf.events.late": (

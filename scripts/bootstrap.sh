@@ -44,7 +44,8 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # nginx: bench/nginx_load.py runs its own nginx (own config, prefix and port), never the system one
 # redis-server, prometheus: live tests start their own on loopback (the Redis example plugin, the
 # Prometheus exporter scraped by a real Prometheus); the packages' system services are not used
-base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus)
+# iproute2: the RoCEv2 live tests build a network namespace and a veth pair with `ip` and check `tc`
+base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus iproute2)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 

@@ -72,6 +72,13 @@ def test_a_pid_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     _assert_refused(result, f"otel-ebpf: targets.pids (--pid): no such process: {pid}\n")
 
 
+def test_a_roce_interface_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "otel-ebpf.yaml"
+    config.write_text("roce:\n  interfaces: [lo, nosuch0]\n")
+    result = _run_briefly("run", "--config", str(config), "--pid", str(os.getpid()), "--output", str(tmp_path))
+    _assert_refused(result, "otel-ebpf: roce.interfaces: no network interface named nosuch0\n")
+
+
 @pytest.mark.parametrize("where", ["under-a-file", "a-directory", "missing-directory"])
 def test_an_unwritable_ready_file_is_refused(tmp_path: Path, where: str) -> None:
     (tmp_path / "file").write_text("")

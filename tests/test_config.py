@@ -259,6 +259,11 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "gpu.max_stacks": (10_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_STACKS", "20", 20)]),
     "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
     "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
+    "roce.interfaces": (
+        (),
+        [("yaml", "", ["eth1"], ("eth1",)), ("env", "OTEL_EBPF_ROCE_INTERFACES", "eth2,eth3", ("eth2", "eth3"))],
+    ),
+    "roce.max_qp_pairs": (4096, [("yaml", "", 16, 16), ("env", "OTEL_EBPF_ROCE_MAX_QP_PAIRS", "32", 32)]),
     "model_guard.mode": (
         "off",
         [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")],
