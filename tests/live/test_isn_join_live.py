@@ -9,7 +9,6 @@ A connection on loopback (the same host: trace assembly joins it) carries none.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import subprocess
@@ -21,14 +20,12 @@ from pathlib import Path
 import pytest
 
 from tests.live.test_tls_live import _start_agent, _stop
+from tests.live.veth_pair import VethPair, veth_pair
 from tests.otlp_receiver import OTLPReceiver
 
 pytestmark = pytest.mark.bpf
 
 CLIENT_ISN, SERVER_ISN = "otel_ebpf.tcp.client_isn", "otel_ebpf.tcp.server_isn"
-NAMESPACE = f"oe-isn-{os.getpid()}"
-HOST_END, NS_END = f"oeisn{os.getpid() % 10000}a", f"oeisn{os.getpid() % 10000}b"
-HOST_ADDR, NS_ADDR = "10.251.7.1", "10.251.7.2"
 CALLS = 3
 ETH_P_ALL = 0x0003
 SYN, ACK = 0x02, 0x10
@@ -67,26 +64,10 @@ print("done", flush=True)
 """
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
-def other_host() -> Iterator[None]:
-    """A network namespace reachable at NS_ADDR from HOST_ADDR over a veth pair."""
-    _ip("netns", "add", NAMESPACE)
-    try:
-        _ip("link", "add", HOST_END, "type", "veth", "peer", "name", NS_END)
-        _ip("link", "set", NS_END, "netns", NAMESPACE)
-        _ip("addr", "add", f"{HOST_ADDR}/24", "dev", HOST_END)
-        _ip("link", "set", HOST_END, "up")
-        _ip("-n", NAMESPACE, "addr", "add", f"{NS_ADDR}/24", "dev", NS_END)
-        _ip("-n", NAMESPACE, "link", "set", NS_END, "up")
-        _ip("-n", NAMESPACE, "link", "set", "lo", "up")
-        yield
-    finally:
-        subprocess.run(["ip", "link", "del", HOST_END], capture_output=True)
-        subprocess.run(["ip", "netns", "del", NAMESPACE], capture_output=True)
+def other_host() -> Iterator[VethPair]:
+    with veth_pair("oeisn", 251) as pair:
+        yield pair
 
 
 class HandshakeCapture:
@@ -153,11 +134,11 @@ def _go(process: subprocess.Popen, reply: str | None = "done\n") -> None:
 
 @pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
 def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
-    other_host: None, tmp_path: Path, socket_mode: str
+    other_host: VethPair, tmp_path: Path, socket_mode: str
 ) -> None:
-    server, port = _serve(HOST_ADDR)
+    server, port = _serve(other_host.outer_ipv4)
     local_server, local_port = _serve("127.0.0.1")
-    remote = _client(port, HOST_ADDR, NAMESPACE)
+    remote = _client(port, other_host.outer_ipv4, other_host.namespace)
     local = _client(local_port, "127.0.0.1", None)
     pids = [str(p.pid) for p in (server, local_server, remote, local)]
     agent = None
@@ -166,7 +147,7 @@ def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
             agent = _start_agent(tmp_path, receiver, socket_mode, *(f for pid in pids for f in ("--pid", pid)))
             _go(server, None)
             _go(local_server, None)
-            capture = HandshakeCapture(HOST_END, port)
+            capture = HandshakeCapture(other_host.outer, port)
             try:
                 _go(remote)
             finally:
@@ -185,7 +166,8 @@ def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
             process.wait()
 
     assert capture.client_isn is not None and capture.server_isn is not None, "the handshake was not seen"
-    between_hosts = [s for s in spans if s["attributes"]["network.peer.address"] in (HOST_ADDR, NS_ADDR)]
+    addresses = (other_host.outer_ipv4, other_host.inner_ipv4)
+    between_hosts = [s for s in spans if s["attributes"]["network.peer.address"] in addresses]
     on_loopback = [s for s in spans if s["attributes"]["network.peer.address"] == "127.0.0.1"]
     assert sorted(s["kind"] for s in between_hosts) == ["CLIENT"] * CALLS + ["SERVER"] * CALLS
     assert len(on_loopback) == 2 * CALLS
