@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.live.test_tls_live import _start_agent, _stop
 from tests.live.veth_pair import VethPair, veth_pair
 from tests.otlp_receiver import OTLPReceiver
@@ -30,38 +31,7 @@ CALLS = 3
 ETH_P_ALL = 0x0003
 SYN, ACK = 0x02, 0x10
 
-SERVER = r"""
-import socket, sys
-srv = socket.socket()
-srv.bind((sys.argv[1], 0))
-srv.listen()
-print(srv.getsockname()[1], flush=True)
-sys.stdin.readline()  # accept() only once the agent is attached: fd-tracking must see it
-while True:
-    conn, _ = srv.accept()
-    reader = conn.makefile("rb")
-    while reader.readline():
-        while reader.readline() not in (b"\r\n", b""):
-            pass
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-    conn.close()
-"""
-# CALLS requests on one keep-alive connection, once told to go.
-CLIENT = r"""
-import socket, sys
-host, port, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print("ready", flush=True)
-sys.stdin.readline()
-with socket.create_connection((host, port)) as sock:
-    for _ in range(calls):
-        sock.sendall(b"GET /joined HTTP/1.1\r\nHost: server\r\n\r\n")
-        got = b""
-        while not got.endswith(b"ok"):
-            chunk = sock.recv(4096)
-            assert chunk
-            got += chunk
-print("done", flush=True)
-"""
+PEERS = [sys.executable, "-m", "tests.live.keepalive_peers"]
 
 
 @pytest.fixture
@@ -108,19 +78,21 @@ class HandshakeCapture:
 
 def _serve(address: str) -> tuple[subprocess.Popen, int]:
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [*PEERS, "serve", address, "--wait"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    return server, int(server.stdout.readline())
+    return server, int(server.stdout.readline().split()[1])
 
 
 def _client(port: int, address: str, namespace: str | None) -> subprocess.Popen:
     prefix = ["ip", "netns", "exec", namespace] if namespace else []
     client = subprocess.Popen(
-        [*prefix, sys.executable, "-c", CLIENT, address, str(port), str(CALLS)],
+        [*prefix, *PEERS, "client", address, str(port), "/joined", str(CALLS), "--wait"],
+        cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    client.stdout.readline()  # its pid
     assert client.stdout.readline() == "ready\n"
     return client
 

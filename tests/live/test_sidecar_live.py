@@ -22,40 +22,13 @@ from tests.otlp_receiver import load_file_spans
 pytestmark = pytest.mark.bpf
 
 CALLS = 5
-SERVER = r"""
-import os, socket
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen()
-print(os.getpid(), srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept()
-    reader = conn.makefile("rb")
-    while line := reader.readline():
-        while reader.readline() not in (b"\r\n", b""):
-            pass
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-    conn.close()
-"""
-# CALLS requests to PORT on one connection, each to PATH; prints its pid first.
-CLIENT = r"""
-import os, socket, sys
-port, path, calls = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-print(os.getpid(), flush=True)
-with socket.create_connection(("127.0.0.1", port)) as sock:
-    for _ in range(calls):
-        sock.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: pod\r\n\r\n")
-        got = b""
-        while not got.endswith(b"ok"):
-            got += sock.recv(4096)
-"""
+PEERS = [sys.executable, "-m", "tests.live.keepalive_peers"]
 # The pod: server and agent; once the agent is ready and the test says go, the client; then the
 # agent is stopped. Prints {"server": pid, "client": pid, "agent": pid} as its namespace numbers them.
 POD = r"""
 import json, os, signal, subprocess, sys, time
-out, server_code, client_code, calls = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-agent_cmd = json.loads(sys.argv[5])
-server = subprocess.Popen([sys.executable, "-c", server_code], stdout=subprocess.PIPE, text=True)
+out, calls, peers, agent_cmd = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+server = subprocess.Popen(peers + ["serve", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
 server_pid, port = server.stdout.readline().split()
 ready = os.path.join(out, "ready")
 agent = subprocess.Popen(agent_cmd + ["run", "--exporter", "file", "--output", out, "--ready-file", ready])
@@ -65,9 +38,8 @@ while not (os.path.exists(ready) and open(ready).read().strip()):
     time.sleep(0.05)
 print("ready", flush=True)
 sys.stdin.readline()
-client = subprocess.run(
-    [sys.executable, "-c", client_code, port, "/inside", calls], capture_output=True, text=True, check=True
-)
+inside = peers + ["client", "127.0.0.1", port, "/inside", calls]
+client = subprocess.run(inside, capture_output=True, text=True, check=True)
 time.sleep(1.5)  # the agent's next poll and export
 agent.send_signal(signal.SIGINT)
 assert agent.wait(60) == 0
@@ -80,20 +52,20 @@ def test_an_agent_in_a_pid_namespace_traces_that_namespace_only(tmp_path: Path) 
     out = tmp_path / "out"
     out.mkdir()
     pod = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", POD, str(out), SERVER, CLIENT]
-        + [str(CALLS), json.dumps(AGENT)],
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", POD, str(out), str(CALLS)]
+        + [json.dumps(PEERS), json.dumps(AGENT)],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    outside_server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    outside_server = subprocess.Popen([*PEERS, "serve", "127.0.0.1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert pod.stdout.readline() == "ready\n", "the pod's agent did not start"
         _, outside_port = outside_server.stdout.readline().split()
         pod.stdin.write("go\n")
         pod.stdin.flush()
-        subprocess.run([sys.executable, "-c", CLIENT, outside_port, "/outside", str(CALLS)], check=True)
+        subprocess.run([*PEERS, "client", "127.0.0.1", outside_port, "/outside", str(CALLS)], cwd=REPO, check=True)
         pids = json.loads(pod.stdout.readline())
         assert pod.wait(60) == 0
     finally:
