@@ -5,7 +5,7 @@ Responses and Messages call of ``examples/llm_clients.py`` (the real ``openai`` 
 clients) through the plugin kit's tee proxy (``otel_ebpf.protocol_testing.TeeProxy``), one
 connection per call, into ``data/genai/<call>.json``. Re-record with::
 
-    .venv/bin/python tests/protocols/record_genai_dialects.py [call ...]
+    .venv/bin/python -m tests.protocols.record_genai_dialects [call ...]
 """
 
 from __future__ import annotations
@@ -17,22 +17,18 @@ import time
 from pathlib import Path
 
 from otel_ebpf.protocol_testing import TeeProxy, save_recording
+from tests.live.test_genai_live import DIALECTS
 
 REPO = Path(__file__).parents[2]
 DATA = Path(__file__).parent / "data" / "genai"
 TOKENS = 8
-CALLS = (
-    "openai_responses_stream",
-    "openai_responses",
-    "openai_responses_stream_failed",
-    "anthropic_messages_stream",
-    "anthropic_messages_stream_helper",
-    "anthropic_messages",
-    "anthropic_messages_stream_error",
-)
+CALLS = DIALECTS  # the calls the live test makes of each dialect
 
 
 def main(names: list[str]) -> None:
+    unknown = sorted(set(names) - set(CALLS))
+    if unknown:
+        raise SystemExit(f"no such call: {', '.join(unknown)} (calls: {', '.join(CALLS)})")
     DATA.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
