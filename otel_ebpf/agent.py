@@ -37,11 +37,13 @@ from .preflight import StartupError, exited, write_ready_file
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
 from .reorder import EventReorderer
+from .resources import ProcessResources
 from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
 from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
+    from .gpu.nvml import NvmlReader
     from .probes.gpu import GpuMonitor
     from .probes.model_guard import ModelGuard
     from .probes.roce import RoceProbe
@@ -229,6 +231,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     gpu: GpuMonitor | None = None
     guard: ModelGuard | None = None
     roce: RoceProbe | None = None
+    nvml: NvmlReader | None = None
     try:
         if agent is not None and config.model_guard.mode != "off":
             guard = _start_model_guard(agent)
@@ -240,6 +243,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             gpu = _start_gpu(agent, profiling)
         if agent is not None and config.roce.interfaces:
             roce = _start_roce(agent)
+        if agent is not None and config.gpu.nvml:
+            nvml = _start_nvml(agent)
         _check_targets_alive(config)
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
@@ -294,6 +299,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             log.info("stopped: %s", _summary(agent.selfmetrics))
         if roce is not None:  # after the last metrics, which read its tables
             roce.close()
+        if nvml is not None:
+            nvml.close()
         detaching.join()
         for server in servers:
             server.close()
@@ -345,6 +352,31 @@ def _start_roce(agent: Agent) -> RoceProbe:
         raise
     agent.metric_sources.append(roce.collect_metrics)
     return roce
+
+
+def _start_nvml(agent: Agent) -> NvmlReader | None:
+    """GPU device state (docs/gpu.md, "Device state"), read at each metrics collection; None, said
+    once, where there is no NVIDIA driver or device."""
+    from .gpu.nvml import NvmlMetrics, open_reader  # noqa: PLC0415 — nvidia-ml-py only where asked
+
+    config = agent.config
+    reader, why = open_reader(config.gpu.nvml_library or None, agent.selfmetrics)
+    log.info("GPU device state: %s", why if reader is not None else f"none ({why})")
+    if reader is None:
+        return None
+    node = {**config.resource.attributes, "host.name": agent.host_name, **SDK_ATTRIBUTES}
+    processes = ProcessResources(
+        config.resource.attributes, agent.host_name, ContainerResolver(str(config.resource.host_root))
+    )
+    metrics = NvmlMetrics(node, processes.of)
+    delta = DELTA_KINDS[config.export.metric_temporality]
+
+    def collect(now_ns: int) -> list:
+        metrics.record(reader.read(), now_ns)
+        return metrics.collect(now_ns, delta)
+
+    agent.metric_sources.append(collect)
+    return reader
 
 
 def _start_model_guard(agent: Agent) -> ModelGuard:

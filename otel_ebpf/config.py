@@ -232,6 +232,8 @@ class GpuConfig:
     max_stacks: int = 10_000  # distinct stacks per GPU profile view per interval
     interval_s: float = 10.0  # GPU profiles exported every interval
     ring_buffer_kb: int = 4096
+    nvml: bool = True  # device state through NVML where the NVIDIA driver is (otel_ebpf/gpu/nvml.py)
+    nvml_library: str = ""  # libnvidia-ml.so.1 outside the loader's search path (a host mount)
 
 
 @dataclass(frozen=True)
@@ -608,6 +610,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.max_stacks", _integer(1), env="OTEL_EBPF_GPU_MAX_STACKS"),
     Setting("gpu.interval_s", _positive_number, env="OTEL_EBPF_GPU_INTERVAL"),
     Setting("gpu.ring_buffer_kb", _integer(64, 1 << 20, power_of_two=True), env="OTEL_EBPF_GPU_RING_BUFFER_KB"),
+    Setting("gpu.nvml", _boolean, env="OTEL_EBPF_GPU_NVML"),
+    Setting("gpu.nvml_library", _absolute_path, env="OTEL_EBPF_GPU_NVML_LIBRARY"),
     Setting("model_guard.mode", _choice("off", "audit", "enforce"), env="OTEL_EBPF_MODEL_GUARD"),
     Setting("model_guard.mechanism", _choice(*MECHANISMS), env="OTEL_EBPF_MODEL_GUARD_MECHANISM"),
     Setting(

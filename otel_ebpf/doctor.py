@@ -432,6 +432,18 @@ def check_kprobes() -> CheckResult:
     )
 
 
+def check_gpu_devices() -> CheckResult:
+    """Information only: whether NVML reports NVIDIA devices (GPU device state, docs/gpu.md)."""
+    from .gpu.nvml import open_reader  # noqa: PLC0415
+    from .selfmetrics import SelfMetrics  # noqa: PLC0415
+
+    reader, why = open_reader(os.environ.get("OTEL_EBPF_GPU_NVML_LIBRARY") or None, SelfMetrics())
+    if reader is not None:
+        reader.close()
+        return CheckResult("GPU devices", True, why, required=False)
+    return CheckResult("GPU devices", True, f"none: no GPU device state will be exported ({why})", required=False)
+
+
 def check_memlock() -> CheckResult:
     """Before 5.11 BPF maps count against RLIMIT_MEMLOCK, and a small limit makes map creation fail."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -512,6 +524,7 @@ def run_checks() -> list[CheckResult]:
         check_uprobes(),
         *check_tls_libraries(bcc.ok),
         check_kprobes(),
+        check_gpu_devices(),
         check_memlock(),
         check_bpf_lsm(),
     ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
+    Gauge,
     Histogram,
     HistogramDataPoint,
     Metric,
@@ -61,7 +62,7 @@ MAX_SERIES = 2000
 class _Series:
     attributes: tuple
     start_ns: int
-    value: float = 0.0  # sum, for both kinds
+    value: float = 0.0  # sum (counters, histograms) or the last reading (gauges)
     count: int = 0
     minimum: float = float("inf")
     maximum: float = float("-inf")
@@ -92,6 +93,17 @@ class ProcessMetrics:
                 series.minimum = value
             if value > series.maximum:
                 series.maximum = value
+
+    def observe(
+        self,
+        scope: InstrumentationScope,
+        instrument: str,
+        attributes: Mapping[str, AttributeValue],
+        value: float,
+        now_ns: int,
+    ) -> None:
+        """A reading of a gauge, or the current total of an up-down counter: it replaces the last."""
+        self._series_of(scope, self._specs[instrument], attributes, now_ns).value = float(value)
 
     def merge_histogram(
         self,
@@ -155,9 +167,11 @@ class ProcessMetrics:
             if temporality is AggregationTemporality.DELTA:
                 self._count -= len(by_attributes)
                 del self._series[(scope, name)]
-            data: Histogram | Sum
+            data: Histogram | Sum | Gauge
             if spec.kind is InstrumentKind.HISTOGRAM:
                 data = Histogram([self._histogram_point(spec, s, now_ns) for s in by_attributes.values()], temporality)
+            elif spec.kind is InstrumentKind.GAUGE:
+                data = Gauge([self._number_point(s, now_ns) for s in by_attributes.values()])
             else:
                 data = Sum(
                     [self._number_point(s, now_ns) for s in by_attributes.values()],

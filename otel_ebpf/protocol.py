@@ -120,6 +120,7 @@ class InstrumentKind(enum.Enum):
     HISTOGRAM = "histogram"
     COUNTER = "counter"
     UP_DOWN_COUNTER = "up_down_counter"
+    GAUGE = "gauge"  # a reading (ProcessMetrics.observe): the last one is the value
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,12 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "gpu.max_stacks": (10_000, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_GPU_MAX_STACKS", "20", 20)]),
     "gpu.interval_s": (10.0, [("yaml", "", 2, 2.0), ("env", "OTEL_EBPF_GPU_INTERVAL", "1.5", 1.5)]),
     "gpu.ring_buffer_kb": (4096, [("yaml", "", 1024, 1024), ("env", "OTEL_EBPF_GPU_RING_BUFFER_KB", "512", 512)]),
+    "gpu.nvml": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_GPU_NVML", "off", False)]),
+    "gpu.nvml_library": (
+        "",
+        [("yaml", "", "/host/usr/lib/libnvidia-ml.so.1", "/host/usr/lib/libnvidia-ml.so.1")]
+        + [("env", "OTEL_EBPF_GPU_NVML_LIBRARY", "/opt/nvidia/libnvidia-ml.so.1", "/opt/nvidia/libnvidia-ml.so.1")],
+    ),
     "roce.interfaces": (
         (),
         [("yaml", "", ["eth1"], ("eth1",)), ("env", "OTEL_EBPF_ROCE_INTERFACES", "eth2,eth3", ("eth2", "eth3"))],

@@ -43,6 +43,7 @@ LIBRARIES = {  # soname -> (source, extra link arguments)
     "libnccl.so.2": ("nccl.c", []),
     "libc10_cuda.so": ("c10_cuda.c", []),
     "libstandin_kernels.so": ("kernels.cpp", []),  # C++: the host stubs carry mangled names
+    "libnvidia-ml.so.1": ("nvml.c", []),
 }
 
 
