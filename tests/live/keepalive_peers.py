@@ -2,7 +2,8 @@
 namespace), not what they say. Run as ``python -m tests.live.keepalive_peers`` from the repository:
 
 ``serve ADDRESS [--wait]``: prints ``PID PORT``; with ``--wait`` accepts only after a line on stdin
-(so that an agent attached meanwhile sees the accept); answers every request ``200 ok``.
+(so that an agent attached meanwhile sees the accept); answers every request ``200 ok``, one
+connection at a time, and outlives peers that hang up.
 ``client HOST PORT PATH CALLS [--wait]``: prints ``PID`` (and ``ready`` with ``--wait``, then waits
 for a line on stdin), makes CALLS requests for PATH on one connection, then prints ``done``.
 """
@@ -23,12 +24,15 @@ def serve(address: str, wait: bool) -> None:
         sys.stdin.readline()
     while True:
         conn, _ = server.accept()
-        reader = conn.makefile("rb")
-        while reader.readline():
-            while reader.readline() not in (b"\r\n", b""):
-                pass
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        conn.close()
+        with conn:
+            try:
+                reader = conn.makefile("rb")
+                while reader.readline():
+                    while reader.readline() not in (b"\r\n", b""):
+                        pass
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            except OSError:
+                pass  # a peer that hung up on us (the hostile test's): the next one
 
 
 def client(host: str, port: int, path: str, calls: int, wait: bool) -> None:

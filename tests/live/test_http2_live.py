@@ -43,19 +43,19 @@ class Peers(Scenario):
         """``grpc`` or ``h2``: the server's (pid, port)."""
         port_file = self.tmp / f"{kind}.port"
         args = ["serve-grpc", str(port_file), str(self.stubs)] if kind == "grpc" else ["serve-h2", str(port_file)]
-        proc = self._spawn([*PEERS, *args])
+        proc = self.spawn([*PEERS, *args])
         return proc.pid, int(_wait_for_file(port_file, proc))
 
     def client(self, *args: str) -> subprocess.Popen:
         """A client waiting for ``go`` (so that its pid can be traced first)."""
-        proc = self._spawn([*PEERS, *args, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = self.spawn([*PEERS, *args, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "ready\n"
         return proc
 
     def held(self, *argv: str) -> subprocess.Popen:
         """``argv`` (curl) exec'd by a shell that first waits for ``go``: its pid is known (and
         traced) before it runs."""
-        return self._spawn(["sh", "-c", 'read go && exec "$@"', "sh", *argv], stdin=subprocess.PIPE, text=True)
+        return self.spawn(["sh", "-c", 'read go && exec "$@"', "sh", *argv], stdin=subprocess.PIPE, text=True)
 
     def grpc_client(self, port: int, scenario: str, *flags: str) -> subprocess.Popen:
         return self.client("grpc-client", str(port), str(self.stubs), scenario, *flags)

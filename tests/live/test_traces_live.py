@@ -58,7 +58,7 @@ class Scenario:
                 proc.kill()
             proc.wait()
 
-    def _spawn(self, args: list[str], **kwargs: Any) -> subprocess.Popen:
+    def spawn(self, args: list[str], **kwargs: Any) -> subprocess.Popen:
         proc = subprocess.Popen(args, **kwargs)
         self.procs.append(proc)
         return proc
@@ -66,7 +66,7 @@ class Scenario:
     def serve(self, command: str, name: str, *args: str) -> tuple[int, int]:
         """Start ``trace_chain.py COMMAND NAME PORT_FILE ARGS``; its (pid, port)."""
         port_file = self.tmp / f"{name}.port"
-        proc = self._spawn([*CHAIN, command, name, str(port_file), *args])
+        proc = self.spawn([*CHAIN, command, name, str(port_file), *args])
         return proc.pid, int(_wait_for_file(port_file, proc))
 
     def chain(self, backend_kind: str = "http") -> tuple[list[tuple[int, str]], int]:
@@ -81,7 +81,7 @@ class Scenario:
 
     def loader(self, port: int, requests: int, concurrency: int, *flags: str) -> subprocess.Popen:
         """A loader that has started (so its pid can be traced) and waits for :meth:`load`."""
-        proc = self._spawn(
+        proc = self.spawn(
             [
                 *CHAIN,
                 "load",
