@@ -1,11 +1,14 @@
-"""Live BPF: TCP health (bpf/tcp_health.c) of a traced client, over a veth pair between two
-network namespaces, with loss injected on the link by a TC classifier.
+"""Live BPF: TCP health (bpf/tcp_health.c) of a traced client and server on the two ends of a veth
+pair, with loss injected on the link by a TC classifier.
 
-The client runs, at the same time, a bulk transfer to a port whose data segments the link drops
-every DROP_EVERY-th, and one to a port it leaves alone; then a connect to a closed port (refused:
-a reset received) and a connection it aborts (SO_LINGER 0: a reset sent). Each is its own series
-(the server port tells them apart) of the client's resource. The server is traced too (``--pid``
-for each): its series are keyed by its own port and the client's address.
+The client, in the pair's network namespace, runs at the same time a bulk transfer to a port whose
+data segments the server's end drops every DROP_EVERY-th as they arrive (lost on the way: dropped
+at the sender's own egress they would fail the send, and go again as new data, not as a
+retransmission), and one to a port left alone; then a connect to a port bound but not listening
+(refused: a reset received) and a connection it aborts (SO_LINGER 0: a reset sent). Each is its
+own series (the server port tells them apart) of the client's resource. The server, in the root
+namespace, is traced too (``--pid`` for each): its series are keyed by its own port and the
+client's address.
 """
 
 from __future__ import annotations
@@ -14,26 +17,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from otel_ebpf.probes.tc import TcAttachment
 from tests.live.file_agent import start_file_agent
-from tests.live.veth import dropping_every_nth, veth_link
+from tests.live.veth_pair import veth_pair
 from tests.otlp_receiver import latest_total, load_file_metrics
 
 pytestmark = pytest.mark.bpf
 
-LOSSY, CLEAN, CLOSED, ABORTED = 5001, 5002, 5003, 5004
 DROP_EVERY = 20
 BULK = 4 << 20
 
 SERVER = r"""
 import socket, sys, threading
-def serve(port):
-    listener = socket.create_server((sys.argv[1], port))
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=drain, args=(conn,), daemon=True).start()
 def drain(conn):
     try:
         while conn.recv(1 << 16):
@@ -42,9 +42,16 @@ def drain(conn):
     except OSError:
         pass  # the aborted connection
     conn.close()
-for port in sys.argv[2:]:
-    threading.Thread(target=serve, args=(int(port),), daemon=True).start()
-print("listening", flush=True)
+def serve(listener):
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=drain, args=(conn,), daemon=True).start()
+lossy, clean, aborted = (socket.create_server((sys.argv[1], 0)) for _ in range(3))
+closed = socket.socket()
+closed.bind((sys.argv[1], 0))  # bound, never listening: a SYN to it is answered with a reset
+for listener in (lossy, clean, aborted):
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+print(*(s.getsockname()[1] for s in (lossy, clean, closed, aborted)), flush=True)
 threading.Event().wait()
 """
 
@@ -73,53 +80,91 @@ print("done", flush=True)
 threading.Event().wait()
 """
 
+# Drops every DROP_EVERY-th IPv4 TCP segment with payload whose destination port is DPORT (one
+# count for all CPUs: loss the test can rely on, not an exact pattern).
+DROPPER = r"""
+#include <uapi/linux/pkt_cls.h>
+BPF_ARRAY(seen, u64, 1);
+
+int drop_nth(struct __sk_buff *skb) {
+    u8 ip[20];
+    u8 tcp[14];
+    u16 ethertype;
+    if (bpf_skb_load_bytes(skb, 12, &ethertype, 2) || ethertype != __constant_htons(0x0800) ||
+        bpf_skb_load_bytes(skb, 14, ip, 20) || ip[9] != 6)
+        return TC_ACT_OK;
+    u32 ihl = (ip[0] & 0xf) * 4;
+    u32 total = (ip[2] << 8) | ip[3];
+    if (ihl < 20 || ihl > 60 || bpf_skb_load_bytes(skb, 14 + ihl, tcp, 14))
+        return TC_ACT_OK;
+    u32 dport = (tcp[2] << 8) | tcp[3];
+    u32 doff = (tcp[12] >> 4) * 4;
+    if (dport != DPORT || total <= ihl + doff)
+        return TC_ACT_OK;
+    u32 zero = 0;
+    u64 *n = seen.lookup(&zero);
+    if (!n)
+        return TC_ACT_OK;
+    u64 count = __sync_fetch_and_add(n, 1) + 1;
+    return count % DROP_EVERY == 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+"""
+
+
+@contextmanager
+def dropping_every_nth(interface: str, dport: int, every: int) -> Iterator[None]:
+    """The classifier on ``interface``'s ingress while the block runs."""
+    from bcc import BPF
+
+    bpf = BPF(text=DROPPER.encode(), cflags=[f"-DDPORT={dport}", f"-DDROP_EVERY={every}"])
+    tc = TcAttachment()
+    try:
+        tc.attach(interface, {"ingress": bpf.load_func(b"drop_nth", BPF.SCHED_CLS)})
+        yield
+    finally:
+        tc.detach()
+        bpf.cleanup()
+
 
 @pytest.fixture(scope="module")
 def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("tcp_health")
-    with veth_link() as link, dropping_every_nth(link, LOSSY, DROP_EVERY, tmp / "bpffs"):
-        server = subprocess.Popen(
-            [
-                *link.exec_in(link.server_ns),
-                sys.executable,
-                "-c",
-                SERVER,
-                link.server_addr,
-                *map(str, (LOSSY, CLEAN, ABORTED)),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        ports = (LOSSY, CLEAN, CLOSED, ABORTED, BULK)
-        client = subprocess.Popen(
-            [*link.exec_in(link.client_ns), sys.executable, "-c", CLIENT, link.server_addr, *map(str, ports)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    with veth_pair("otcp", 233) as pair:
+        server = subprocess.Popen([sys.executable, "-c", SERVER, pair.outer_ipv4], stdout=subprocess.PIPE, text=True)
+        client = None
         agent = None
         try:
-            assert server.stdout.readline().strip() == "listening"
-            agent = start_file_agent(tmp, [client.pid, server.pid], "export:\n  metric_interval_s: 1\n")
-            client.stdin.write("go\n")
-            client.stdin.flush()
-            assert client.stdout.readline().strip() == "done"
+            lossy, clean, closed, aborted = map(int, server.stdout.readline().split())
+            arguments = [pair.outer_ipv4, *map(str, (lossy, clean, closed, aborted, BULK))]
+            client = subprocess.Popen(
+                ["ip", "netns", "exec", pair.namespace, sys.executable, "-c", CLIENT, *arguments],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            with dropping_every_nth(pair.outer, lossy, DROP_EVERY):
+                agent = start_file_agent(tmp, [client.pid, server.pid], "export:\n  metric_interval_s: 1\n")
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                assert client.stdout.readline().strip() == "done"
             time.sleep(2.5)  # the kernel's once-a-second read, then a metric interval
             agent.send_signal(signal.SIGINT)
             stderr = agent.communicate(timeout=60)[1]
             assert agent.returncode == 0, stderr
             return {
                 "metrics": load_file_metrics(tmp / "out"),
-                "client": (client.pid, link.client_addr),
-                "server": (server.pid, link.server_addr),
+                "ports": {"lossy": lossy, "clean": clean, "closed": closed, "aborted": aborted},
+                "client": (client.pid, pair.inner_ipv4),
+                "server": (server.pid, pair.outer_ipv4),
             }
         finally:
             if agent is not None and agent.poll() is None:
                 agent.kill()
                 agent.wait()
             for process in (client, server):
-                process.kill()
-                process.wait()
+                if process is not None:
+                    process.kill()
+                    process.wait()
 
 
 def _points(health: dict, name: str, side: str) -> dict[str, list[dict]]:
@@ -138,25 +183,28 @@ def _total(health: dict, name: str, port: int, side: str = "client", **attribute
 
 
 def test_retransmissions_are_counted_for_the_lossy_connection_only(health: dict) -> None:
-    assert _total(health, "otel_ebpf.tcp.retransmissions", LOSSY, **{"network.peer.port": LOSSY}) > 0
-    assert _total(health, "otel_ebpf.tcp.retransmissions", CLEAN) == 0
+    lossy, clean = health["ports"]["lossy"], health["ports"]["clean"]
+    assert _total(health, "otel_ebpf.tcp.retransmissions", lossy, **{"network.peer.port": lossy}) > 0
+    assert _total(health, "otel_ebpf.tcp.retransmissions", clean) == 0
 
 
 def test_a_refused_connect_receives_a_reset(health: dict) -> None:
-    assert _total(health, "otel_ebpf.tcp.resets", CLOSED, **{"network.io.direction": "receive"}) == 1
-    assert _total(health, "otel_ebpf.tcp.resets", CLOSED, **{"network.io.direction": "transmit"}) == 0
+    closed = health["ports"]["closed"]
+    assert _total(health, "otel_ebpf.tcp.resets", closed, **{"network.io.direction": "receive"}) == 1
+    assert _total(health, "otel_ebpf.tcp.resets", closed, **{"network.io.direction": "transmit"}) == 0
 
 
 def test_an_aborted_connection_sends_a_reset(health: dict) -> None:
-    assert _total(health, "otel_ebpf.tcp.resets", ABORTED, **{"network.io.direction": "transmit"}) == 1
-    for port in (LOSSY, CLEAN):
+    aborted = health["ports"]["aborted"]
+    assert _total(health, "otel_ebpf.tcp.resets", aborted, **{"network.io.direction": "transmit"}) == 1
+    for port in (health["ports"]["lossy"], health["ports"]["clean"]):
         assert _total(health, "otel_ebpf.tcp.resets", port) == 0
 
 
 @pytest.mark.parametrize("side", ["client", "server"])
 def test_rtt_is_sampled_and_plausible_on_the_veth(health: dict, side: str) -> None:
     (points,) = _points(health, "otel_ebpf.tcp.rtt", side).values()
-    points = [p for p in points if p["attributes"].get("server.port") == CLEAN]
+    points = [p for p in points if p["attributes"].get("server.port") == health["ports"]["clean"]]
     assert points, f"no RTT histogram for the clean connection's {side}"
     latest = max(points, key=lambda p: p["time_ns"])
     peer = health["server" if side == "client" else "client"][1]
@@ -171,5 +219,5 @@ def test_rtt_is_sampled_and_plausible_on_the_veth(health: dict, side: str) -> No
 
 def test_the_server_retransmits_nothing(health: dict) -> None:
     # it sends one byte per connection and the link drops only what goes to it
-    for port in (LOSSY, CLEAN):
+    for port in (health["ports"]["lossy"], health["ports"]["clean"]):
         assert _total(health, "otel_ebpf.tcp.retransmissions", port, "server") == 0
