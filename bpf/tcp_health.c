@@ -22,7 +22,7 @@
 //
 // Compile-time constants: MAX_CONNS, MAX_TCP_SERIES.
 
-#define TCP_RTT_NBUCKETS 21  // tcp_health.py RTT_BOUNDARIES_S (20 boundaries) and +Inf
+#define TCP_RTT_NBUCKETS 21  // otel_ebpf/tcp_metrics.py RTT_BOUNDARIES_S (20 boundaries) and +Inf
 
 struct tcp_series_key {
     u32 tgid;
