@@ -221,3 +221,10 @@ def test_the_server_retransmits_nothing(health: dict) -> None:
     # it sends one byte per connection and the link drops only what goes to it
     for port in (health["ports"]["lossy"], health["ports"]["clean"]):
         assert _total(health, "otel_ebpf.tcp.retransmissions", port, "server") == 0
+
+
+def test_the_kernel_tables_overflow_counters_are_exported(health: dict) -> None:
+    reasons = {p["attributes"].get("reason") for p in health["metrics"].get("otel_ebpf.kernel.drops", [])}
+    assert {"tcp_owners_full", "tcp_series_full"} <= reasons
+    for reason in ("tcp_owners_full", "tcp_series_full"):
+        assert latest_total(health["metrics"], "otel_ebpf.kernel.drops", reason=reason) == 0
