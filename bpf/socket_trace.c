@@ -168,6 +168,12 @@ struct tuple {
 #include "current_task.h"
 #include "http1_summary.h"
 
+#ifdef TCP_HEALTH
+// Defined in tcp_health.c, appended to this program: which sockets traced processes own.
+static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t);
+static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t);
+#endif
+
 struct conn_info {
     u64 sk;          // 0 until the first socket I/O names the kernel socket
     u64 synthetic;   // FD_TRACKING: stands in for sk
@@ -366,7 +372,12 @@ static __always_inline int same_addr(const u8 *a, const u8 *b) {
 }
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
-    if (args->protocol != IPPROTO_TCP_ || args->newstate != TCP_ESTABLISHED)
+#ifdef TCP_HEALTH
+    int connecting = args->newstate == TCP_SYN_SENT;  // inside connect(): the owner is current
+#else
+    int connecting = 0;
+#endif
+    if (args->protocol != IPPROTO_TCP_ || (args->newstate != TCP_ESTABLISHED && !connecting))
         return 0;
     u64 sk = (u64)args->skaddr;
     struct tuple t = {};
@@ -382,6 +393,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         __builtin_memcpy(t.laddr, args->saddr_v6, 16);
         __builtin_memcpy(t.raddr, args->daddr_v6, 16);
     }
+#ifdef TCP_HEALTH
+    if (connecting) {
+        tcp_health_connecting(sk, &t);
+        return 0;
+    }
+#endif
 #ifdef TCP_SND_UNA
     // The handshake is over and no data has moved yet: the first byte not acknowledged and the
     // next one expected are one past the two SYNs' sequence numbers. The offsets come from the
@@ -725,6 +742,10 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     ev.protocol = udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
     bpf_get_current_comm(ev.comm, sizeof(ev.comm));
     conns.update(&key, &fresh);
+#if defined(TCP_HEALTH) && !defined(FD_TRACKING)
+    if (!udp && !fresh.ignored)
+        tcp_health_owned(sk, id >> 32, fresh.role, t);
+#endif
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
         ev.h.ts = ts;

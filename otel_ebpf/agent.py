@@ -221,9 +221,11 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             agent.process(events, now_ns)
 
     def kernel_summaries(now_ns: int | None) -> None:
-        """What the kernel aggregated (HTTP/1 counts, drops, shed requests), once a second."""
+        """What the kernel aggregated (HTTP/1 counts, TCP health, drops, shed requests), once a second."""
         if kernel_http_metrics:
             take(probe.http_counts(), now_ns)
+        if config.capture.tcp_health:
+            take(probe.tcp_health_counts(), now_ns)
         if agent is not None:
             agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
 

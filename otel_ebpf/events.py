@@ -143,4 +143,26 @@ class HttpRequestCounts:
     max_ns: int
 
 
-Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts
+@dataclass(slots=True)
+class TcpHealthCounts:
+    """What the kernel counted for one series of a process's TCP connections (its role, the peer's
+    address, the server port) since its previous report (bpf/tcp_health.c): retransmitted
+    segments, resets each way, and the smoothed RTT as it stood at each segment received, in
+    buckets of ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf)."""
+
+    timestamp_ns: int
+    pid: int
+    role: Role
+    peer_address: str  # "" when the kernel never showed the connection's handshake
+    server_port: int  # 0 likewise
+    retransmissions: int
+    resets_sent: int
+    resets_received: int
+    rtt_count: int
+    rtt_sum_us: int
+    rtt_buckets: tuple[int, ...]
+    rtt_min_us: int  # over the series' whole life
+    rtt_max_us: int
+
+
+Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts | TcpHealthCounts

@@ -25,6 +25,7 @@ from .events import (
     KernelLoss,
     ProcessExit,
     ProcessInfo,
+    TcpHealthCounts,
 )
 from .protocol import AttributeValue, RequestStart
 from .reorder import EventReorderer
@@ -91,6 +92,8 @@ class Pipeline:
                 self.telemetry.process_exit(event.pid, event.timestamp_ns)
             elif isinstance(event, HttpRequestCounts):
                 self.telemetry.http_counts(event)
+            elif isinstance(event, TcpHealthCounts):
+                self.telemetry.tcp_health(event)
             elif isinstance(event, KernelLoss):
                 self._metrics.add("otel_ebpf.events.lost", event.events)
         if events:

@@ -14,14 +14,24 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from . import __version__
-from .events import ConnClose, ConnData, ConnOpen, Event, HttpRequestCounts, KernelLoss, ProcessExit, ProcessInfo
+from .events import (
+    ConnClose,
+    ConnData,
+    ConnOpen,
+    Event,
+    HttpRequestCounts,
+    KernelLoss,
+    ProcessExit,
+    ProcessInfo,
+    TcpHealthCounts,
+)
 from .protocol import Direction, Endpoint, Role, Transport
 
 FORMAT = "otel-ebpf-events"
 VERSION = 1
 _TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts)
+    for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts, TcpHealthCounts)
 }
 
 
@@ -68,7 +78,7 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
             value = Transport(value)
         elif f.name in ("local", "peer"):
             value = None if value is None else Endpoint(value[0], int(value[1]))
-        elif f.name == "buckets":
+        elif f.name in ("buckets", "rtt_buckets"):
             value = tuple(int(n) for n in value)
         out[f.name] = value
     return out

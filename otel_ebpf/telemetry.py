@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status
 
-from . import __version__
+from . import __version__, tcp_metrics
 from .assembly import RequestContext
-from .events import HttpRequestCounts, ProcessInfo
+from .events import HttpRequestCounts, ProcessInfo, TcpHealthCounts
 from .metrics import ProcessMetrics
 from .pii import filter_content
 from .protocol import (
@@ -29,6 +29,7 @@ from .protocol import (
     Exchange,
     InstrumentKind,
     InstrumentSpec,
+    MetricPoint,
     Protocol,
     SpanDescription,
     SpanKind,
@@ -119,6 +120,8 @@ class Telemetry:
         self._specs: dict[str, InstrumentSpec] = {
             spec.name: spec for protocol in protocols for spec in protocol.instruments
         }
+        self._specs.update((spec.name, spec) for spec in tcp_metrics.INSTRUMENTS)
+        self._tcp_scope = InstrumentationScope("otel_ebpf.tcp", __version__)
         self._scopes = {p.name: InstrumentationScope(f"otel_ebpf.protocols.{p.name}", __version__) for p in protocols}
         self._host_name = host_name
         self._extra = dict(extra_resource_attributes)
@@ -238,6 +241,30 @@ class Telemetry:
             counts.max_ns / 1e9,
             counts.timestamp_ns,
         )
+
+    def tcp_health(self, counts: TcpHealthCounts) -> None:
+        """TCP health the kernel counted (bpf/tcp_health.c), into its process's series."""
+        process = self._process(counts.pid)
+        scope, now = self._tcp_scope, counts.timestamp_ns
+        attributes = tcp_metrics.series_attributes(counts)
+        if counts.retransmissions:
+            process.record(scope, MetricPoint(tcp_metrics.RETRANSMISSIONS, counts.retransmissions, attributes), now)
+        for direction, resets in (("transmit", counts.resets_sent), ("receive", counts.resets_received)):
+            if resets:
+                point = MetricPoint(tcp_metrics.RESETS, resets, {**attributes, "network.io.direction": direction})
+                process.record(scope, point, now)
+        if counts.rtt_count:
+            process.merge_histogram(
+                scope,
+                tcp_metrics.RTT,
+                attributes,
+                counts.rtt_count,
+                counts.rtt_sum_us / 1e6,
+                counts.rtt_buckets,
+                counts.rtt_min_us / 1e6,
+                counts.rtt_max_us / 1e6,
+                now,
+            )
 
     def metric_points(
         self, protocol: str, pid: int, exchange: Exchange, conn: ConnectionInfo, timestamp_ns: int

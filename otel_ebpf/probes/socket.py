@@ -24,8 +24,20 @@ from typing import Any
 from .. import procfs
 from ..config import CaptureConfig, TargetsConfig
 from ..containers import ContainerResolver
-from ..events import ConnClose, ConnData, ConnKey, ConnOpen, Event, KernelLoss, ProcessExit, ProcessInfo
+from ..events import (
+    ConnClose,
+    ConnData,
+    ConnKey,
+    ConnOpen,
+    Event,
+    HttpRequestCounts,
+    KernelLoss,
+    ProcessExit,
+    ProcessInfo,
+    TcpHealthCounts,
+)
 from ..protocol import Direction, Endpoint, Role, Transport
+from . import tcp_health
 from .addresses import endpoint
 from .btf import Btf, BtfError
 from .http_red import HttpRedReader
@@ -186,10 +198,12 @@ class SocketProbe:
         self._containers = containers
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
+        self.tcp_health = capture.tcp_health and self._tcp_health_supported()
         self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
         self._ring: RingBufferReader | None = None
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self._http_red: HttpRedReader | None = None
+        self._tcp_health: tcp_health.TcpHealthReader | None = None  # with capture.tcp_health
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
@@ -213,9 +227,8 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        source = inline_headers(
-            bpf_dir.joinpath("socket_trace.c").read_text() + bpf_dir.joinpath("tls_trace.c").read_text()
-        )
+        parts = ["socket_trace.c", "tls_trace.c", *(["tcp_health.c"] if self.tcp_health else [])]
+        source = inline_headers("".join(bpf_dir.joinpath(part).read_text() for part in parts))
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         cflags = [
@@ -232,6 +245,8 @@ class SocketProbe:
         ]
         if self.socket_mode == "fd-tracking":
             cflags.append("-DFD_TRACKING")
+        if self.tcp_health:
+            cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}"]
         self._bpf = compile_program(source, cflags, "socket probe")
         filtering = self.targets.selects_processes
         write_settings(
@@ -259,9 +274,18 @@ class SocketProbe:
             self._note_existing_sockets(procfs.iter_pids())
         self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
         self._http_red = HttpRedReader(self._bpf["http_red"])
+        if self.tcp_health:
+            self._tcp_health = tcp_health.TcpHealthReader(self._bpf["tcp_series"])
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
+
+    @staticmethod
+    def _tcp_health_supported() -> bool:
+        missing = tcp_health.missing_tracepoints()
+        if missing:
+            log.warning("TCP health is off: this kernel lacks the tracepoints %s", ", ".join(missing))
+        return not missing
 
     def _attach_tls(self, path: str, symbol: str, program: str, is_return: bool, pid: int | None) -> list[bytes]:
         """One SSL probe, for process ``pid`` only or (None) every process mapping ``path``; the
@@ -369,7 +393,18 @@ class SocketProbe:
         """The kernel's HTTP/1 counts since the last call. The kernel counts a request when its
         response starts, which can be before the process's first event reaches user space: such a
         process is announced here, ahead of its counts."""
-        counts = self._http_red.read(self.latest_event_ns)
+        return self._announced(self._http_red.read(self.latest_event_ns))
+
+    def tcp_health_counts(self) -> list[Event]:
+        """The kernel's TCP health counts since the last call (capture.tcp_health), each process
+        announced ahead of its first counts as in :meth:`http_counts`. A process may have counts
+        before any event of it was read (a refused connect moves no bytes): until then, the clock
+        stamps them. None when the kernel lacks what TCP health needs."""
+        if self._tcp_health is None:
+            return []
+        return self._announced(self._tcp_health.read(self.latest_event_ns or time.time_ns()))
+
+    def _announced(self, counts: list[HttpRequestCounts] | list[TcpHealthCounts]) -> list[Event]:
         for counted in counts:
             if counted.pid not in self._known_pids:
                 self._announce_process(counted.pid, counted.timestamp_ns, "")
@@ -389,7 +424,11 @@ class SocketProbe:
     def kernel_stats(self) -> dict[str, int]:
         """Totals of the kernel's per-CPU drop counters since start."""
         table = self._bpf["stats"]
-        return {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
+        stats = {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
+        if self._tcp_health is not None:
+            tcp_table = self._bpf["tcp_stats"]
+            stats.update({name: sum(tcp_table[ctypes.c_int(i)]) for i, name in enumerate(tcp_health.STAT_NAMES)})
+        return stats
 
     def shed_requests(self) -> dict[str, int]:
         """HTTP/1 requests the kernel shed since start, by reason."""
@@ -574,4 +613,6 @@ class SocketProbe:
         if pid in self._known_pids:  # others never had a connection event
             self._known_pids.discard(pid)
             self._http_red.process_exited(pid)
+            if self._tcp_health is not None:
+                self._tcp_health.process_exited(pid)
             self._events.append(ProcessExit(ts, pid))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.conftest import AGENT, REPO
 
 
-def start_file_agent(tmp: Path, pid: int, config_yaml: str, timeout: float = 90) -> subprocess.Popen:
-    """``otel-ebpf run --pid PID --exporter file --output TMP/out`` with ``config_yaml``, returned once
-    its ready file says the probes are attached."""
+def start_file_agent(tmp: Path, pid: int | Sequence[int], config_yaml: str, timeout: float = 90) -> subprocess.Popen:
+    """``otel-ebpf run --pid PID --exporter file --output TMP/out`` with ``config_yaml`` (a ``--pid``
+    for each of several pids), returned once its ready file says the probes are attached."""
     config = tmp / "agent.yaml"
     config.write_text(config_yaml)
     ready = tmp / "ready"
@@ -21,8 +22,7 @@ def start_file_agent(tmp: Path, pid: int, config_yaml: str, timeout: float = 90)
             "run",
             "--config",
             str(config),
-            "--pid",
-            str(pid),
+            *(arg for each in ([pid] if isinstance(pid, int) else pid) for arg in ("--pid", str(each))),
             "--exporter",
             "file",
             "--output",

@@ -1,0 +1,165 @@
+// TCP health of traced connections: retransmissions, resets sent and received, smoothed RTT.
+// Appended to socket_trace.c when capture.tcp_health is on (built with -DTCP_HEALTH), so that it
+// shares that program's targets, port filter and stats; user space reads tcp_series once per
+// interval (otel_ebpf/probes/tcp_health.py): no per-packet work there.
+//
+// The tcp tracepoints fire in softirq or timer context, where the current task is whoever the
+// CPU interrupted, not the socket's owner. So ownership is learnt where the owner *is* current,
+// and keyed by the kernel socket (skaddr), the one thing every tcp tracepoint names:
+//   connect():  sock:inet_sock_set_state CLOSE -> SYN_SENT runs in the connecting syscall,
+//               so a refused connect's reset is counted too (tcp_health_connecting);
+//   first I/O:  socket_trace.c's upsert_conn, when a traced process's read or write first names
+//               the socket (accepted connections, and those older than the agent).
+// A socket's owner entry is its series key itself, so each tcp tracepoint costs one hash lookup
+// that misses, and returns, for every untraced socket. Keying by tuple instead would mean
+// parsing three different address layouts per packet before that first check.
+// tcp:tcp_destroy_sock forgets the socket: not its move to CLOSE, which comes before the reset
+// of an aborted connection (tcp_disconnect sets CLOSE, then sends the RST).
+//
+// Limits: with FD_TRACKING (kernels before 6.3) only connect()ed sockets are learnt; a server's
+// retransmissions before its first read or write (SYN-ACK) are not counted; a socket whose
+// handshake the kernel never showed (older than the agent) has no peer in its key.
+//
+// Compile-time constants: MAX_CONNS, MAX_TCP_SERIES.
+
+#define TCP_RTT_NBUCKETS 21  // otel_ebpf/tcp_metrics.py RTT_BOUNDARIES_S (20 boundaries) and +Inf
+
+struct tcp_series_key {
+    u32 tgid;
+    u16 server_port;  // the peer's for a client, the local one for a server
+    u8 role;          // ROLE_*
+    u8 pad;
+    u16 family;       // of peer_addr; 0: unknown
+    u16 pad2;
+    u8 peer_addr[16];
+};
+
+struct tcp_series {
+    u64 retransmissions;
+    u64 resets_sent;
+    u64 resets_received;
+    u64 rtt_count;
+    u64 rtt_sum_us;
+    u64 rtt_min_us;  // 0 until the first sample on this CPU
+    u64 rtt_max_us;
+    u64 rtt_buckets[TCP_RTT_NBUCKETS];
+};
+
+// tcp_stats[] slots (per-CPU), kernel.drops reasons in tcp_health.py
+#define TCP_STAT_SERIES_FULL 0  // events not counted: tcp_series was full
+#define TCP_STAT_OWNERS_FULL 1  // traced sockets not learnt: tcp_owners was full
+#define TCP_NSTATS 2
+
+BPF_HASH(tcp_owners, u64, struct tcp_series_key, MAX_CONNS);
+BPF_TABLE("percpu_hash", struct tcp_series_key, struct tcp_series, tcp_series, MAX_TCP_SERIES);
+BPF_PERCPU_ARRAY(tcp_stats, u64, TCP_NSTATS);
+
+static __always_inline void tcp_count(u32 slot) {
+    u64 *v = tcp_stats.lookup(&slot);
+    if (v)
+        *v += 1;
+}
+
+static __always_inline void tcp_own(u64 sk, struct tcp_series_key *key) {
+    if (tcp_owners.update(&sk, key))
+        tcp_count(TCP_STAT_OWNERS_FULL);
+}
+
+// A traced process connects (sock:inet_sock_set_state CLOSE -> SYN_SENT, in connect()); t: its
+// destination (the local port may not be chosen yet).
+static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t) {
+    u32 tgid = current_pid_tgid() >> 32;  // as targets[] numbers it (current_task.h)
+    if (!is_target(tgid) || !port_wanted(t->lport, t->rport))
+        return;
+    struct tcp_series_key key = {.tgid = tgid, .server_port = t->rport, .role = ROLE_CLIENT, .family = t->family};
+    __builtin_memcpy(key.peer_addr, t->raddr, 16);
+    tcp_own(sk, &key);
+}
+
+// A traced process's read or write names its TCP socket for the first time (upsert_conn); t is
+// the handshake's tuple when the kernel showed it.
+static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t) {
+    struct tcp_series_key key = {.tgid = tgid, .role = role};
+    if (t) {
+        key.family = t->family;
+        // Unknown role (no handshake seen): the lower port is taken for the server's.
+        if (role == ROLE_UNKNOWN)
+            key.role = t->lport < t->rport ? ROLE_SERVER : ROLE_CLIENT;
+        key.server_port = key.role == ROLE_CLIENT ? t->rport : t->lport;
+        __builtin_memcpy(key.peer_addr, t->raddr, 16);
+    }
+    tcp_own(sk, &key);
+}
+
+// The series of a traced socket, or 0 (the first, cheap, exit for every other socket).
+static __always_inline struct tcp_series *tcp_series_of(const void *skaddr) {
+    u64 sk = (u64)skaddr;
+    struct tcp_series_key *key = tcp_owners.lookup(&sk);
+    if (!key)
+        return 0;
+    struct tcp_series zero = {};
+    struct tcp_series *series = tcp_series.lookup_or_try_init(key, &zero);
+    if (!series)
+        tcp_count(TCP_STAT_SERIES_FULL);
+    return series;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+    struct tcp_series *s = tcp_series_of(args->skaddr);
+    if (s)
+        s->retransmissions += 1;
+    return 0;
+}
+
+// Linux 6.10+ names the reset's reason with this enum (include/net/rstreason.h), which BCC's
+// generated args struct uses but no header it includes defines: an int-sized stand-in.
+enum sk_rst_reason { TCP_HEALTH_RST_REASON_UNUSED };
+
+// skaddr is 0 for a reset answering a segment no socket wanted (a refused SYN): nobody's.
+TRACEPOINT_PROBE(tcp, tcp_send_reset) {
+    struct tcp_series *s = tcp_series_of(args->skaddr);
+    if (s)
+        s->resets_sent += 1;
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_receive_reset) {
+    struct tcp_series *s = tcp_series_of(args->skaddr);
+    if (s)
+        s->resets_received += 1;
+    return 0;
+}
+
+// The RTT bucket of srtt_us: boundaries 2^4 .. 2^23 us, upper-inclusive as in OTLP.
+static __always_inline u32 rtt_bucket(u32 us) {
+    u32 b = 0;
+#pragma unroll
+    for (int i = 4; i < 4 + TCP_RTT_NBUCKETS - 1; i++)
+        b += us > (1U << i);
+    return b;
+}
+
+// tcp_probe fires for each segment a socket in ESTABLISHED receives (tcp_rcv_established): the
+// histogram holds the smoothed RTT as it stood at each, 0 (no sample yet) left out.
+TRACEPOINT_PROBE(tcp, tcp_probe) {
+    struct tcp_series *s = tcp_series_of(args->skaddr);
+    u32 srtt = args->srtt;  // microseconds (the kernel's srtt_us >> 3)
+    if (!s || !srtt)
+        return 0;
+    s->rtt_count += 1;
+    s->rtt_sum_us += srtt;
+    if (!s->rtt_min_us || srtt < s->rtt_min_us)
+        s->rtt_min_us = srtt;
+    if (srtt > s->rtt_max_us)
+        s->rtt_max_us = srtt;
+    u32 b = rtt_bucket(srtt);
+    if (b < TCP_RTT_NBUCKETS)
+        s->rtt_buckets[b] += 1;
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_destroy_sock) {
+    u64 sk = (u64)args->skaddr;
+    tcp_owners.delete(&sk);
+    return 0;
+}

@@ -1,0 +1,41 @@
+"""The instruments of TCP health (bpf/tcp_health.c) and the attributes of their series.
+
+Names are under ``otel_ebpf.tcp.`` (no semantic convention covers them); attributes are the
+semantic conventions' ``network.*`` and ``server.*`` ones. docs/network.md says what they count.
+"""
+
+from __future__ import annotations
+
+from .events import TcpHealthCounts
+from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, Role
+
+RETRANSMISSIONS = "otel_ebpf.tcp.retransmissions"
+RESETS = "otel_ebpf.tcp.resets"
+RTT = "otel_ebpf.tcp.rtt"
+# bpf/tcp_health.c rtt_bucket(): 2^4 .. 2^23 microseconds (16 us .. 8.4 s), upper-inclusive
+RTT_BOUNDARIES_S = tuple((1 << i) / 1e6 for i in range(4, 24))
+
+INSTRUMENTS = (
+    InstrumentSpec(RETRANSMISSIONS, InstrumentKind.COUNTER, "{segment}", "TCP segments retransmitted"),
+    InstrumentSpec(RESETS, InstrumentKind.COUNTER, "{reset}", "TCP resets, sent (transmit) or received (receive)"),
+    InstrumentSpec(
+        RTT,
+        InstrumentKind.HISTOGRAM,
+        "s",
+        "Smoothed TCP round-trip time, as it stood at each segment received",
+        RTT_BOUNDARIES_S,
+    ),
+)
+
+
+def series_attributes(counts: TcpHealthCounts) -> dict[str, AttributeValue]:
+    """The peer and the server port; a client's peer port is the server port, a server's peers'
+    ports are ephemeral (one series per client address, not per connection)."""
+    attributes: dict[str, AttributeValue] = {"network.transport": "tcp"}
+    if counts.peer_address:
+        attributes["network.peer.address"] = counts.peer_address
+    if counts.server_port:
+        attributes["server.port"] = counts.server_port
+        if counts.role is Role.CLIENT:
+            attributes["network.peer.port"] = counts.server_port
+    return attributes

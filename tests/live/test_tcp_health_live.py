@@ -1,0 +1,230 @@
+"""Live BPF: TCP health (bpf/tcp_health.c) of a traced client and server on the two ends of a veth
+pair, with loss injected on the link by a TC classifier.
+
+The client, in the pair's network namespace, runs at the same time a bulk transfer to a port whose
+data segments the server's end drops every DROP_EVERY-th as they arrive (lost on the way: dropped
+at the sender's own egress they would fail the send, and go again as new data, not as a
+retransmission), and one to a port left alone; then a connect to a port bound but not listening
+(refused: a reset received) and a connection it aborts (SO_LINGER 0: a reset sent). Each is its
+own series (the server port tells them apart) of the client's resource. The server, in the root
+namespace, is traced too (``--pid`` for each): its series are keyed by its own port and the
+client's address.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from otel_ebpf.probes.tc import TcAttachment
+from tests.live.file_agent import start_file_agent
+from tests.live.veth_pair import veth_pair
+from tests.otlp_receiver import latest_total, load_file_metrics
+
+pytestmark = pytest.mark.bpf
+
+DROP_EVERY = 20
+BULK = 4 << 20
+
+SERVER = r"""
+import socket, sys, threading
+def drain(conn):
+    try:
+        while conn.recv(1 << 16):
+            pass
+        conn.sendall(b"k")
+    except OSError:
+        pass  # the aborted connection
+    conn.close()
+def serve(listener):
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=drain, args=(conn,), daemon=True).start()
+lossy, clean, aborted = (socket.create_server((sys.argv[1], 0)) for _ in range(3))
+closed = socket.socket()
+closed.bind((sys.argv[1], 0))  # bound, never listening: a SYN to it is answered with a reset
+for listener in (lossy, clean, aborted):
+    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+print(*(s.getsockname()[1] for s in (lossy, clean, closed, aborted)), flush=True)
+threading.Event().wait()
+"""
+
+CLIENT = r"""
+import socket, struct, sys, threading
+server, lossy, clean, closed, aborted, size = sys.argv[1], *map(int, sys.argv[2:])
+sys.stdin.readline()  # the agent is attached
+def bulk(port):
+    with socket.create_connection((server, port), timeout=60) as s:
+        s.sendall(b"x" * size)
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b"k"
+transfers = [threading.Thread(target=bulk, args=(port,)) for port in (lossy, clean)]
+for t in transfers:
+    t.start()
+for t in transfers:
+    t.join()
+try:
+    socket.create_connection((server, closed), timeout=10)
+except ConnectionRefusedError:
+    pass
+s = socket.create_connection((server, aborted), timeout=10)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+print("done", flush=True)
+threading.Event().wait()
+"""
+
+# Drops every DROP_EVERY-th IPv4 TCP segment with payload whose destination port is DPORT (one
+# count for all CPUs: loss the test can rely on, not an exact pattern).
+DROPPER = r"""
+#include <uapi/linux/pkt_cls.h>
+BPF_ARRAY(seen, u64, 1);
+
+int drop_nth(struct __sk_buff *skb) {
+    u8 ip[20];
+    u8 tcp[14];
+    u16 ethertype;
+    if (bpf_skb_load_bytes(skb, 12, &ethertype, 2) || ethertype != __constant_htons(0x0800) ||
+        bpf_skb_load_bytes(skb, 14, ip, 20) || ip[9] != 6)
+        return TC_ACT_OK;
+    u32 ihl = (ip[0] & 0xf) * 4;
+    u32 total = (ip[2] << 8) | ip[3];
+    if (ihl < 20 || ihl > 60 || bpf_skb_load_bytes(skb, 14 + ihl, tcp, 14))
+        return TC_ACT_OK;
+    u32 dport = (tcp[2] << 8) | tcp[3];
+    u32 doff = (tcp[12] >> 4) * 4;
+    if (dport != DPORT || total <= ihl + doff)
+        return TC_ACT_OK;
+    u32 zero = 0;
+    u64 *n = seen.lookup(&zero);
+    if (!n)
+        return TC_ACT_OK;
+    u64 count = __sync_fetch_and_add(n, 1) + 1;
+    return count % DROP_EVERY == 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+"""
+
+
+@contextmanager
+def dropping_every_nth(interface: str, dport: int, every: int) -> Iterator[None]:
+    """The classifier on ``interface``'s ingress while the block runs."""
+    from bcc import BPF
+
+    bpf = BPF(text=DROPPER.encode(), cflags=[f"-DDPORT={dport}", f"-DDROP_EVERY={every}"])
+    tc = TcAttachment()
+    try:
+        tc.attach(interface, {"ingress": bpf.load_func(b"drop_nth", BPF.SCHED_CLS)})
+        yield
+    finally:
+        tc.detach()
+        bpf.cleanup()
+
+
+@pytest.fixture(scope="module")
+def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("tcp_health")
+    with veth_pair("otcp", 233) as pair:
+        server = subprocess.Popen([sys.executable, "-c", SERVER, pair.outer_ipv4], stdout=subprocess.PIPE, text=True)
+        client = None
+        agent = None
+        try:
+            lossy, clean, closed, aborted = map(int, server.stdout.readline().split())
+            arguments = [pair.outer_ipv4, *map(str, (lossy, clean, closed, aborted, BULK))]
+            client = subprocess.Popen(
+                ["ip", "netns", "exec", pair.namespace, sys.executable, "-c", CLIENT, *arguments],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            with dropping_every_nth(pair.outer, lossy, DROP_EVERY):
+                agent = start_file_agent(tmp, [client.pid, server.pid], "export:\n  metric_interval_s: 1\n")
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                assert client.stdout.readline().strip() == "done"
+            time.sleep(2.5)  # the kernel's once-a-second read, then a metric interval
+            agent.send_signal(signal.SIGINT)
+            stderr = agent.communicate(timeout=60)[1]
+            assert agent.returncode == 0, stderr
+            return {
+                "metrics": load_file_metrics(tmp / "out"),
+                "ports": {"lossy": lossy, "clean": clean, "closed": closed, "aborted": aborted},
+                "client": (client.pid, pair.inner_ipv4),
+                "server": (server.pid, pair.outer_ipv4),
+            }
+        finally:
+            if agent is not None and agent.poll() is None:
+                agent.kill()
+                agent.wait()
+            for process in (client, server):
+                if process is not None:
+                    process.kill()
+                    process.wait()
+
+
+def _points(health: dict, name: str, side: str) -> dict[str, list[dict]]:
+    """The points of ``name`` of the client's or the server's process; no other process may have any."""
+    points = health["metrics"].get(name, [])
+    pids = {health[s][0]: s for s in ("client", "server")}
+    assert {p["resource"]["process.pid"] for p in points} <= set(pids)
+    return {name: [p for p in points if pids[p["resource"]["process.pid"]] == side]}
+
+
+def _total(health: dict, name: str, port: int, side: str = "client", **attributes: object) -> float:
+    """The total of ``side``'s series of ``port`` (whose peer is the other side)."""
+    peer = health["server" if side == "client" else "client"][1]
+    where = {"server.port": port, "network.peer.address": peer, **attributes}
+    return latest_total(_points(health, name, side), name, **where)
+
+
+def test_retransmissions_are_counted_for_the_lossy_connection_only(health: dict) -> None:
+    lossy, clean = health["ports"]["lossy"], health["ports"]["clean"]
+    assert _total(health, "otel_ebpf.tcp.retransmissions", lossy, **{"network.peer.port": lossy}) > 0
+    assert _total(health, "otel_ebpf.tcp.retransmissions", clean) == 0
+
+
+def test_a_refused_connect_receives_a_reset(health: dict) -> None:
+    closed = health["ports"]["closed"]
+    assert _total(health, "otel_ebpf.tcp.resets", closed, **{"network.io.direction": "receive"}) == 1
+    assert _total(health, "otel_ebpf.tcp.resets", closed, **{"network.io.direction": "transmit"}) == 0
+
+
+def test_an_aborted_connection_sends_a_reset(health: dict) -> None:
+    aborted = health["ports"]["aborted"]
+    assert _total(health, "otel_ebpf.tcp.resets", aborted, **{"network.io.direction": "transmit"}) == 1
+    for port in (health["ports"]["lossy"], health["ports"]["clean"]):
+        assert _total(health, "otel_ebpf.tcp.resets", port) == 0
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_rtt_is_sampled_and_plausible_on_the_veth(health: dict, side: str) -> None:
+    (points,) = _points(health, "otel_ebpf.tcp.rtt", side).values()
+    points = [p for p in points if p["attributes"].get("server.port") == health["ports"]["clean"]]
+    assert points, f"no RTT histogram for the clean connection's {side}"
+    latest = max(points, key=lambda p: p["time_ns"])
+    peer = health["server" if side == "client" else "client"][1]
+    assert latest["attributes"]["network.peer.address"] == peer
+    # a server's peers' ports are ephemeral: no attribute of its series
+    assert ("network.peer.port" in latest["attributes"]) == (side == "client")
+    assert latest["unit"] == "s"
+    assert latest["count"] > 0
+    assert 0 < latest["min"] <= latest["max"] < 1.0
+    assert sum(latest["bucket_counts"]) == latest["count"]
+
+
+def test_the_server_retransmits_nothing(health: dict) -> None:
+    # it sends one byte per connection and the link drops only what goes to it
+    for port in (health["ports"]["lossy"], health["ports"]["clean"]):
+        assert _total(health, "otel_ebpf.tcp.retransmissions", port, "server") == 0
+
+
+def test_the_kernel_tables_overflow_counters_are_exported(health: dict) -> None:
+    reasons = {p["attributes"].get("reason") for p in health["metrics"].get("otel_ebpf.kernel.drops", [])}
+    assert {"tcp_owners_full", "tcp_series_full"} <= reasons
+    for reason in ("tcp_owners_full", "tcp_series_full"):
+        assert latest_total(health["metrics"], "otel_ebpf.kernel.drops", reason=reason) == 0

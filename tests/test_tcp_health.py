@@ -1,0 +1,212 @@
+"""TCP health counts: the kernel's per-CPU totals (bpf/tcp_health.c) turned into reports of what
+grew, their series' attributes, and their way into a process's metrics and recordings."""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_ebpf.events import ProcessInfo, TcpHealthCounts
+from otel_ebpf.metrics import DELTA_KINDS
+from otel_ebpf.probes.tcp_health import TRACEPOINTS, TcpHealthReader, missing_tracepoints
+from otel_ebpf.protocol import Role
+from otel_ebpf.recording import decode_event, encode_event
+from otel_ebpf.selfmetrics import SelfMetrics
+from otel_ebpf.tcp_metrics import RTT_BOUNDARIES_S, series_attributes
+from otel_ebpf.telemetry import Telemetry
+from tests.test_struct_layouts import GCC, c_structs
+
+NBUCKETS = len(RTT_BOUNDARIES_S) + 1
+
+
+class Key(ctypes.Structure):
+    """Stands in for BCC's type of ``struct tcp_series_key``."""
+
+    _fields_ = [
+        ("tgid", ctypes.c_uint32),
+        ("server_port", ctypes.c_uint16),
+        ("role", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("family", ctypes.c_uint16),
+        ("pad2", ctypes.c_uint16),
+        ("peer_addr", ctypes.c_uint8 * 16),
+    ]
+
+
+class Series(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "retransmissions",
+            "resets_sent",
+            "resets_received",
+            "rtt_count",
+            "rtt_sum_us",
+            "rtt_min_us",
+            "rtt_max_us",
+        )
+    ] + [("rtt_buckets", ctypes.c_uint64 * NBUCKETS)]
+
+
+class Table:
+    """A per-CPU hash as BCC reads it: key -> one value per CPU (ctypes keys are unhashable)."""
+
+    def __init__(self, *entries: tuple[Key, list[Series]]) -> None:
+        self._entries = {bytes(key): (key, values) for key, values in entries}
+
+    def __setitem__(self, key: Key, values: list[Series]) -> None:  # what the kernel does
+        self._entries[bytes(key)] = (key, values)
+
+    def items(self) -> list[tuple[Key, list[Series]]]:
+        return list(self._entries.values())
+
+    def __getitem__(self, key: Key) -> list[Series]:
+        return self._entries[bytes(key)][1]
+
+    def __delitem__(self, key: Key) -> None:
+        del self._entries[bytes(key)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _key(pid: int, role: int, address: str, port: int) -> Key:
+    addr = ipaddress.ip_address(address)
+    raw = addr.packed.ljust(16, b"\0")
+    return Key(pid, port, role, 0, 2 if addr.version == 4 else 10, 0, (ctypes.c_uint8 * 16)(*raw))
+
+
+def _series(**values: int) -> Series:
+    series = Series(**{k: v for k, v in values.items() if k != "buckets"})
+    for i, n in values.get("buckets", {}).items():
+        series.rtt_buckets[i] = n
+    return series
+
+
+def test_the_cpus_are_summed_and_only_growth_is_reported() -> None:
+    key = _key(42, 1, "10.0.0.1", 443)
+    cpu0 = _series(retransmissions=2, rtt_count=1, rtt_sum_us=300, rtt_min_us=300, rtt_max_us=300, buckets={5: 1})
+    table = Table((key, [cpu0, _series(resets_received=1)]))
+    reader = TcpHealthReader(table)
+    first = reader.read(1000)
+    buckets = tuple(int(i == 5) for i in range(NBUCKETS))
+    assert first == [TcpHealthCounts(1000, 42, Role.CLIENT, "10.0.0.1", 443, 2, 0, 1, 1, 300, buckets, 300, 300)]
+    assert reader.read(2000) == []  # nothing grew
+    table[key][1].retransmissions = 3
+    (grown,) = reader.read(3000)
+    assert (grown.retransmissions, grown.resets_received, grown.rtt_count) == (3, 0, 0)
+    assert grown.rtt_buckets == (0,) * NBUCKETS
+
+
+def test_an_exited_process_is_read_once_more_then_deleted() -> None:
+    key = _key(7, 2, "192.168.1.9", 8080)
+    table = Table((key, [_series(resets_sent=1)]))
+    reader = TcpHealthReader(table)
+    reader.process_exited(7)
+    (last,) = reader.read(1)
+    assert (last.pid, last.role, last.resets_sent, last.server_port) == (7, Role.SERVER, 1, 8080)
+    assert not table
+    # a socket it left behind retransmits its FIN: counted from zero, reported, deleted again
+    table[key] = [_series(retransmissions=1)]
+    (orphan,) = reader.read(2)
+    assert (orphan.pid, orphan.retransmissions) == (7, 1)
+    assert not table
+
+
+@pytest.mark.parametrize(
+    ("family", "raw", "expected"),
+    [
+        (10, ipaddress.IPv6Address("::ffff:10.1.2.3").packed, "10.1.2.3"),
+        (10, ipaddress.IPv6Address("fd00::5").packed, "fd00::5"),
+        (0, bytes(16), ""),  # the kernel never showed the handshake
+    ],
+)
+def test_peer_addresses(family: int, raw: bytes, expected: str) -> None:
+    key = Key(1, 0 if not family else 80, 1, 0, family, 0, (ctypes.c_uint8 * 16)(*raw))
+    (report,) = TcpHealthReader(Table((key, [_series(retransmissions=1)]))).read(1)
+    assert report.peer_address == expected
+
+
+def _counts(role: Role, peer: str = "10.0.0.1", port: int = 443, **values: Any) -> TcpHealthCounts:
+    counters = (
+        "retransmissions",
+        "resets_sent",
+        "resets_received",
+        "rtt_count",
+        "rtt_sum_us",
+        "rtt_min_us",
+        "rtt_max_us",
+    )
+    fields: dict[str, Any] = {**dict.fromkeys(counters, 0), "rtt_buckets": (0,) * NBUCKETS, **values}
+    return TcpHealthCounts(5, 42, role, peer, port, **fields)
+
+
+def test_a_client_series_names_the_peer_port_a_server_series_does_not() -> None:
+    assert series_attributes(_counts(Role.CLIENT)) == {
+        "network.transport": "tcp",
+        "network.peer.address": "10.0.0.1",
+        "network.peer.port": 443,
+        "server.port": 443,
+    }
+    assert series_attributes(_counts(Role.SERVER, "10.0.0.9", 8080)) == {
+        "network.transport": "tcp",
+        "network.peer.address": "10.0.0.9",
+        "server.port": 8080,
+    }
+    assert series_attributes(_counts(Role.SERVER, "", 0)) == {"network.transport": "tcp"}
+
+
+def test_counts_become_the_process_metrics() -> None:
+    telemetry = Telemetry([], "host", {}, SelfMetrics(), delta_kinds=DELTA_KINDS["cumulative"])
+    telemetry.process_info(ProcessInfo(1, 42, "/usr/bin/curl", "curl", {}))
+    buckets = tuple(2 if i == 3 else 0 for i in range(NBUCKETS))  # 64 us < rtt <= 128 us
+    rtt = {"rtt_count": 2, "rtt_sum_us": 200, "rtt_buckets": buckets, "rtt_min_us": 90, "rtt_max_us": 110}
+    telemetry.tcp_health(_counts(Role.CLIENT, retransmissions=3, resets_received=1, **rtt))
+    telemetry.tcp_health(_counts(Role.CLIENT, retransmissions=1))
+    (resource,) = telemetry.collect_metrics(10)
+    assert resource.resource.attributes["process.pid"] == 42
+    metrics = {m.name: m for scope in resource.scope_metrics for m in scope.metrics}
+    assert {scope.scope.name for scope in resource.scope_metrics} == {"otel_ebpf.tcp"}
+    (retransmitted,) = metrics["otel_ebpf.tcp.retransmissions"].data.data_points
+    assert retransmitted.value == 4
+    (reset,) = metrics["otel_ebpf.tcp.resets"].data.data_points
+    assert (reset.value, reset.attributes["network.io.direction"]) == (1, "receive")
+    (rtt,) = metrics["otel_ebpf.tcp.rtt"].data.data_points
+    assert (rtt.count, rtt.sum, rtt.min, rtt.max) == (2, 200e-6, 90e-6, 110e-6)
+    assert list(rtt.explicit_bounds) == list(RTT_BOUNDARIES_S)
+    assert rtt.bucket_counts[3] == 2 and RTT_BOUNDARIES_S[2] < 100e-6 <= RTT_BOUNDARIES_S[3]
+
+
+def test_counts_survive_a_recording() -> None:
+    counts = _counts(Role.SERVER, rtt_count=1, rtt_buckets=(1,) + (0,) * (NBUCKETS - 1))
+    assert decode_event(encode_event(counts)) == counts
+
+
+@pytest.mark.skipif(GCC is None, reason="gcc is not installed (scripts/bootstrap.sh)")
+def test_the_kernel_structs_have_what_the_reader_reads() -> None:
+    structs = c_structs("tcp_health.c")
+    assert [(m.name, m.size) for m in structs["tcp_series_key"].members] == [
+        (name, ctypes.sizeof(typ)) for name, typ in Key._fields_
+    ]
+    assert [(m.name, m.size) for m in structs["tcp_series"].members] == [
+        (name, ctypes.sizeof(typ)) for name, typ in Series._fields_
+    ]
+
+
+def test_a_kernel_without_the_tracepoints_or_their_socket_is_named(tmp_path: Path) -> None:
+    for name in TRACEPOINTS:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "format").write_text("\tfield:const void * skaddr;\toffset:16;\tsize:8;\tsigned:0;\n")
+    assert missing_tracepoints(tmp_path) == []
+    (tmp_path / "tcp_probe" / "format").write_text("\tfield:__u32 srtt;\toffset:100;\tsize:4;\tsigned:0;\n")
+    (tmp_path / "tcp_destroy_sock" / "format").unlink()
+    assert missing_tracepoints(tmp_path) == ["tcp_probe.skaddr", "tcp_destroy_sock"]
+
+
+@pytest.mark.bpf  # tracefs is root's
+def test_this_kernel_has_them() -> None:
+    assert missing_tracepoints() == []
