@@ -32,6 +32,14 @@ class Kind(str, enum.Enum):
     GROUP = "group"  # ncclGroupStart / ncclGroupEnd
     COMM_INIT = "comm_init"
     COMM_DESTROY = "comm_destroy"
+    # the driver's virtual memory management (memory.vmm): physical memory by handle, mapped into
+    # reserved address ranges
+    PHYSICAL_CREATE = "physical_create"
+    PHYSICAL_RELEASE = "physical_release"
+    ADDRESS_RESERVE = "address_reserve"
+    ADDRESS_FREE = "address_free"
+    MAP = "map"
+    UNMAP = "unmap"
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,9 @@ class OpSpec:
     library: Library
     kind: Kind
     size_arg: int | None = None  # bytes (ALLOC, COPY) or element count (COLLECTIVE)
-    ptr_arg: int | None = None  # the device pointer a FREE releases
+    ptr_arg: int | None = None  # the device pointer a FREE releases, the address a MAP / UNMAP names
+    handle_arg: int | None = None  # the CUmemGenericAllocationHandle a RELEASE / MAP names
+    location_arg: int | None = None  # the CUmemLocation {type, id} the probe read from cuMemCreate's prop
     direction: str | None = None  # COPY: fixed direction, or None when a cudaMemcpyKind argument says
     kind_arg: int | None = None  # COPY: the cudaMemcpyKind argument
     asynchronous: bool = False
@@ -64,6 +74,17 @@ _SPECS = (
     OpSpec(6, "cuMemFree_v2", Library.DRIVER, Kind.FREE, ptr_arg=0),
     OpSpec(7, "cuMemAllocAsync", Library.DRIVER, Kind.ALLOC, size_arg=1, asynchronous=True),
     OpSpec(8, "cuMemFreeAsync", Library.DRIVER, Kind.FREE, ptr_arg=0, asynchronous=True),
+    # cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+    # unsigned long long flags): the handle comes back through the out-pointer; the probe reads
+    # prop->location into args[6] (ARG6_PROP_LOCATION)
+    OpSpec(11, "cuMemCreate", Library.DRIVER, Kind.PHYSICAL_CREATE, size_arg=1, location_arg=6),
+    OpSpec(12, "cuMemRelease", Library.DRIVER, Kind.PHYSICAL_RELEASE, handle_arg=0),
+    # cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, flags)
+    OpSpec(13, "cuMemAddressReserve", Library.DRIVER, Kind.ADDRESS_RESERVE, size_arg=1),
+    OpSpec(14, "cuMemAddressFree", Library.DRIVER, Kind.ADDRESS_FREE, ptr_arg=0, size_arg=1),
+    # cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, handle, flags), cuMemUnmap(ptr, size)
+    OpSpec(15, "cuMemMap", Library.DRIVER, Kind.MAP, ptr_arg=0, size_arg=1, handle_arg=3),
+    OpSpec(16, "cuMemUnmap", Library.DRIVER, Kind.UNMAP, ptr_arg=0, size_arg=1),
     # pytorch:malloc(devPtr, device, size, stream), pytorch:free(devPtr)
     OpSpec(9, "pytorch:malloc", Library.PYTORCH, Kind.ALLOC, size_arg=2, ptr_arg=0, device_arg=1, usdt=True),
     OpSpec(10, "pytorch:free", Library.PYTORCH, Kind.FREE, ptr_arg=0, usdt=True),

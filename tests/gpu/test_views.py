@@ -142,6 +142,82 @@ def test_memory_pairs_per_layer_and_device(setup: tuple) -> None:
     assert views.table.unmatched_frees == 1
 
 
+def location(device: int, kind: int = 1) -> int:
+    """CUmemAllocationProp.location {type, id} as the probe reads it: 8 bytes, little-endian."""
+    return (device << 32) | kind
+
+
+def test_vmm_physical_memory_is_in_use_until_released_and_unmapped(setup: tuple) -> None:
+    """PyTorch's expandable segments (unmap, then release) and CUDA's samples' idiom (release right
+    after mapping: the memory lives until the unmap), one unmap spanning two mappings."""
+    views, call, _, clock = setup
+    mib = 1 << 20
+    call("cuMemAddressReserve", 0x7000, 64 * mib, 0, 0, 0, out=0x10000000)
+    for i, handle in enumerate((0xA1, 0xA2, 0xA3)):  # cuMemCreate(&handle, size, &prop, flags)
+        call("cuMemCreate", 0x7000, 2 * mib, 0x7100, 0, 0, 0, location(0), out=handle, where=1)
+        call("cuMemMap", 0x10000000 + i * 2 * mib, 2 * mib, 0, handle, 0)
+    call("cuMemUnmap", 0x10000000 + 2 * mib, 4 * mib)  # the last two chunks at once
+    call("cuMemRelease", 0xA2)
+    call("cuMemRelease", 0xA3)
+    call("cuMemCreate", 0x7000, 1 * mib, 0x7100, 0, 0, 0, location(1), out=0xB1, where=2)
+    call("cuMemMap", 0x20000000, 1 * mib, 0, 0xB1, 0)
+    call("cuMemRelease", 0xB1)  # still mapped: still in use
+    call("cuMemCreate", 0x7000, 1 << 40, 0x7100, 0, 0, 0, location(0), ret=2)  # out of memory
+    call("cuMemCreate", 0x7000, 4096, 0x7100, 0, 0, 0, location(0, kind=2), out=0xC1, where=0)  # on the host
+    call("cuMemRelease", 0xD1)  # created before the agent attached
+    call("cuMemUnmap", 0x30000000, 4096)  # mapped before the agent attached
+    call("cuMemAddressReserve", 0x7000, 8 * mib, 0, 0, 0, out=0x40000000)
+    call("cuMemAddressFree", 0x40000000, 8 * mib)
+    points = collected(views, clock.tick())
+    vmm0, vmm1 = {"cuda.api": "vmm", "cuda.device": 0}, {"cuda.api": "vmm", "cuda.device": 1}
+    assert value(points, "cuda.memory.allocated", **vmm0) == 6 * mib
+    assert value(points, "cuda.memory.allocations", **vmm0) == 3
+    assert value(points, "cuda.memory.freed", **vmm0) == 4 * mib
+    assert value(points, "cuda.memory.in_use", **vmm0) == 2 * mib
+    assert value(points, "cuda.memory.in_use", **vmm1) == 1 * mib
+    assert value(points, "cuda.memory.in_use", **{"cuda.api": "vmm", "cuda.device": -1}) == 4096
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 0}) == 2 * mib
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 1}) == 1 * mib
+    assert value(points, "cuda.memory.address_reserved") == 64 * mib
+    assert (
+        value(
+            points,
+            "cuda.api.calls",
+            **{"cuda.api": "driver", "cuda.function": "cuMemCreate", "error.type": "CUDA_ERROR_OUT_OF_MEMORY"},
+        )
+        == 1
+    )
+    assert views.table.unmatched_frees == 1  # the handle made before the agent attached
+
+    call("cuMemUnmap", 0x20000000, 1 * mib)  # its last mapping: the released handle's memory goes
+    points = collected(views, clock.tick())
+    assert value(points, "cuda.memory.in_use", **vmm1) == 0
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 1}) == 0
+    in_use = next(p for p in views.take_profiles(clock.tick()) if p.sample_types[0].type == "inuse_space")
+    # the chunk still held, by the stack that created it; the host-located one apart
+    assert sorted((key.stack[1].function, values) for key, values in in_use.samples.items()) == [
+        ("main", [4096, 1]),
+        ("train_step", [2 * mib, 1]),
+    ]
+
+
+def test_vmm_state_is_bounded_and_forgotten_at_exit(setup: tuple) -> None:
+    views, call, metrics, clock = setup
+    views.vmm.capacity = 1
+    call("cuMemCreate", 0x7000, 100, 0x7100, 0, 0, 0, location(0), out=0xA1)
+    call("cuMemCreate", 0x7000, 200, 0x7100, 0, 0, 0, location(0), out=0xA2)  # not tracked: table full
+    call("cuMemMap", 0x1000, 200, 0, 0xA2, 0)  # nor its mapping (of an unknown handle)
+    call("cuMemRelease", 0xA2)  # taken as gone at once
+    points = collected(views, clock.tick())
+    assert value(points, "cuda.memory.in_use", **{"cuda.api": "vmm", "cuda.device": 0}) == 100
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 0}) is None
+    untracked = {tuple(o.attributes.items()): o.value for o in metrics.observe("otel_ebpf.gpu.allocations.untracked")}
+    assert untracked[(("reason", "vmm_table_full"),)] == 1
+    views.processes_exited([PID], clock.tick())
+    call("cuMemRelease", 0xA1)  # a new process reusing the pid: nothing known of it
+    assert views.table.unmatched_frees == 1
+
+
 def test_copies_by_direction_and_waits(setup: tuple) -> None:
     views, call, _, clock = setup
     for kind, size in ((0, 1), (1, 10), (2, 20), (3, 30), (4, 40)):

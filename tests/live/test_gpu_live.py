@@ -170,14 +170,17 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     pid, ledger = summary["pid"], summary["ledger"]
     assert "GPU: hooked" in stderr and "libcudart.so.12" in stderr and "pytorch:malloc" in stderr
     # memory: in use, allocated, counts, per layer (cuda.api) and device
-    for layer, device in (("runtime", 0), ("runtime", 1), ("driver", 0), ("pytorch", 1)):
+    for layer, device in (("runtime", 0), ("runtime", 1), ("driver", 0), ("pytorch", 1), ("vmm", 0), ("vmm", 1)):
         attrs = {"cuda.api": layer, "cuda.device": device}
         assert _final(metrics, "cuda.memory.in_use", pid, **attrs) == ledger[f"in_use {layer} {device}"], attrs
         assert _final(metrics, "cuda.memory.allocated", pid, **attrs) == ledger[f"alloc {layer} {device}"], attrs
-    assert (
-        _final(metrics, "cuda.memory.allocations", pid, **{"cuda.api": "runtime", "cuda.device": 0})
-        == ledger["allocs runtime 0"]
-    )
+    for layer in ("runtime", "vmm"):
+        attrs = {"cuda.api": layer, "cuda.device": 0}
+        assert _final(metrics, "cuda.memory.allocations", pid, **attrs) == ledger[f"allocs {layer} 0"], attrs
+    # the driver's virtual memory API: physical chunks mapped into reserved ranges
+    for device in (0, 1):
+        assert _final(metrics, "cuda.memory.mapped", pid, **{"cuda.device": device}) == ledger[f"mapped {device}"]
+    assert _final(metrics, "cuda.memory.address_reserved", pid) == ledger["address_reserved"]
     assert (
         _final(
             metrics,
@@ -264,6 +267,10 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     assert in_use.sample_types[0].unit == "bytes" and in_use.period_type.unit == "bytes"
     leaked = sum(values[0] for key, values in in_use.samples.items() if "leaky_batch_cache" in _functions(key.stack))
     assert leaked == summary["leaks"] * summary["leak_size"]
+    # the expandable segment's chunks still held, by the function that created them
+    for function, device in (("grow_segment", 0), ("map_then_release", 1)):
+        held = sum(values[0] for key, values in in_use.samples.items() if function in _functions(key.stack))
+        assert held == ledger[f"in_use vmm {device}"], function
     launches: dict[tuple[str, str | None], int] = {}
     for profile in by_type["cuda_launch"]:
         for key, values in profile.samples.items():
