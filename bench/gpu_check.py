@@ -10,7 +10,8 @@ ones from a function named ``leaky_cache``, copies host<->device and launches ke
 3. copies: host_to_device / device_to_host bytes at least what the program copied;
 4. device memory: ``cudaMalloc`` segments in use at least the leaked bytes (PyTorch's caching
    allocator gets a segment per large tensor), and, with the USDT probes, tensor-level in-use;
-5. a leak report naming ``leaky_cache``;
+5. a leak report naming ``leaky_cache``; the pinned staging buffer (``pin_memory``: ``cudaHostAlloc``)
+   as ``pinned_host`` memory, apart from device memory;
 6. profiles with launches and allocations by stack, the Python frames included.
 
 Then the same program again under ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, where the
@@ -265,7 +266,11 @@ def _classic_checks(run: Run) -> list[Result]:
     d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
     results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))
     results.append(("copies device_to_host", d2h >= summary["copy_bytes"], f"{d2h:.0f} B >= {summary['copy_bytes']}"))
-    segments = final("cuda.memory.in_use", **{"cuda.api": "runtime"})
+    segments = final("cuda.memory.in_use", **{"cuda.api": "runtime", "cuda.memory.kind": "device"})
+    pinned = final("cuda.memory.in_use", **{"cuda.memory.kind": "pinned_host"})
+    results.append(
+        ("pinned host memory apart", pinned >= summary["copy_bytes"], f"{pinned:.0f} B >= {summary['copy_bytes']}")
+    )
     results.append(("cudaMalloc in use", segments >= summary["leaked"], f"{segments:.0f} B >= {summary['leaked']}"))
     tensors = final("cuda.memory.in_use", **{"cuda.api": "pytorch"})
     results.append(
@@ -287,7 +292,7 @@ def _expandable_checks(run: Run) -> list[Result]:
     """Expandable segments: the caching allocator's memory comes through cuMemCreate + cuMemMap."""
     leaked = run.summary["leaked"]
     hooked = [line for line in run.log.splitlines() if "GPU: hooked " in line and "libcuda.so" in line]
-    vmm = run.final("cuda.memory.in_use", **{"cuda.api": "vmm"})
+    vmm = run.final("cuda.memory.in_use", **{"cuda.api": "vmm", "cuda.memory.kind": "device"})
     mapped = run.final("cuda.memory.mapped")
     reserved = run.final("cuda.memory.address_reserved")
     named = run.leak_origins()

@@ -87,6 +87,16 @@ class Gpu:
         self.driver.cuMemAddressFree.argtypes = (u64, sz)
         self.driver.cuMemMap.argtypes = (u64, sz, sz, ull, ull)
         self.driver.cuMemUnmap.argtypes = (u64, sz)
+        pp, uint = ctypes.POINTER(vp), ctypes.c_uint
+        self.rt.cudaMallocManaged.argtypes = (pp, sz, uint)
+        self.rt.cudaMallocHost.argtypes = (pp, sz)
+        self.rt.cudaHostAlloc.argtypes = (pp, sz, uint)
+        self.rt.cudaFreeHost.argtypes = (vp,)
+        self.rt.cudaMallocFromPoolAsync.argtypes = (pp, sz, vp, vp)
+        self.driver.cuMemAllocManaged.argtypes = (pp, sz, uint)
+        self.driver.cuMemAllocHost_v2.argtypes = (pp, sz)
+        self.driver.cuMemHostAlloc.argtypes = (pp, sz, uint)
+        self.driver.cuMemFreeHost.argtypes = (vp,)
         self.c10.c10_cuda_alloc.argtypes = (sz, ctypes.c_int, vp)
         self.c10.c10_cuda_alloc.restype = vp
         self.c10.c10_cuda_free.argtypes = (vp,)
@@ -148,6 +158,22 @@ class Gpu:
     def tensor_free(self, ptr: int, size: int, device: int) -> None:
         self.c10.c10_cuda_free(ptr)
         self.ledger[f"in_use pytorch {device}"] -= size
+
+    # -- managed and pinned host memory, pools: ledger keys "<what> <layer> <device> <kind>" --
+    def allocate(self, layer: str, function: str, size: int, *args: object, kind: str) -> int:
+        ptr = ctypes.c_void_p()
+        library = self.rt if layer == "runtime" else self.driver
+        assert getattr(library, function)(ctypes.byref(ptr), size, *args) == 0, function
+        suffix = "" if kind == "device" else f" {kind}"
+        self.ledger[f"alloc {layer} {self.device}{suffix}"] += size
+        self.ledger[f"allocs {layer} {self.device}{suffix}"] += 1
+        self.ledger[f"in_use {layer} {self.device}{suffix}"] += size
+        return ptr.value
+
+    def deallocate(self, layer: str, function: str, ptr: int, size: int, *args: object, kind: str) -> None:
+        library = self.rt if layer == "runtime" else self.driver
+        assert getattr(library, function)(ptr, *args) == 0, function
+        self.ledger[f"in_use {layer} {self.device}{'' if kind == 'device' else f' {kind}'}"] -= size
 
     # -- the driver's virtual memory API: the ledger's "in_use vmm" is physical memory created and
     # not yet gone (released and unmapped); the callers say when it goes --
@@ -355,6 +381,25 @@ def map_then_release(gpu: Gpu) -> None:
     gpu.address_free(gpu.reserve(8 * MIB), 8 * MIB)
 
 
+def host_and_managed_memory(gpu: Gpu) -> None:
+    """Managed and pinned host memory through the runtime and the driver, and pool allocations;
+    of each, one freed and one kept."""
+    pool = ctypes.c_void_p(0x1)  # the stand-in runtime takes any non-null cudaMemPool_t
+    gpu.allocate("runtime", "cudaMallocManaged", 3 * MIB, 1, kind="managed")  # cudaMemAttachGlobal
+    gone = gpu.allocate("runtime", "cudaMallocManaged", 1 * MIB, 1, kind="managed")
+    gpu.deallocate("runtime", "cudaFree", gone, 1 * MIB, kind="managed")
+    gpu.allocate("runtime", "cudaMallocHost", 512 * KIB, kind="pinned_host")  # a staging buffer
+    gone = gpu.allocate("runtime", "cudaHostAlloc", 256 * KIB, 0, kind="pinned_host")
+    gpu.deallocate("runtime", "cudaFreeHost", gone, 256 * KIB, kind="pinned_host")
+    gpu.allocate("driver", "cuMemAllocManaged", 128 * KIB, 1, kind="managed")
+    gpu.allocate("driver", "cuMemHostAlloc", 64 * KIB, 0, kind="pinned_host")
+    gone = gpu.allocate("driver", "cuMemAllocHost_v2", 32 * KIB, kind="pinned_host")
+    gpu.deallocate("driver", "cuMemFreeHost", gone, 32 * KIB, kind="pinned_host")
+    gpu.allocate("runtime", "cudaMallocFromPoolAsync", 384 * KIB, pool, None, kind="device")
+    gone = gpu.allocate("runtime", "cudaMallocFromPoolAsync", 768 * KIB, pool, None, kind="device")
+    gpu.deallocate("runtime", "cudaFreeAsync", gone, 768 * KIB, None, kind="device")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
@@ -387,6 +432,7 @@ def main() -> int:
     gpu.driver_copies(driver_buffer, ctypes.addressof(host), 3000)
     expandable_segment(gpu)
     map_then_release(gpu)
+    host_and_managed_memory(gpu)
     collectives_tour(gpu, comm, 1)
     print(
         json.dumps(

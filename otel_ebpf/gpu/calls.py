@@ -42,6 +42,14 @@ class Kind(str, enum.Enum):
     UNMAP = "unmap"
 
 
+class Memory(str, enum.Enum):
+    """What an allocation is (``cuda.memory.kind``): only ``device`` is device memory."""
+
+    DEVICE = "device"
+    MANAGED = "managed"  # unified memory: migrates between host and devices on demand
+    PINNED_HOST = "pinned_host"  # page-locked host memory the devices reach directly
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One hooked function. Argument positions index :attr:`GpuCall.args` (0 = first argument)."""
@@ -57,6 +65,7 @@ class OpSpec:
     direction: str | None = None  # COPY: fixed direction, or None when a cudaMemcpyKind argument says
     kind_arg: int | None = None  # COPY: the cudaMemcpyKind argument
     asynchronous: bool = False
+    memory: Memory = Memory.DEVICE  # ALLOC: what it allocates
     dtype_arg: int | None = None  # COLLECTIVE: ncclDataType_t
     comm_arg: int | None = None  # COLLECTIVE: ncclComm_t
     peer_arg: int | None = None  # COLLECTIVE: root or peer rank
@@ -88,6 +97,24 @@ _SPECS = (
     # pytorch:malloc(devPtr, device, size, stream), pytorch:free(devPtr)
     OpSpec(9, "pytorch:malloc", Library.PYTORCH, Kind.ALLOC, size_arg=2, ptr_arg=0, device_arg=1, usdt=True),
     OpSpec(10, "pytorch:free", Library.PYTORCH, Kind.FREE, ptr_arg=0, usdt=True),
+    # cudaMallocManaged(void **devPtr, size_t size, unsigned int flags), cudaMallocHost(void **ptr,
+    # size_t size), cudaHostAlloc(void **pHost, size_t size, unsigned int flags), cudaFreeHost(ptr);
+    # the driver's: cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags),
+    # cuMemAllocHost_v2(void **pp, size_t bytesize), cuMemHostAlloc(void **pp, size_t bytesize,
+    # unsigned int Flags), cuMemFreeHost(void *p). Managed memory is freed by cudaFree / cuMemFree_v2.
+    OpSpec(80, "cudaMallocManaged", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.MANAGED),
+    OpSpec(81, "cudaMallocHost", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(82, "cudaHostAlloc", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(83, "cudaFreeHost", Library.RUNTIME, Kind.FREE, ptr_arg=0),
+    OpSpec(84, "cuMemAllocManaged", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.MANAGED),
+    OpSpec(85, "cuMemAllocHost_v2", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(86, "cuMemHostAlloc", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(87, "cuMemFreeHost", Library.DRIVER, Kind.FREE, ptr_arg=0),
+    # cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream),
+    # cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream):
+    # freed by cudaFreeAsync / cuMemFreeAsync
+    OpSpec(88, "cudaMallocFromPoolAsync", Library.RUNTIME, Kind.ALLOC, size_arg=1, asynchronous=True),
+    OpSpec(89, "cuMemAllocFromPoolAsync", Library.DRIVER, Kind.ALLOC, size_arg=1, asynchronous=True),
     OpSpec(20, "cudaMemcpy", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3),
     OpSpec(21, "cudaMemcpyAsync", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3, asynchronous=True),
     OpSpec(22, "cuMemcpyHtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device"),

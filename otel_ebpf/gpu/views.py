@@ -31,7 +31,7 @@ from ..metrics import ProcessMetrics
 from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
 from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
-from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, error_name
+from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, Memory, error_name
 from .memory import Allocation, AllocationTable, LeakReport, LeakReporter
 from .vmm import VirtualMemory
 
@@ -43,10 +43,10 @@ INSTRUMENTS: dict[str, InstrumentSpec] = {
     spec.name: spec
     for spec in (
         InstrumentSpec("cuda.api.calls", _C, "{call}", "Probed CUDA calls, by function and error"),
-        InstrumentSpec("cuda.memory.allocated", _C, "By", "Device memory allocated"),
-        InstrumentSpec("cuda.memory.freed", _C, "By", "Device memory freed (of allocations the agent saw)"),
-        InstrumentSpec("cuda.memory.allocations", _C, "{allocation}", "Successful device memory allocations"),
-        InstrumentSpec("cuda.memory.in_use", _U, "By", "Device memory allocated and not yet freed"),
+        InstrumentSpec("cuda.memory.allocated", _C, "By", "Memory allocated, by kind (device, managed, pinned host)"),
+        InstrumentSpec("cuda.memory.freed", _C, "By", "Memory freed (of allocations the agent saw)"),
+        InstrumentSpec("cuda.memory.allocations", _C, "{allocation}", "Successful memory allocations"),
+        InstrumentSpec("cuda.memory.in_use", _U, "By", "Memory allocated and not yet freed, by kind"),
         InstrumentSpec("cuda.memory.mapped", _U, "By", "Physical memory (cuMemCreate) mapped into address ranges"),
         InstrumentSpec(
             "cuda.memory.address_reserved", _U, "By", "Virtual address space reserved (cuMemAddressReserve)"
@@ -197,7 +197,7 @@ class GpuViews:
         for pid in pids:
             resource = self._resource_of(pid)
             for alloc in held.get(pid, ()):
-                at_exit.add(resource, alloc.stack, (alloc.size, 1), attributes=EXITED)  # type: ignore[arg-type]
+                at_exit.add(resource, alloc.stack, (alloc.size, 1), attributes={**EXITED, **_kind(alloc)})  # type: ignore[arg-type]
             for builder in self._profiles.values():
                 profiles += builder.take_resource(resource, now_ns, EXITED)
         self._selfmetrics.add("otel_ebpf.gpu.stacks.dropped", at_exit.dropped, {"view": "in_use"})
@@ -219,17 +219,22 @@ class GpuViews:
         spec = call.spec
         ptr = call.arg(spec.ptr_arg) if spec.usdt else call.out
         if call.ok and ptr:
-            self._allocated(call, spec.library.value, self._device(call), ptr, call.arg(spec.size_arg))
+            size, memory = call.arg(spec.size_arg), spec.memory.value
+            self._allocated(
+                call, Allocation(call.pid, spec.library.value, self._device(call), ptr, size, 0, None, memory)
+            )
 
-    def _allocated(self, call: GpuCall, layer: str, device: int, ptr: int, size: int) -> None:
-        """Memory allocated at ``layer``: ``ptr`` is what its release names (pointer or handle)."""
-        stack = self._stack_of(call)
-        self.table.allocate(Allocation(call.pid, layer, device, ptr, size, call.ts_ns, stack))
-        attributes: Attributes = {"cuda.api": layer, "cuda.device": device}
-        self._record(call.pid, "cuda.memory.allocated", size, attributes)
+    def _allocated(self, call: GpuCall, alloc: Allocation) -> None:
+        """``alloc`` made by ``call`` (its time and stack filled in here); ``alloc.ptr`` is what its
+        release names (pointer or handle). Pinned host memory is attributed to the device current
+        when it was allocated."""
+        alloc.ts_ns, alloc.stack = call.ts_ns, self._stack_of(call)
+        self.table.allocate(alloc)
+        attributes = _memory_attributes(alloc)
+        self._record(call.pid, "cuda.memory.allocated", alloc.size, attributes)
         self._record(call.pid, "cuda.memory.allocations", 1, attributes)
-        self._record(call.pid, "cuda.memory.in_use", size, attributes)
-        self._profile("allocated", call, (size, 1), stack=stack)
+        self._record(call.pid, "cuda.memory.in_use", alloc.size, attributes)
+        self._profile("allocated", call, (alloc.size, 1), _kind(alloc), alloc.stack)
 
     def _free(self, call: GpuCall) -> None:
         spec = call.spec
@@ -241,7 +246,7 @@ class GpuViews:
         alloc = self.table.free(pid, layer, ptr)
         if alloc is None:
             return
-        attributes: Attributes = {"cuda.api": alloc.layer, "cuda.device": alloc.device}
+        attributes = _memory_attributes(alloc)
         self._record(pid, "cuda.memory.freed", alloc.size, attributes)
         self._record(pid, "cuda.memory.in_use", -alloc.size, attributes)
 
@@ -254,9 +259,11 @@ class GpuViews:
         if kind is Kind.PHYSICAL_CREATE:
             if call.out:
                 location = call.arg(spec.location_arg)  # {type, id}: little-endian, type low
-                device = location >> 32 if location & 0xFFFFFFFF == CU_MEM_LOCATION_TYPE_DEVICE else -1
-                self.vmm.create(pid, call.out, device)
-                self._allocated(call, VMM, device, call.out, size)
+                alloc = Allocation(pid, VMM, location >> 32, call.out, size, 0, None)
+                if location & 0xFFFFFFFF != CU_MEM_LOCATION_TYPE_DEVICE:  # a host location: pinned host memory
+                    alloc.device, alloc.memory = self._device(call), Memory.PINNED_HOST.value
+                self.vmm.create(pid, call.out, alloc.device)
+                self._allocated(call, alloc)
         elif kind is Kind.PHYSICAL_RELEASE:
             handle = call.arg(spec.handle_arg)
             if self.vmm.release(pid, handle):
@@ -384,7 +391,7 @@ class GpuViews:
         """Profiles since the last take; the in-use view is a snapshot of what is live now."""
         in_use = self._profiles["in_use"]
         for alloc in self.table.live():
-            in_use.add(self._resource_of(alloc.pid), alloc.stack, (alloc.size, 1))  # type: ignore[arg-type]
+            in_use.add(self._resource_of(alloc.pid), alloc.stack, (alloc.size, 1), attributes=_kind(alloc))  # type: ignore[arg-type]
         self._count_drops()
         profiles = []
         for builder in self._profiles.values():
@@ -449,6 +456,15 @@ class GpuViews:
         for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
+
+
+def _memory_attributes(alloc: Allocation) -> Attributes:
+    return {"cuda.api": alloc.layer, "cuda.device": alloc.device, "cuda.memory.kind": alloc.memory}
+
+
+def _kind(alloc: Allocation) -> Attributes:
+    """The allocated and in-use profiles' sample attributes."""
+    return {"cuda.memory.kind": alloc.memory}
 
 
 _LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3")  # framework code (torch, stdlib)

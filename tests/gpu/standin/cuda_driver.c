@@ -75,6 +75,35 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     return cuMemFree_v2(dptr);
 }
 
+// Managed and pinned host memory: host memory here, as the device memory is.
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    (void)flags;
+    return cuMemAlloc_v2(dptr, bytesize);
+}
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    if (!pp)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAlloc_v2((CUdeviceptr *)pp, bytesize);
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+    (void)flags;
+    return cuMemAllocHost_v2(pp, bytesize);
+}
+
+CUresult cuMemFreeHost(void *p) {
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+typedef void *CUmemoryPool;
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+    (void)pool; (void)stream;
+    return cuMemAlloc_v2(dptr, bytesize);
+}
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
