@@ -10,13 +10,21 @@ ones from a function named ``leaky_cache``, copies host<->device and launches ke
 3. copies: host_to_device / device_to_host bytes at least what the program copied;
 4. device memory: ``cudaMalloc`` segments in use at least the leaked bytes (PyTorch's caching
    allocator gets a segment per large tensor), and, with the USDT probes, tensor-level in-use;
-5. a leak report naming ``leaky_cache``;
+5. a leak report naming ``leaky_cache``; the pinned staging buffer (``pin_memory``: ``cudaHostAlloc``)
+   as ``pinned_host`` memory, apart from device memory;
 6. profiles with launches and allocations by stack, the Python frames included.
+
+Then the same program again under ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, where the
+caching allocator grows segments through the driver's virtual memory API (``cuMemCreate`` +
+``cuMemMap``) instead of ``cudaMalloc``; the agent has to show:
+
+7. physical memory in use at layer ``vmm`` at least the leaked bytes, and as much mapped;
+8. the leak reported, naming ``leaky_cache`` (the chunks were created under it).
 
 Prints one line per check (``ok`` / ``FAIL`` / ``n/a`` with the figures) and exits 0 only when every
 applicable check passed. Without a GPU, PyTorch or root it says which and exits 2.
 
-Usage: ``sudo .venv/bin/python bench/gpu_check.py [--keep DIR]``
+Usage: ``sudo .venv/bin/python bench/gpu_check.py [--keep DIR] [--only classic|expandable]``
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -99,14 +109,71 @@ def _wait(path: Path, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.1)
 
 
+CONFIGURATIONS = {  # name -> PYTORCH_CUDA_ALLOC_CONF
+    "classic": "",
+    "expandable": "expandable_segments:True",
+}
+Result = tuple[str, bool | None, str]  # check, passed (None: not applicable), figures
+
+
+@dataclass
+class Run:
+    """What the agent wrote while tracing the program once."""
+
+    out: Path
+    summary: dict[str, Any]
+    log: str
+    metrics: dict[str, list[dict[str, Any]]]
+    logs: list[dict[str, Any]]
+    profiles: list
+
+    def final(self, name: str, **attrs: object) -> float:
+        points = [
+            p
+            for p in self.metrics.get(name, [])
+            if p["resource"].get("process.pid") == self.summary["pid"]
+            and all(p["attributes"].get(k) == v for k, v in attrs.items())
+        ]
+        last: dict = {}
+        for p in sorted(points, key=lambda p: p["time_ns"]):
+            last[tuple(sorted(p["attributes"].items()))] = p.get("sum", p.get("value", 0))
+        return sum(last.values())
+
+    def leak_origins(self) -> list[str]:
+        return [a["code.function.name"].string_value for a in self.logs if "code.function.name" in a]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", metavar="DIR", help="write the agent's output here and keep it")
+    parser.add_argument("--only", choices=sorted(CONFIGURATIONS), help="run one allocator configuration only")
     args = parser.parse_args()
     problem = _preflight()
     if problem is not None:
         print(f"gpu_check: cannot run: {problem[1]}", file=sys.stderr)
         return 2
+    keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    failed = 0
+    for name, alloc_conf in CONFIGURATIONS.items():
+        if args.only and name != args.only:
+            continue
+        run = _run(keep / name, alloc_conf)
+        results = _classic_checks(run) if name == "classic" else _expandable_checks(run)
+        print(
+            f"gpu_check [{name}: PYTORCH_CUDA_ALLOC_CONF={alloc_conf!r}]: torch {run.summary['torch']}, "
+            f"CUDA {run.summary['cuda']}, agent output in {run.out}"
+        )
+        for check, ok, detail in results:
+            mark = "n/a " if ok is None else ("ok  " if ok else "FAIL")
+            failed += ok is False
+            print(f"  {mark} {check}: {detail}")
+    if not args.keep and not failed:
+        shutil.rmtree(keep, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def _run(out: Path, alloc_conf: str) -> Run:
+    """The PyTorch program under ``alloc_conf``, traced by the agent (file exporter into ``out``)."""
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
         ExportProfilesServiceRequest,
@@ -116,13 +183,13 @@ def main() -> int:
     from otel_ebpf.profiles import otlp as profiles_otlp
     from tests.otlp_receiver import load_file_metrics
 
-    out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     out.mkdir(parents=True, exist_ok=True)
     program = subprocess.Popen(
         [sys.executable, "-c", PROGRAM, str(LEAK_MB), str(LEAKS), str(OPS), str(COPY_MB)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf},
     )
     agent = None
     try:
@@ -162,21 +229,6 @@ def main() -> int:
         program.kill()
         program.wait()
 
-    log = (out / "agent.log").read_text()
-    pid = summary["pid"]
-    metrics = load_file_metrics(out / "metrics.jsonl")
-
-    def final(name: str, **attrs: object) -> float:
-        points = [
-            p
-            for p in metrics.get(name, [])
-            if p["resource"].get("process.pid") == pid and all(p["attributes"].get(k) == v for k, v in attrs.items())
-        ]
-        last: dict = {}
-        for p in sorted(points, key=lambda p: p["time_ns"]):
-            last[tuple(sorted(p["attributes"].items()))] = p.get("sum", p.get("value", 0))
-        return sum(last.values())
-
     logs = []
     if (out / "logs.jsonl").exists():
         for line in (out / "logs.jsonl").read_text().splitlines():
@@ -189,8 +241,14 @@ def main() -> int:
     if (out / "profiles.jsonl").exists():
         for line in (out / "profiles.jsonl").read_text().splitlines():
             profiles += profiles_otlp.decode(from_json_line(line, ExportProfilesServiceRequest()))
+    log = (out / "agent.log").read_text()
+    return Run(out, summary, log, load_file_metrics(out / "metrics.jsonl"), logs, profiles)
 
-    results: list[tuple[str, bool | None, str]] = []
+
+def _classic_checks(run: Run) -> list[Result]:
+    summary, log, metrics, final = run.summary, run.log, run.metrics, run.final
+    pid = summary["pid"]
+    results: list[Result] = []
     hooked = [line.split("GPU: hooked ", 1)[1] for line in log.splitlines() if "GPU: hooked " in line]
     results.append(("libraries hooked", any("libcudart" in h for h in hooked), "; ".join(hooked) or "none"))
     usdt = any("pytorch:malloc" in h for h in hooked)
@@ -208,7 +266,11 @@ def main() -> int:
     d2h = final("cuda.memcpy.size", **{"cuda.memcpy.direction": "device_to_host"})
     results.append(("copies host_to_device", h2d >= summary["copy_bytes"], f"{h2d:.0f} B >= {summary['copy_bytes']}"))
     results.append(("copies device_to_host", d2h >= summary["copy_bytes"], f"{d2h:.0f} B >= {summary['copy_bytes']}"))
-    segments = final("cuda.memory.in_use", **{"cuda.api": "runtime"})
+    segments = final("cuda.memory.in_use", **{"cuda.api": "runtime", "cuda.memory.kind": "device"})
+    pinned = final("cuda.memory.in_use", **{"cuda.memory.kind": "pinned_host"})
+    results.append(
+        ("pinned host memory apart", pinned >= summary["copy_bytes"], f"{pinned:.0f} B >= {summary['copy_bytes']}")
+    )
     results.append(("cudaMalloc in use", segments >= summary["leaked"], f"{segments:.0f} B >= {summary['leaked']}"))
     tensors = final("cuda.memory.in_use", **{"cuda.api": "pytorch"})
     results.append(
@@ -218,21 +280,28 @@ def main() -> int:
             f"{tensors:.0f} B" if usdt else "this PyTorch build has no pytorch:malloc USDT probes",
         )
     )
-    named = [a["code.function.name"].string_value for a in logs if "code.function.name" in a]
+    named = run.leak_origins()
     results.append(("leak reported", "leaky_cache" in named, f"reports name {sorted(set(named)) or 'nothing'}"))
-    launch_stacks = [key.stack for p in profiles if p.sample_types[0].type == "launches" for key in p.samples]
+    launch_stacks = [key.stack for p in run.profiles if p.sample_types[0].type == "launches" for key in p.samples]
     python_frames = any(f.kind.value == "python" for stack in launch_stacks for f in stack)
     results.append(("launch profile with Python frames", python_frames, f"{len(launch_stacks)} stacks"))
+    return results
 
-    print(f"gpu_check: torch {summary['torch']}, CUDA {summary['cuda']}, agent output in {out}")
-    failed = 0
-    for name, ok, detail in results:
-        mark = "n/a " if ok is None else ("ok  " if ok else "FAIL")
-        failed += ok is False
-        print(f"  {mark} {name}: {detail}")
-    if not args.keep and not failed:
-        shutil.rmtree(out, ignore_errors=True)
-    return 1 if failed else 0
+
+def _expandable_checks(run: Run) -> list[Result]:
+    """Expandable segments: the caching allocator's memory comes through cuMemCreate + cuMemMap."""
+    leaked = run.summary["leaked"]
+    hooked = [line for line in run.log.splitlines() if "GPU: hooked " in line and "libcuda.so" in line]
+    vmm = run.final("cuda.memory.in_use", **{"cuda.api": "vmm", "cuda.memory.kind": "device"})
+    mapped = run.final("cuda.memory.mapped")
+    reserved = run.final("cuda.memory.address_reserved")
+    named = run.leak_origins()
+    return [
+        ("driver hooked", bool(hooked), "; ".join(hooked) or "libcuda.so.1 not hooked"),
+        ("vmm physical memory in use", vmm >= leaked, f"{vmm:.0f} B >= {leaked}"),
+        ("vmm mapped", mapped >= leaked, f"{mapped:.0f} B >= {leaked}; {reserved:.0f} B of addresses reserved"),
+        ("leak reported", "leaky_cache" in named, f"reports name {sorted(set(named)) or 'nothing'}"),
+    ]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ Rows:
   the real one does: two probe pairs fire, the inner one is recognised as nested and skipped.
 - ``cudaMalloc+cudaFree (C)``: two hooked calls per iteration, with the out-pointer read and the
   allocation table in user space; reported per call.
+- ``cuMemCreate+Map+Unmap+Release (C)``: the driver's virtual memory API as PyTorch's expandable
+  segments grow and shrink, four hooked calls per iteration (``cuMemCreate`` also reads its
+  ``CUmemAllocationProp`` at entry); reported per call. The stand-in makes real syscalls (memfd,
+  mmap), so the untraced call is slow and the added time is what counts.
 - ``cudaStreamSynchronize (Python, stacks=python|native)``: the same call from a Python loop
   through ctypes (about 12 Python frames deep): Python frames walked in BPF, or not.
 
@@ -62,6 +66,17 @@ int main(int argc, char **argv) {
     int (*launch)(const void *, dim3, dim3, void **, size_t, void *) = dlsym(rt, "cudaLaunchKernel");
     int (*cmalloc)(void **, size_t) = dlsym(rt, "cudaMalloc");
     int (*cfree)(void *) = dlsym(rt, "cudaFree");
+    /* the driver's virtual memory API (libcuda.so.1, a dependency of the runtime) */
+    int (*create)(unsigned long long *, size_t, const void *, unsigned long long) = dlsym(rt, "cuMemCreate");
+    int (*release)(unsigned long long) = dlsym(rt, "cuMemRelease");
+    int (*reserve)(unsigned long long *, size_t, size_t, unsigned long long, unsigned long long) =
+        dlsym(rt, "cuMemAddressReserve");
+    int (*map)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long) = dlsym(rt, "cuMemMap");
+    int (*unmap)(unsigned long long, size_t) = dlsym(rt, "cuMemUnmap");
+    struct { int type, handle_types, location_type, location_id; void *win32; unsigned char flags[8]; } prop =
+        {1, 0, 1, 0, 0, {0}};  /* CUmemAllocationProp: pinned, on device 0 */
+    unsigned long long va = 0, handle;
+    if (reserve(&va, 1 << 16, 0, 0, 0)) return 1;
     const char *what = argv[2];
     char line[64];
     printf("ready\n"); fflush(stdout);
@@ -73,6 +88,12 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n; i++) {
             if (!strcmp(what, "sync")) errors += sync(0) != 0;
             else if (!strcmp(what, "launch")) errors += launch((void *)sync, g, b, 0, 0, 0) != 0;
+            else if (!strcmp(what, "vmm")) {
+                errors += create(&handle, 1 << 16, &prop, 0) != 0;
+                errors += map(va, 1 << 16, 0, handle, 0) != 0;
+                errors += unmap(va, 1 << 16) != 0;
+                errors += release(handle) != 0;
+            }
             else { void *p; errors += cmalloc(&p, 256) != 0; errors += cfree(p) != 0; }
         }
         printf("%lld %ld\n", now() - t0, errors); fflush(stdout);
@@ -280,6 +301,11 @@ def main() -> int:
         )
         rows.append(
             _row("cudaMalloc+cudaFree (C), per call", "c", "malloc", "python", libdir, tmp, burst // 2, bursts, 2)
+        )
+        rows.append(
+            _row(
+                "cuMemCreate+Map+Unmap+Release (C), per call", "c", "vmm", "python", libdir, tmp, burst // 20, bursts, 4
+            )
         )
         rows.append(
             _row(

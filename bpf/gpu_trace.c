@@ -187,7 +187,14 @@ static __always_inline void fill_caller(struct pt_regs *ctx, struct gpu_event *e
     e->user_len = (stacks & 1) ? bpf_get_stack(ctx, e->user, size, BPF_F_USER_STACK) : 0;
 }
 
-static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int stack_arg) {
+/* What args[6] holds: the 7th argument (on the stack), or the location {type, id} of the
+ * CUmemAllocationProp that cuMemCreate's third argument points to (the device of the memory). */
+#define ARG6_NONE 0
+#define ARG6_STACK 1
+#define ARG6_PROP_LOCATION 2
+#define PROP_LOCATION_OFFSET 8  /* cuda.h: {type, requestedHandleTypes, location {type, id}, ...} */
+
+static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6) {
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
@@ -228,8 +235,10 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
     e->args[4] = PT_REGS_PARM5(ctx);
     e->args[5] = PT_REGS_PARM6(ctx);
     e->args[6] = 0;
-    if (stack_arg)  /* the 7th argument: above the return address at entry */
+    if (arg6 == ARG6_STACK)  /* the 7th argument: above the return address at entry */
         bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(sp + 8));
+    else if (arg6 == ARG6_PROP_LOCATION)
+        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(e->args[2] + PROP_LOCATION_OFFSET));
     e->flags = FLAG_ENTRY;
     /* Only the Python frames there are: the record is the scratch, cut after them. */
     u32 depth = e->py.depth;
@@ -282,9 +291,10 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 op, int out_ptr)
     return 0;
 }
 
-/* CALL(name, op, layer, reads the 7th argument, returns through an out-pointer) */
-#define CALL(name, op, layer, stack_arg, out_ptr)                                                   \
-    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, stack_arg); }       \
+/* CALL(name, op, layer, what args[6] holds (ARG6_*: 0 none, 1 the 7th argument), returns through
+ * an out-pointer) */
+#define CALL(name, op, layer, arg6, out_ptr)                                                        \
+    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, arg6); }            \
     int return_##name(struct pt_regs *ctx) { return call_return(ctx, op, out_ptr); }
 
 /* Operation ids: keep in step with otel_ebpf/gpu/calls.py */
@@ -296,6 +306,22 @@ CALL(cuMemAlloc_v2, 5, LAYER_CUDA, 0, 1)
 CALL(cuMemFree_v2, 6, LAYER_CUDA, 0, 0)
 CALL(cuMemAllocAsync, 7, LAYER_CUDA, 0, 1)
 CALL(cuMemFreeAsync, 8, LAYER_CUDA, 0, 0)
+CALL(cuMemCreate, 11, LAYER_CUDA, ARG6_PROP_LOCATION, 1)
+CALL(cuMemRelease, 12, LAYER_CUDA, 0, 0)
+CALL(cuMemAddressReserve, 13, LAYER_CUDA, 0, 1)
+CALL(cuMemAddressFree, 14, LAYER_CUDA, 0, 0)
+CALL(cuMemMap, 15, LAYER_CUDA, 0, 0)
+CALL(cuMemUnmap, 16, LAYER_CUDA, 0, 0)
+CALL(cudaMallocManaged, 80, LAYER_CUDA, 0, 1)
+CALL(cudaMallocHost, 81, LAYER_CUDA, 0, 1)
+CALL(cudaHostAlloc, 82, LAYER_CUDA, 0, 1)
+CALL(cudaFreeHost, 83, LAYER_CUDA, 0, 0)
+CALL(cuMemAllocManaged, 84, LAYER_CUDA, 0, 1)
+CALL(cuMemAllocHost_v2, 85, LAYER_CUDA, 0, 1)
+CALL(cuMemHostAlloc, 86, LAYER_CUDA, 0, 1)
+CALL(cuMemFreeHost, 87, LAYER_CUDA, 0, 0)
+CALL(cudaMallocFromPoolAsync, 88, LAYER_CUDA, 0, 1)
+CALL(cuMemAllocFromPoolAsync, 89, LAYER_CUDA, 0, 1)
 CALL(cudaMemcpy, 20, LAYER_CUDA, 0, 0)
 CALL(cudaMemcpyAsync, 21, LAYER_CUDA, 0, 0)
 CALL(cuMemcpyHtoD_v2, 22, LAYER_CUDA, 0, 0)

@@ -59,10 +59,11 @@ def summary(output: Path, pid: int) -> str:
 
     metrics = load_file_metrics(output / "metrics.jsonl")
     lines = ["GPU views of demo-training (from metrics.jsonl, logs.jsonl, profiles/):"]
-    lines.append("  device memory in use (cuda.memory.in_use):")
+    lines.append("  memory in use (cuda.memory.in_use):")
     for key, value in sorted(_last_values(metrics, "cuda.memory.in_use", pid).items()):
         attrs = dict(key)
-        lines.append(f"    {attrs['cuda.api']:<8} device {attrs['cuda.device']}: {value / 2**20:8.2f} MiB")
+        where = f"{attrs['cuda.api']:<8} device {attrs['cuda.device']} {attrs['cuda.memory.kind']:<11}"
+        lines.append(f"    {where}: {value / 2**20:8.2f} MiB")
     lines.append("  copies (cuda.memcpy.size):")
     for key, value in sorted(_last_values(metrics, "cuda.memcpy.size", pid).items()):
         attrs = dict(key)

@@ -41,6 +41,20 @@ class Dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
 
 
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class MemAllocationProp(ctypes.Structure):  # cuda.h: CUmemAllocationProp
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", MemLocation),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", ctypes.c_ubyte * 8),
+    ]
+
+
 class Gpu:
     """The stand-in libraries, and a ledger of every call made through them."""
 
@@ -66,6 +80,23 @@ class Gpu:
         self.driver.cuMemcpyDtoD_v2.argtypes = (ctypes.c_uint64, ctypes.c_uint64, sz)
         self.driver.cuLaunchKernel.argtypes = (vp, *[ctypes.c_uint] * 7, vp, ctypes.POINTER(vp), ctypes.POINTER(vp))
         self.driver.cuLaunchKernelEx.argtypes = (vp, vp, ctypes.POINTER(vp), ctypes.POINTER(vp))
+        u64, ull = ctypes.c_uint64, ctypes.c_ulonglong
+        self.driver.cuMemCreate.argtypes = (ctypes.POINTER(ull), sz, ctypes.POINTER(MemAllocationProp), ull)
+        self.driver.cuMemRelease.argtypes = (ull,)
+        self.driver.cuMemAddressReserve.argtypes = (ctypes.POINTER(u64), sz, sz, u64, ull)
+        self.driver.cuMemAddressFree.argtypes = (u64, sz)
+        self.driver.cuMemMap.argtypes = (u64, sz, sz, ull, ull)
+        self.driver.cuMemUnmap.argtypes = (u64, sz)
+        pp, uint = ctypes.POINTER(vp), ctypes.c_uint
+        self.rt.cudaMallocManaged.argtypes = (pp, sz, uint)
+        self.rt.cudaMallocHost.argtypes = (pp, sz)
+        self.rt.cudaHostAlloc.argtypes = (pp, sz, uint)
+        self.rt.cudaFreeHost.argtypes = (vp,)
+        self.rt.cudaMallocFromPoolAsync.argtypes = (pp, sz, vp, vp)
+        self.driver.cuMemAllocManaged.argtypes = (pp, sz, uint)
+        self.driver.cuMemAllocHost_v2.argtypes = (pp, sz)
+        self.driver.cuMemHostAlloc.argtypes = (pp, sz, uint)
+        self.driver.cuMemFreeHost.argtypes = (vp,)
         self.c10.c10_cuda_alloc.argtypes = (sz, ctypes.c_int, vp)
         self.c10.c10_cuda_alloc.restype = vp
         self.c10.c10_cuda_free.argtypes = (vp,)
@@ -127,6 +158,58 @@ class Gpu:
     def tensor_free(self, ptr: int, size: int, device: int) -> None:
         self.c10.c10_cuda_free(ptr)
         self.ledger[f"in_use pytorch {device}"] -= size
+
+    # -- managed and pinned host memory, pools: ledger keys "<what> <layer> <device> <kind>" --
+    def allocate(self, layer: str, function: str, size: int, *args: object, kind: str) -> int:
+        ptr = ctypes.c_void_p()
+        library = self.rt if layer == "runtime" else self.driver
+        assert getattr(library, function)(ctypes.byref(ptr), size, *args) == 0, function
+        suffix = "" if kind == "device" else f" {kind}"
+        self.ledger[f"alloc {layer} {self.device}{suffix}"] += size
+        self.ledger[f"allocs {layer} {self.device}{suffix}"] += 1
+        self.ledger[f"in_use {layer} {self.device}{suffix}"] += size
+        return ptr.value
+
+    def deallocate(self, layer: str, function: str, ptr: int, size: int, *args: object, kind: str) -> None:
+        library = self.rt if layer == "runtime" else self.driver
+        assert getattr(library, function)(ptr, *args) == 0, function
+        self.ledger[f"in_use {layer} {self.device}{'' if kind == 'device' else f' {kind}'}"] -= size
+
+    # -- the driver's virtual memory API: the ledger's "in_use vmm" is physical memory created and
+    # not yet gone (released and unmapped); the callers say when it goes --
+    def reserve(self, size: int) -> int:
+        va = ctypes.c_uint64()
+        assert self.driver.cuMemAddressReserve(ctypes.byref(va), size, 0, 0, 0) == 0
+        self.ledger["address_reserved"] += size
+        return va.value
+
+    def address_free(self, va: int, size: int) -> None:
+        assert self.driver.cuMemAddressFree(va, size) == 0
+        self.ledger["address_reserved"] -= size
+
+    def create(self, size: int, device: int) -> int:
+        handle = ctypes.c_ulonglong()
+        prop = MemAllocationProp(type=1, location=MemLocation(type=1, id=device))  # pinned, on the device
+        assert self.driver.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), 0) == 0
+        self.ledger[f"alloc vmm {device}"] += size
+        self.ledger[f"allocs vmm {device}"] += 1
+        self.ledger[f"in_use vmm {device}"] += size
+        return handle.value
+
+    def release(self, handle: int, size: int, device: int, gone: bool) -> None:
+        assert self.driver.cuMemRelease(handle) == 0
+        if gone:
+            self.ledger[f"in_use vmm {device}"] -= size
+
+    def map(self, va: int, size: int, handle: int, device: int) -> None:
+        assert self.driver.cuMemMap(va, size, 0, handle, 0) == 0
+        self.ledger[f"mapped {device}"] += size
+
+    def unmap(self, va: int, size: int, device: int, gone: int = 0) -> None:
+        """``gone``: bytes of released handles whose last mapping this was."""
+        assert self.driver.cuMemUnmap(va, size) == 0
+        self.ledger[f"mapped {device}"] -= size
+        self.ledger[f"in_use vmm {device}"] -= gone
 
     # -- copies, launches, waits --
     def memcpy(self, dst: int, src: int, size: int, kind: int, asynchronous: bool = False) -> None:
@@ -260,6 +343,63 @@ def collectives_tour(gpu: Gpu, comm: int, rank: int) -> None:
     gpu.free(buf, 1 * MIB, 0)
 
 
+CHUNK = 2 * MIB  # PyTorch's expandable segments grow by 2 MiB pages (small pools)
+
+
+def grow_segment(gpu: Gpu, segment: int, chunks: list[int], more: int) -> None:
+    """An expandable segment grows: physical chunks created and mapped at its end."""
+    for _ in range(more):
+        handle = gpu.create(CHUNK, 0)
+        gpu.map(segment + len(chunks) * CHUNK, CHUNK, handle, 0)
+        chunks.append(handle)
+
+
+def expandable_segment(gpu: Gpu) -> None:
+    """PyTorch's ``expandable_segments:True``: one big reservation, grown chunk by chunk, shrunk by
+    unmapping and then releasing chunks at its end (one unmap of two contiguous chunks, then one of
+    one); four chunks stay mapped and held."""
+    segment = gpu.reserve(64 * MIB)
+    chunks: list[int] = []
+    grow_segment(gpu, segment, chunks, 4)
+    grow_segment(gpu, segment, chunks, 3)
+    gpu.unmap(segment + 5 * CHUNK, 2 * CHUNK, 0)
+    gpu.unmap(segment + 4 * CHUNK, CHUNK, 0)
+    for handle in chunks[4:]:
+        gpu.release(handle, CHUNK, 0, gone=True)
+
+
+def map_then_release(gpu: Gpu) -> None:
+    """CUDA's samples' idiom, on device 1: the handle is released right after mapping; the memory
+    lives until its unmap. One chunk is unmapped (gone), one stays (in use). The reservation of a
+    third range is freed again."""
+    va = gpu.reserve(2 * CHUNK)
+    for i in range(2):
+        handle = gpu.create(CHUNK, 1)
+        gpu.map(va + i * CHUNK, CHUNK, handle, 1)
+        gpu.release(handle, CHUNK, 1, gone=False)
+    gpu.unmap(va + CHUNK, CHUNK, 1, gone=CHUNK)
+    gpu.address_free(gpu.reserve(8 * MIB), 8 * MIB)
+
+
+def host_and_managed_memory(gpu: Gpu) -> None:
+    """Managed and pinned host memory through the runtime and the driver, and pool allocations;
+    of each, one freed and one kept."""
+    pool = ctypes.c_void_p(0x1)  # the stand-in runtime takes any non-null cudaMemPool_t
+    gpu.allocate("runtime", "cudaMallocManaged", 3 * MIB, 1, kind="managed")  # cudaMemAttachGlobal
+    gone = gpu.allocate("runtime", "cudaMallocManaged", 1 * MIB, 1, kind="managed")
+    gpu.deallocate("runtime", "cudaFree", gone, 1 * MIB, kind="managed")
+    gpu.allocate("runtime", "cudaMallocHost", 512 * KIB, kind="pinned_host")  # a staging buffer
+    gone = gpu.allocate("runtime", "cudaHostAlloc", 256 * KIB, 0, kind="pinned_host")
+    gpu.deallocate("runtime", "cudaFreeHost", gone, 256 * KIB, kind="pinned_host")
+    gpu.allocate("driver", "cuMemAllocManaged", 128 * KIB, 1, kind="managed")
+    gpu.allocate("driver", "cuMemHostAlloc", 64 * KIB, 0, kind="pinned_host")
+    gone = gpu.allocate("driver", "cuMemAllocHost_v2", 32 * KIB, kind="pinned_host")
+    gpu.deallocate("driver", "cuMemFreeHost", gone, 32 * KIB, kind="pinned_host")
+    gpu.allocate("runtime", "cudaMallocFromPoolAsync", 384 * KIB, pool, None, kind="device")
+    gone = gpu.allocate("runtime", "cudaMallocFromPoolAsync", 768 * KIB, pool, None, kind="device")
+    gpu.deallocate("runtime", "cudaFreeAsync", gone, 768 * KIB, None, kind="device")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
@@ -290,6 +430,9 @@ def main() -> int:
         leaky_batch_cache(gpu)
         time.sleep(args.step_ms / 1000)
     gpu.driver_copies(driver_buffer, ctypes.addressof(host), 3000)
+    expandable_segment(gpu)
+    map_then_release(gpu)
+    host_and_managed_memory(gpu)
     collectives_tour(gpu, comm, 1)
     print(
         json.dumps(

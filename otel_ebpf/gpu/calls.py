@@ -32,6 +32,22 @@ class Kind(str, enum.Enum):
     GROUP = "group"  # ncclGroupStart / ncclGroupEnd
     COMM_INIT = "comm_init"
     COMM_DESTROY = "comm_destroy"
+    # the driver's virtual memory management (memory.vmm): physical memory by handle, mapped into
+    # reserved address ranges
+    PHYSICAL_CREATE = "physical_create"
+    PHYSICAL_RELEASE = "physical_release"
+    ADDRESS_RESERVE = "address_reserve"
+    ADDRESS_FREE = "address_free"
+    MAP = "map"
+    UNMAP = "unmap"
+
+
+class Memory(str, enum.Enum):
+    """What an allocation is (``cuda.memory.kind``): only ``device`` is device memory."""
+
+    DEVICE = "device"
+    MANAGED = "managed"  # unified memory: migrates between host and devices on demand
+    PINNED_HOST = "pinned_host"  # page-locked host memory the devices reach directly
 
 
 @dataclass(frozen=True)
@@ -43,10 +59,13 @@ class OpSpec:
     library: Library
     kind: Kind
     size_arg: int | None = None  # bytes (ALLOC, COPY) or element count (COLLECTIVE)
-    ptr_arg: int | None = None  # the device pointer a FREE releases
+    ptr_arg: int | None = None  # the device pointer a FREE releases, the address a MAP / UNMAP names
+    handle_arg: int | None = None  # the CUmemGenericAllocationHandle a RELEASE / MAP names
+    location_arg: int | None = None  # the CUmemLocation {type, id} the probe read from cuMemCreate's prop
     direction: str | None = None  # COPY: fixed direction, or None when a cudaMemcpyKind argument says
     kind_arg: int | None = None  # COPY: the cudaMemcpyKind argument
     asynchronous: bool = False
+    memory: Memory = Memory.DEVICE  # ALLOC: what it allocates
     dtype_arg: int | None = None  # COLLECTIVE: ncclDataType_t
     comm_arg: int | None = None  # COLLECTIVE: ncclComm_t
     peer_arg: int | None = None  # COLLECTIVE: root or peer rank
@@ -64,9 +83,38 @@ _SPECS = (
     OpSpec(6, "cuMemFree_v2", Library.DRIVER, Kind.FREE, ptr_arg=0),
     OpSpec(7, "cuMemAllocAsync", Library.DRIVER, Kind.ALLOC, size_arg=1, asynchronous=True),
     OpSpec(8, "cuMemFreeAsync", Library.DRIVER, Kind.FREE, ptr_arg=0, asynchronous=True),
+    # cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+    # unsigned long long flags): the handle comes back through the out-pointer; the probe reads
+    # prop->location into args[6] (ARG6_PROP_LOCATION)
+    OpSpec(11, "cuMemCreate", Library.DRIVER, Kind.PHYSICAL_CREATE, size_arg=1, location_arg=6),
+    OpSpec(12, "cuMemRelease", Library.DRIVER, Kind.PHYSICAL_RELEASE, handle_arg=0),
+    # cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, flags)
+    OpSpec(13, "cuMemAddressReserve", Library.DRIVER, Kind.ADDRESS_RESERVE, size_arg=1),
+    OpSpec(14, "cuMemAddressFree", Library.DRIVER, Kind.ADDRESS_FREE, ptr_arg=0, size_arg=1),
+    # cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, handle, flags), cuMemUnmap(ptr, size)
+    OpSpec(15, "cuMemMap", Library.DRIVER, Kind.MAP, ptr_arg=0, size_arg=1, handle_arg=3),
+    OpSpec(16, "cuMemUnmap", Library.DRIVER, Kind.UNMAP, ptr_arg=0, size_arg=1),
     # pytorch:malloc(devPtr, device, size, stream), pytorch:free(devPtr)
     OpSpec(9, "pytorch:malloc", Library.PYTORCH, Kind.ALLOC, size_arg=2, ptr_arg=0, device_arg=1, usdt=True),
     OpSpec(10, "pytorch:free", Library.PYTORCH, Kind.FREE, ptr_arg=0, usdt=True),
+    # cudaMallocManaged(void **devPtr, size_t size, unsigned int flags), cudaMallocHost(void **ptr,
+    # size_t size), cudaHostAlloc(void **pHost, size_t size, unsigned int flags), cudaFreeHost(ptr);
+    # the driver's: cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags),
+    # cuMemAllocHost_v2(void **pp, size_t bytesize), cuMemHostAlloc(void **pp, size_t bytesize,
+    # unsigned int Flags), cuMemFreeHost(void *p). Managed memory is freed by cudaFree / cuMemFree_v2.
+    OpSpec(80, "cudaMallocManaged", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.MANAGED),
+    OpSpec(81, "cudaMallocHost", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(82, "cudaHostAlloc", Library.RUNTIME, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(83, "cudaFreeHost", Library.RUNTIME, Kind.FREE, ptr_arg=0),
+    OpSpec(84, "cuMemAllocManaged", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.MANAGED),
+    OpSpec(85, "cuMemAllocHost_v2", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(86, "cuMemHostAlloc", Library.DRIVER, Kind.ALLOC, size_arg=1, memory=Memory.PINNED_HOST),
+    OpSpec(87, "cuMemFreeHost", Library.DRIVER, Kind.FREE, ptr_arg=0),
+    # cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream),
+    # cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream):
+    # freed by cudaFreeAsync / cuMemFreeAsync
+    OpSpec(88, "cudaMallocFromPoolAsync", Library.RUNTIME, Kind.ALLOC, size_arg=1, asynchronous=True),
+    OpSpec(89, "cuMemAllocFromPoolAsync", Library.DRIVER, Kind.ALLOC, size_arg=1, asynchronous=True),
     OpSpec(20, "cudaMemcpy", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3),
     OpSpec(21, "cudaMemcpyAsync", Library.RUNTIME, Kind.COPY, size_arg=2, kind_arg=3, asynchronous=True),
     OpSpec(22, "cuMemcpyHtoD_v2", Library.DRIVER, Kind.COPY, size_arg=2, direction="host_to_device"),

@@ -29,6 +29,7 @@ class Allocation:
     size: int
     ts_ns: int
     stack: Hashable  # what the views group by (a resolved stack); opaque here
+    memory: str = "device"  # what it is (cuda.memory.kind): device, managed, pinned_host
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ from ..metrics import ProcessMetrics
 from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
 from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
-from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, error_name
+from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, Memory, error_name
 from .memory import Allocation, AllocationTable, LeakReport, LeakReporter
+from .vmm import VirtualMemory
 
 SCOPE = InstrumentationScope("otel_ebpf.gpu", __version__)
 _BYTES_BUCKETS = tuple(float(4**i) for i in range(3, 17))  # 64 B .. 4 GiB
@@ -42,10 +43,14 @@ INSTRUMENTS: dict[str, InstrumentSpec] = {
     spec.name: spec
     for spec in (
         InstrumentSpec("cuda.api.calls", _C, "{call}", "Probed CUDA calls, by function and error"),
-        InstrumentSpec("cuda.memory.allocated", _C, "By", "Device memory allocated"),
-        InstrumentSpec("cuda.memory.freed", _C, "By", "Device memory freed (of allocations the agent saw)"),
-        InstrumentSpec("cuda.memory.allocations", _C, "{allocation}", "Successful device memory allocations"),
-        InstrumentSpec("cuda.memory.in_use", _U, "By", "Device memory allocated and not yet freed"),
+        InstrumentSpec("cuda.memory.allocated", _C, "By", "Memory allocated, by kind (device, managed, pinned host)"),
+        InstrumentSpec("cuda.memory.freed", _C, "By", "Memory freed (of allocations the agent saw)"),
+        InstrumentSpec("cuda.memory.allocations", _C, "{allocation}", "Successful memory allocations"),
+        InstrumentSpec("cuda.memory.in_use", _U, "By", "Memory allocated and not yet freed, by kind"),
+        InstrumentSpec("cuda.memory.mapped", _U, "By", "Physical memory (cuMemCreate) mapped into address ranges"),
+        InstrumentSpec(
+            "cuda.memory.address_reserved", _U, "By", "Virtual address space reserved (cuMemAddressReserve)"
+        ),
         InstrumentSpec("cuda.memcpy.size", _H, "By", "Bytes per memory copy", _BYTES_BUCKETS),
         InstrumentSpec(
             "cuda.memcpy.duration", _H, "s", "Time in the copy call (the whole copy when synchronous)", _SECONDS_BUCKETS
@@ -92,6 +97,11 @@ ResourceOf = Callable[[int], Attributes]
 KernelNameOf = Callable[[int, int], str | None]
 MAX_THREADS = 65536  # per-thread current device remembered
 MAX_COMMS = 4096  # NCCL communicators remembered
+VMM = "vmm"  # the memory layer (cuda.api) of physical memory made by cuMemCreate
+_VMM_KINDS = frozenset(
+    (Kind.PHYSICAL_CREATE, Kind.PHYSICAL_RELEASE, Kind.ADDRESS_RESERVE, Kind.ADDRESS_FREE, Kind.MAP, Kind.UNMAP)
+)
+CU_MEM_LOCATION_TYPE_DEVICE = 1
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ class GpuViews:
         self.config = config
         self._delta_kinds = delta_kinds
         self.table = AllocationTable(config.max_allocations)
+        self.vmm = VirtualMemory(config.max_allocations)
         self._leaks = LeakReporter()
         self._metrics: dict[int, ProcessMetrics] = {}
         self._profiles = {
@@ -133,7 +144,7 @@ class GpuViews:
         self._devices: OrderedDict[tuple[int, int], int] = OrderedDict()  # (pid, tid) -> current device
         self._comms: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()  # (pid, comm) -> (rank, n)
         self._reported_drops = {name: 0 for name in self._profiles}
-        self._reported_table = (0, 0, 0)
+        self._reported_table = (0, 0, 0, 0)
         self._now_ns = 0
 
     # ---- input -------------------------------------------------------------------------------
@@ -156,6 +167,8 @@ class GpuViews:
             self._free(call)
         elif not call.ok:
             return
+        elif kind in _VMM_KINDS:
+            self._vmm(call)
         elif kind is Kind.COPY:
             self._copy(call)
         elif kind is Kind.SYNC:
@@ -173,6 +186,7 @@ class GpuViews:
         ``otel_ebpf.process.exited``, and its samples of the other views so far, labelled alike."""
         pids = frozenset(pids)
         held = self.table.remove_processes(pids)
+        self.vmm.forget_processes(pids)
         self._leaks.forget_processes(pids)
         for mapping in (self._devices, self._comms):
             for key in [k for k in mapping if k[0] in pids]:
@@ -183,7 +197,7 @@ class GpuViews:
         for pid in pids:
             resource = self._resource_of(pid)
             for alloc in held.get(pid, ()):
-                at_exit.add(resource, alloc.stack, (alloc.size, 1), attributes=EXITED)  # type: ignore[arg-type]
+                at_exit.add(resource, alloc.stack, (alloc.size, 1), attributes={**EXITED, **_kind(alloc)})  # type: ignore[arg-type]
             for builder in self._profiles.values():
                 profiles += builder.take_resource(resource, now_ns, EXITED)
         self._selfmetrics.add("otel_ebpf.gpu.stacks.dropped", at_exit.dropped, {"view": "in_use"})
@@ -204,30 +218,72 @@ class GpuViews:
     def _alloc(self, call: GpuCall) -> None:
         spec = call.spec
         ptr = call.arg(spec.ptr_arg) if spec.usdt else call.out
-        if not call.ok or not ptr:
-            return
-        size = call.arg(spec.size_arg)
-        device = self._device(call)
-        layer = spec.library.value
-        stack = self._stack_of(call)
-        self.table.allocate(Allocation(call.pid, layer, device, ptr, size, call.ts_ns, stack))
-        attributes: Attributes = {"cuda.api": layer, "cuda.device": device}
-        self._record(call.pid, "cuda.memory.allocated", size, attributes)
+        if call.ok and ptr:
+            size, memory = call.arg(spec.size_arg), spec.memory.value
+            self._allocated(
+                call, Allocation(call.pid, spec.library.value, self._device(call), ptr, size, 0, None, memory)
+            )
+
+    def _allocated(self, call: GpuCall, alloc: Allocation) -> None:
+        """``alloc`` made by ``call`` (its time and stack filled in here); ``alloc.ptr`` is what its
+        release names (pointer or handle). Pinned host memory is attributed to the device current
+        when it was allocated."""
+        alloc.ts_ns, alloc.stack = call.ts_ns, self._stack_of(call)
+        self.table.allocate(alloc)
+        attributes = _memory_attributes(alloc)
+        self._record(call.pid, "cuda.memory.allocated", alloc.size, attributes)
         self._record(call.pid, "cuda.memory.allocations", 1, attributes)
-        self._record(call.pid, "cuda.memory.in_use", size, attributes)
-        self._profile("allocated", call, (size, 1), stack=stack)
+        self._record(call.pid, "cuda.memory.in_use", alloc.size, attributes)
+        self._profile("allocated", call, (alloc.size, 1), _kind(alloc), alloc.stack)
 
     def _free(self, call: GpuCall) -> None:
         spec = call.spec
         ptr = call.arg(spec.ptr_arg)
-        if not call.ok or not ptr:
-            return
-        alloc = self.table.free(call.pid, spec.library.value, ptr)
+        if call.ok and ptr:
+            self._freed(call.pid, spec.library.value, ptr)
+
+    def _freed(self, pid: int, layer: str, ptr: int) -> None:
+        alloc = self.table.free(pid, layer, ptr)
         if alloc is None:
             return
-        attributes: Attributes = {"cuda.api": alloc.layer, "cuda.device": alloc.device}
-        self._record(call.pid, "cuda.memory.freed", alloc.size, attributes)
-        self._record(call.pid, "cuda.memory.in_use", -alloc.size, attributes)
+        attributes = _memory_attributes(alloc)
+        self._record(pid, "cuda.memory.freed", alloc.size, attributes)
+        self._record(pid, "cuda.memory.in_use", -alloc.size, attributes)
+
+    def _vmm(self, call: GpuCall) -> None:
+        """The driver's virtual memory API (:mod:`.vmm`): physical memory is in use from its
+        ``cuMemCreate`` until it is released and unmapped (layer ``vmm``, by the stack that created
+        it); mapped bytes and reserved address space are their own series."""
+        spec, pid, kind = call.spec, call.pid, call.spec.kind
+        size = call.arg(spec.size_arg)
+        if kind is Kind.PHYSICAL_CREATE:
+            if call.out:
+                location = call.arg(spec.location_arg)  # {type, id}: little-endian, type low
+                alloc = Allocation(pid, VMM, location >> 32, call.out, size, 0, None)
+                if location & 0xFFFFFFFF != CU_MEM_LOCATION_TYPE_DEVICE:  # a host location: pinned host memory
+                    alloc.device, alloc.memory = self._device(call), Memory.PINNED_HOST.value
+                self.vmm.create(pid, call.out, alloc.device)
+                self._allocated(call, alloc)
+        elif kind is Kind.PHYSICAL_RELEASE:
+            handle = call.arg(spec.handle_arg)
+            if self.vmm.release(pid, handle):
+                self._freed(pid, VMM, handle)
+        elif kind is Kind.MAP:
+            mapped = self.vmm.map(pid, call.arg(spec.ptr_arg), size, call.arg(spec.handle_arg))
+            if mapped is not None:  # the device of the mapped memory
+                self._record(pid, "cuda.memory.mapped", size, {"cuda.device": mapped})
+        elif kind is Kind.UNMAP:
+            for unmapped in self.vmm.unmap(pid, call.arg(spec.ptr_arg), size):
+                self._record(pid, "cuda.memory.mapped", -unmapped.size, {"cuda.device": unmapped.device})
+                if unmapped.gone:
+                    self._freed(pid, VMM, unmapped.handle)
+        elif kind is Kind.ADDRESS_RESERVE:
+            if call.out and self.vmm.reserve(pid, call.out, size):
+                self._record(pid, "cuda.memory.address_reserved", size, {})
+        elif kind is Kind.ADDRESS_FREE:
+            reserved = self.vmm.address_free(pid, call.arg(spec.ptr_arg))
+            if reserved:
+                self._record(pid, "cuda.memory.address_reserved", -reserved, {})
 
     def _launch(self, call: GpuCall) -> None:
         """A launch, by kernel name where the call names the kernel by its host stub (the runtime's
@@ -335,7 +391,7 @@ class GpuViews:
         """Profiles since the last take; the in-use view is a snapshot of what is live now."""
         in_use = self._profiles["in_use"]
         for alloc in self.table.live():
-            in_use.add(self._resource_of(alloc.pid), alloc.stack, (alloc.size, 1))  # type: ignore[arg-type]
+            in_use.add(self._resource_of(alloc.pid), alloc.stack, (alloc.size, 1), attributes=_kind(alloc))  # type: ignore[arg-type]
         self._count_drops()
         profiles = []
         for builder in self._profiles.values():
@@ -395,11 +451,20 @@ class GpuViews:
                     "otel_ebpf.gpu.stacks.dropped", builder.dropped - self._reported_drops[name], {"view": name}
                 )
                 self._reported_drops[name] = builder.dropped
-        table = (self.table.evicted, self.table.unmatched_frees, self.table.replaced)
-        reasons = ("evicted", "unmatched_free", "replaced")
+        table = (self.table.evicted, self.table.unmatched_frees, self.table.replaced, self.vmm.untracked)
+        reasons = ("evicted", "unmatched_free", "replaced", "vmm_table_full")
         for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
+
+
+def _memory_attributes(alloc: Allocation) -> Attributes:
+    return {"cuda.api": alloc.layer, "cuda.device": alloc.device, "cuda.memory.kind": alloc.memory}
+
+
+def _kind(alloc: Allocation) -> Attributes:
+    """The allocated and in-use profiles' sample attributes."""
+    return {"cuda.memory.kind": alloc.memory}
 
 
 _LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3")  # framework code (torch, stdlib)

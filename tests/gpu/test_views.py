@@ -91,6 +91,11 @@ def collected(views: GpuViews, now: int) -> dict[str, list[tuple[dict, Any]]]:
     return out
 
 
+def mem(api: str, device: int, kind: str = "device") -> dict[str, Any]:
+    """The attributes of a memory series."""
+    return {"cuda.api": api, "cuda.device": device, "cuda.memory.kind": kind}
+
+
 def value(points: dict, name: str, **attributes: Any) -> Any:
     found = [v for a, v in points.get(name, []) if a == attributes]
     return found[0] if found else None
@@ -121,15 +126,15 @@ def test_memory_pairs_per_layer_and_device(setup: tuple) -> None:
     call("cudaFree", 0)  # cudaFree(NULL) is allowed and frees nothing
     call("pytorch:free", 0xE)
     points = collected(views, clock.tick())
-    runtime0 = {"cuda.api": "runtime", "cuda.device": 0}
+    runtime0 = mem("runtime", 0)
     assert value(points, "cuda.memory.in_use", **runtime0) == 0
     assert value(points, "cuda.memory.allocated", **runtime0) == 1064
     assert value(points, "cuda.memory.freed", **runtime0) == 1064
     assert value(points, "cuda.memory.allocations", **runtime0) == 2
-    assert value(points, "cuda.memory.in_use", **{"cuda.api": "runtime", "cuda.device": 1}) == 300
-    assert value(points, "cuda.memory.in_use", **{"cuda.api": "driver", "cuda.device": 0}) == 500
-    assert value(points, "cuda.memory.in_use", **{"cuda.api": "pytorch", "cuda.device": 1}) == 0
-    assert value(points, "cuda.memory.allocated", **{"cuda.api": "pytorch", "cuda.device": 1}) == 256
+    assert value(points, "cuda.memory.in_use", **mem("runtime", 1)) == 300
+    assert value(points, "cuda.memory.in_use", **mem("driver", 0)) == 500
+    assert value(points, "cuda.memory.in_use", **mem("pytorch", 1)) == 0
+    assert value(points, "cuda.memory.allocated", **mem("pytorch", 1)) == 256
     assert (
         value(
             points,
@@ -140,6 +145,123 @@ def test_memory_pairs_per_layer_and_device(setup: tuple) -> None:
     )
     assert value(points, "cuda.api.calls", **{"cuda.api": "runtime", "cuda.function": "cudaMalloc"}) == 2
     assert views.table.unmatched_frees == 1
+
+
+def location(device: int, kind: int = 1) -> int:
+    """CUmemAllocationProp.location {type, id} as the probe reads it: 8 bytes, little-endian."""
+    return (device << 32) | kind
+
+
+def test_vmm_physical_memory_is_in_use_until_released_and_unmapped(setup: tuple) -> None:
+    """PyTorch's expandable segments (unmap, then release) and CUDA's samples' idiom (release right
+    after mapping: the memory lives until the unmap), one unmap spanning two mappings."""
+    views, call, _, clock = setup
+    mib = 1 << 20
+    call("cuMemAddressReserve", 0x7000, 64 * mib, 0, 0, 0, out=0x10000000)
+    for i, handle in enumerate((0xA1, 0xA2, 0xA3)):  # cuMemCreate(&handle, size, &prop, flags)
+        call("cuMemCreate", 0x7000, 2 * mib, 0x7100, 0, 0, 0, location(0), out=handle, where=1)
+        call("cuMemMap", 0x10000000 + i * 2 * mib, 2 * mib, 0, handle, 0)
+    call("cuMemUnmap", 0x10000000 + 2 * mib, 4 * mib)  # the last two chunks at once
+    call("cuMemRelease", 0xA2)
+    call("cuMemRelease", 0xA3)
+    call("cuMemCreate", 0x7000, 1 * mib, 0x7100, 0, 0, 0, location(1), out=0xB1, where=2)
+    call("cuMemMap", 0x20000000, 1 * mib, 0, 0xB1, 0)
+    call("cuMemRelease", 0xB1)  # still mapped: still in use
+    call("cuMemCreate", 0x7000, 1 << 40, 0x7100, 0, 0, 0, location(0), ret=2)  # out of memory
+    call("cuMemCreate", 0x7000, 4096, 0x7100, 0, 0, 0, location(0, kind=2), out=0xC1, where=0)  # on the host
+    call("cuMemRelease", 0xD1)  # created before the agent attached
+    call("cuMemUnmap", 0x30000000, 4096)  # mapped before the agent attached
+    call("cuMemAddressReserve", 0x7000, 8 * mib, 0, 0, 0, out=0x40000000)
+    call("cuMemAddressFree", 0x40000000, 8 * mib)
+    points = collected(views, clock.tick())
+    vmm0, vmm1 = mem("vmm", 0), mem("vmm", 1)
+    assert value(points, "cuda.memory.allocated", **vmm0) == 6 * mib
+    assert value(points, "cuda.memory.allocations", **vmm0) == 3
+    assert value(points, "cuda.memory.freed", **vmm0) == 4 * mib
+    assert value(points, "cuda.memory.in_use", **vmm0) == 2 * mib
+    assert value(points, "cuda.memory.in_use", **vmm1) == 1 * mib
+    assert value(points, "cuda.memory.in_use", **mem("vmm", 0, "pinned_host")) == 4096
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 0}) == 2 * mib
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 1}) == 1 * mib
+    assert value(points, "cuda.memory.address_reserved") == 64 * mib
+    assert (
+        value(
+            points,
+            "cuda.api.calls",
+            **{"cuda.api": "driver", "cuda.function": "cuMemCreate", "error.type": "CUDA_ERROR_OUT_OF_MEMORY"},
+        )
+        == 1
+    )
+    assert views.table.unmatched_frees == 1  # the handle made before the agent attached
+
+    call("cuMemUnmap", 0x20000000, 1 * mib)  # its last mapping: the released handle's memory goes
+    points = collected(views, clock.tick())
+    assert value(points, "cuda.memory.in_use", **vmm1) == 0
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 1}) == 0
+    in_use = next(p for p in views.take_profiles(clock.tick()) if p.sample_types[0].type == "inuse_space")
+    # the chunk still held, by the stack that created it; the host-located one apart
+    assert sorted((key.stack[1].function, values) for key, values in in_use.samples.items()) == [
+        ("main", [4096, 1]),
+        ("train_step", [2 * mib, 1]),
+    ]
+
+
+def test_vmm_state_is_bounded_and_forgotten_at_exit(setup: tuple) -> None:
+    views, call, metrics, clock = setup
+    views.vmm.capacity = 1
+    call("cuMemCreate", 0x7000, 100, 0x7100, 0, 0, 0, location(0), out=0xA1)
+    call("cuMemCreate", 0x7000, 200, 0x7100, 0, 0, 0, location(0), out=0xA2)  # not tracked: table full
+    call("cuMemMap", 0x1000, 200, 0, 0xA2, 0)  # nor its mapping (of an unknown handle)
+    call("cuMemRelease", 0xA2)  # taken as gone at once
+    points = collected(views, clock.tick())
+    assert value(points, "cuda.memory.in_use", **mem("vmm", 0)) == 100
+    assert value(points, "cuda.memory.mapped", **{"cuda.device": 0}) is None
+    untracked = {tuple(o.attributes.items()): o.value for o in metrics.observe("otel_ebpf.gpu.allocations.untracked")}
+    assert untracked[(("reason", "vmm_table_full"),)] == 1
+    views.processes_exited([PID], clock.tick())
+    call("cuMemRelease", 0xA1)  # a new process reusing the pid: nothing known of it
+    assert views.table.unmatched_frees == 1
+
+
+def test_managed_pinned_host_and_pool_memory(setup: tuple) -> None:
+    """Managed and pinned host memory are kinds of their own (cuda.memory.kind), never summed into
+    device memory; pool allocations are device memory, freed by cudaFreeAsync."""
+    views, call, _, clock = setup
+    call("cudaMallocManaged", 0x7000, 1000, 1, out=0xA)  # cudaMemAttachGlobal
+    call("cudaMallocHost", 0x7000, 200, out=0xB)
+    call("cudaSetDevice", 1)
+    call("cudaHostAlloc", 0x7000, 300, 0, out=0xC)  # pinned host memory of device 1's context
+    call("cuMemAllocManaged", 0x7000, 50, 1, out=0xD)
+    call("cuMemHostAlloc", 0x7000, 60, 0, out=0xE)
+    call("cuMemAllocHost_v2", 0x7000, 70, out=0xF)
+    call("cudaMallocFromPoolAsync", 0x7000, 400, 0x99, 0, out=0x10)
+    call("cuMemAllocFromPoolAsync", 0x7000, 80, 0x99, 0, out=0x11)
+    call("cudaMallocHost", 0x7000, 1 << 40, ret=2)
+    call("cudaFree", 0xA)  # managed memory is freed by cudaFree
+    call("cudaFreeHost", 0xB)
+    call("cuMemFreeHost", 0xE)
+    call("cudaFreeAsync", 0x10, 0)
+    points = collected(views, clock.tick())
+    expected = {
+        ("runtime", 0, "managed"): (1000, 0),
+        ("runtime", 0, "pinned_host"): (200, 0),
+        ("runtime", 1, "pinned_host"): (300, 300),
+        ("driver", 1, "managed"): (50, 50),
+        ("driver", 1, "pinned_host"): (130, 70),
+        ("runtime", 1, "device"): (400, 0),
+        ("driver", 1, "device"): (80, 80),
+    }
+    for (api, device, kind), (allocated, in_use) in expected.items():
+        assert value(points, "cuda.memory.allocated", **mem(api, device, kind)) == allocated, (api, device, kind)
+        assert value(points, "cuda.memory.in_use", **mem(api, device, kind)) == in_use, (api, device, kind)
+    assert len(points["cuda.memory.in_use"]) == len(expected)
+    in_use: dict[str, int] = {}
+    for profile in views.take_profiles(clock.tick()):
+        if profile.sample_types[0].type == "inuse_space":
+            for key, values in profile.samples.items():
+                kind = dict(key.attributes)["cuda.memory.kind"]
+                in_use[kind] = in_use.get(kind, 0) + values[0]
+    assert in_use == {"pinned_host": 370, "managed": 50, "device": 80}
 
 
 def test_copies_by_direction_and_waits(setup: tuple) -> None:
@@ -308,7 +430,8 @@ def test_process_exit_gives_its_state_at_exit_then_forgets_it(setup: tuple) -> N
     in_use = by_view["cuda_memory_in_use"]
     assert in_use.total(0) == 400 and in_use.total(1) == 2
     ((key, values),) = in_use.samples.items()
-    assert dict(key.attributes) == {"otel_ebpf.process.exited": True} and values == [400, 2]
+    assert dict(key.attributes) == {"otel_ebpf.process.exited": True, "cuda.memory.kind": "device"}
+    assert values == [400, 2]
     assert "leaky" in [f.function for f in key.stack]
     assert in_use.resource["process.pid"] == PID
     assert by_view["cuda_memory_allocated"].total(0) == 450
@@ -331,7 +454,7 @@ def test_delta_temporality_restarts_counters(setup: tuple) -> None:
     call("cudaMalloc", 0, 10, out=0xA)
     points = collected(views, clock.tick())
     assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime"}) is None
-    assert value(points, "cuda.memory.in_use", **{"cuda.api": "runtime", "cuda.device": 0}) == 10
+    assert value(points, "cuda.memory.in_use", **mem("runtime", 0)) == 10
 
 
 def test_error_names_and_stack_text() -> None:

@@ -169,15 +169,23 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
 
     pid, ledger = summary["pid"], summary["ledger"]
     assert "GPU: hooked" in stderr and "libcudart.so.12" in stderr and "pytorch:malloc" in stderr
-    # memory: in use, allocated, counts, per layer (cuda.api) and device
-    for layer, device in (("runtime", 0), ("runtime", 1), ("driver", 0), ("pytorch", 1)):
-        attrs = {"cuda.api": layer, "cuda.device": device}
-        assert _final(metrics, "cuda.memory.in_use", pid, **attrs) == ledger[f"in_use {layer} {device}"], attrs
-        assert _final(metrics, "cuda.memory.allocated", pid, **attrs) == ledger[f"alloc {layer} {device}"], attrs
-    assert (
-        _final(metrics, "cuda.memory.allocations", pid, **{"cuda.api": "runtime", "cuda.device": 0})
-        == ledger["allocs runtime 0"]
-    )
+    # memory: in use, allocated, counts, per layer (cuda.api), device and kind (device memory,
+    # managed, pinned host): every series the ledger has, and no other
+    series_held = {key.removeprefix("in_use "): n for key, n in ledger.items() if key.startswith("in_use ")}
+    assert len(series_held) == 10
+    for series, held in series_held.items():
+        layer, device, *kind = series.split()
+        attrs = {"cuda.api": layer, "cuda.device": int(device), "cuda.memory.kind": kind[0] if kind else "device"}
+        assert _final(metrics, "cuda.memory.in_use", pid, **attrs) == held, attrs
+        assert _final(metrics, "cuda.memory.allocated", pid, **attrs) == ledger[f"alloc {series}"], attrs
+        if f"allocs {series}" in ledger:
+            assert _final(metrics, "cuda.memory.allocations", pid, **attrs) == ledger[f"allocs {series}"], attrs
+    assert {p["resource"].get("process.pid") for p in metrics["cuda.memory.in_use"]} == {pid}
+    assert len({tuple(sorted(p["attributes"].items())) for p in metrics["cuda.memory.in_use"]}) == len(series_held)
+    # the driver's virtual memory API: physical chunks mapped into reserved ranges
+    for device in (0, 1):
+        assert _final(metrics, "cuda.memory.mapped", pid, **{"cuda.device": device}) == ledger[f"mapped {device}"]
+    assert _final(metrics, "cuda.memory.address_reserved", pid) == ledger["address_reserved"]
     assert (
         _final(
             metrics,
@@ -264,6 +272,15 @@ def test_standin_training_loop_is_seen_exactly(tmp_path: Path) -> None:
     assert in_use.sample_types[0].unit == "bytes" and in_use.period_type.unit == "bytes"
     leaked = sum(values[0] for key, values in in_use.samples.items() if "leaky_batch_cache" in _functions(key.stack))
     assert leaked == summary["leaks"] * summary["leak_size"]
+    # pinned host memory is labelled apart from device memory
+    pinned = sum(
+        values[0] for key, values in in_use.samples.items() if dict(key.attributes)["cuda.memory.kind"] == "pinned_host"
+    )
+    assert pinned == ledger["in_use runtime 0 pinned_host"] + ledger["in_use driver 0 pinned_host"]
+    # the expandable segment's chunks still held, by the function that created them
+    for function, device in (("grow_segment", 0), ("map_then_release", 1)):
+        held = sum(values[0] for key, values in in_use.samples.items() if function in _functions(key.stack))
+        assert held == ledger[f"in_use vmm {device}"], function
     launches: dict[tuple[str, str | None], int] = {}
     for profile in by_type["cuda_launch"]:
         for key, values in profile.samples.items():
@@ -302,7 +319,12 @@ def test_libraries_loaded_after_exec_are_hooked_without_restart(tmp_path: Path) 
     named = {"cuda.api": "runtime", "cuda.kernel.name": "plain_c_kernel"}
     assert _final(metrics, "cuda.kernel.launches", shell.pid, **named) == ledger["launch kernel plain_c_kernel"]
     assert (
-        _final(metrics, "cuda.memory.in_use", shell.pid, **{"cuda.api": "runtime", "cuda.device": 0})
+        _final(
+            metrics,
+            "cuda.memory.in_use",
+            shell.pid,
+            **{"cuda.api": "runtime", "cuda.device": 0, "cuda.memory.kind": "device"},
+        )
         == ledger["in_use runtime 0"]
     )
 
@@ -372,7 +394,7 @@ def test_real_cuda_runtime_and_nccl_wheels_attach_and_report_errors(tmp_path: Pa
         )
         == 1
     )
-    assert _final(metrics, "cuda.memory.in_use", program.pid, **{"cuda.api": "runtime", "cuda.device": 0}) is None
+    assert not metrics.get("cuda.memory.in_use")  # no allocation succeeded
 
 
 def test_nccl_calls_inside_a_request_become_its_child_spans(tmp_path: Path) -> None:

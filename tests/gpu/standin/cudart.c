@@ -20,6 +20,11 @@ enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDe
 
 extern int cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 extern int cuMemFree_v2(CUdeviceptr dptr);
+extern int cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+extern int cuMemAllocHost_v2(void **pp, size_t bytesize);
+extern int cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
+extern int cuMemFreeHost(void *p);
+extern int cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, void *pool, void *stream);
 extern int cuLaunchKernel(void *f, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, void *, void **, void **);
 
@@ -55,6 +60,36 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
     (void)stream;
     return cudaFree(devPtr);
+}
+
+cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+    if (!devPtr)
+        return cudaErrorInvalidValue;
+    return cuMemAllocManaged((CUdeviceptr *)devPtr, size, flags);
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+    if (!ptr)
+        return cudaErrorInvalidValue;
+    return cuMemAllocHost_v2(ptr, size);
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+    if (!pHost)
+        return cudaErrorInvalidValue;
+    return cuMemHostAlloc(pHost, size, flags);
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+    return cuMemFreeHost(ptr);
+}
+
+typedef void *cudaMemPool_t;
+
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
+    if (!ptr || !memPool)
+        return cudaErrorInvalidValue;
+    return cuMemAllocFromPoolAsync((CUdeviceptr *)ptr, size, memPool, stream);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
