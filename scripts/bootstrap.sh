@@ -144,8 +144,8 @@ link_generic_headers() {
     fi
     warn "no headers package exists for kernel $release: BCC compiles against the generic" \
         "$(basename "$build_dir") headers instead. That is safe for otel-ebpf: its BPF programs" \
-        "attach only to stable tracepoints and uprobes and read no kernel struct fields, so no" \
-        "struct layout from these headers ever reaches the running kernel."
+        "attach to stable tracepoints, uprobes and TC, and read kernel struct fields only at offsets" \
+        "from the running kernel's BTF, so no struct layout from these headers reaches the kernel."
 }
 
 install_packages() {
