@@ -52,3 +52,11 @@ class GenAIResponse:
     finished: bool  # the stream's own end marker was seen ([DONE], "done": true, TGI details)
     decode_errors: int
     output_text: str | None = None
+
+    @property
+    def reached_end(self) -> bool:
+        """The stream sent its last event: its end marker or an error event. Clients stop reading
+        there (the OpenAI and Anthropic SDKs close the response), so a connection closed or a
+        stream reset after it, before HTTP's own end (the last chunk, END_STREAM), cut nothing of
+        the call short."""
+        return self.streamed and (self.finished or self.error_type is not None)

@@ -108,7 +108,8 @@ class HTTP1Exchange(Exchange):
             # a server answers in at most the version it was asked in, so the response's is used
             version, status = response.version, response.status
             response_headers, response_body_size = response.headers, response.body_size
-            error = CONNECTION_CLOSED if response.incomplete == CONNECTION_CLOSED else None
+            cut_short = response.incomplete == CONNECTION_CLOSED
+            error = CONNECTION_CLOSED if cut_short and not (response.genai and response.genai.reached_end) else None
         authority = first_header(request.headers, "host")
         # positional, in field order: keywords would make this per-exchange call a third slower
         return HttpTransaction(

@@ -265,6 +265,8 @@ class HTTP2Exchange(Exchange):
 def _response_error(response: Response) -> str | None:
     """``error.type`` of an HTTP response that did not end normally: the code of the reset that
     ended it, the connection's end, or for a stream reset before any response, that code."""
+    if response.status is not None and response.genai is not None and response.genai.reached_end:
+        return None  # the LLM stream had ended: a client that stops reading there cancels nothing
     if response.reset is not None:
         return ERROR_CODES[response.reset] if response.reset < len(ERROR_CODES) else hex(response.reset)
     if response.status is None:

@@ -9,6 +9,7 @@ embeddings, Ollama NDJSON and TGI SSE, each seen by the server and by the caller
 from __future__ import annotations
 
 import json
+import struct
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,35 @@ def test_stream_cut_off_midway_still_gives_a_span_with_what_was_seen() -> None:
     assert points["gen_ai.client.operation.duration"].attributes["error.type"] == "connection_closed"
 
 
+def test_a_client_that_closes_after_the_streams_last_event_cut_nothing_short() -> None:
+    # The openai SDK stops at [DONE] and closes the connection; when the server's last chunk
+    # ("0\r\n\r\n") comes in a later segment, the client never reads it.
+    chunks = _connection("chat gpt-oss-20b", Role.CLIENT)
+    last = chunks[-1]
+    assert last.data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    chunks = [*chunks[:-1], Chunk(last.direction, last.t_ns, last.data[: -len(b"0\r\n\r\n")])]
+    exchange = _exchange(Role.CLIENT, chunks)
+    span = exchange.span(CLIENT)
+    assert span.status is StatusCode.UNSET and "error.type" not in span.attributes
+    assert span.attributes["gen_ai.usage.output_tokens"] == TOKENS
+    assert all("error.type" not in p.attributes for p in exchange.metric_points(CLIENT))
+    # cut one event earlier (before [DONE]), the connection's end did cut the call short
+    chunks[-1] = Chunk(last.direction, last.t_ns, last.data[: last.data.index(b"e\r\ndata: [DONE]")])
+    assert _exchange(Role.CLIENT, chunks).span(CLIENT).attributes["error.type"] == "connection_closed"
+
+
+def test_an_error_event_then_the_connections_end_is_the_events_error() -> None:
+    events = [b'data: {"model":"m","choices":[{"delta":{"content":"t"}}]}\n\n']
+    events.append(b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n')
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)  # no last chunk: the client left
+    request = b'{"model": "m", "messages": [], "stream": true}'
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: llm\r\nContent-Length: %d\r\n\r\n" % len(request)
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunks = [Chunk(Direction.EGRESS, 1_000, head + request), Chunk(Direction.INGRESS, 2_000, response + body)]
+    span = _exchange(Role.CLIENT, chunks).span(CLIENT)
+    assert span.status is StatusCode.ERROR and span.attributes["error.type"] == "overloaded_error"
+
+
 def test_payload_cap_cuts_a_large_prompt_and_the_prefix_still_names_the_model() -> None:
     prompt = [{"role": "user", "content": "x" * 20000}]
     body = json.dumps({"model": "big-model", "stream": True, "max_tokens": 7, "messages": prompt}).encode()
@@ -368,6 +398,17 @@ def test_http2_streams_are_read_too() -> None:
     assert span.attributes["otel_ebpf.gen_ai.time_per_output_token"] == pytest.approx(0.010)
     points = [p.instrument for p in exchanges[0].metric_points(SERVER)]
     assert points.count("gen_ai.server.time_per_output_token") == 1
+
+
+def test_http2_a_client_that_cancels_after_done_cut_nothing_short() -> None:
+    events = [b'data: {"model":"served","choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(3)]
+    for last, error in ((b"data: [DONE]\n\n", None), (b": keep-alive\n\n", "CANCEL")):
+        chunks = _h2_exchange([*events, last, b""])[:-1]  # the server's last, empty DATA never went out
+        cancel = struct.pack(">I", 4)[1:] + bytes((0x3, 0)) + struct.pack(">II", 1, 0x8)  # RST_STREAM CANCEL
+        chunks.append(Chunk(Direction.INGRESS, 200_000_000, cancel))
+        span = replay(chunks, Role.SERVER, HTTP2()).exchanges[0].span(SERVER)
+        assert span.attributes.get("error.type") == error
+        assert span.status is (StatusCode.ERROR if error else StatusCode.UNSET)
 
 
 def test_http2_carries_the_named_event_dialects_too() -> None:
