@@ -10,9 +10,12 @@ from pathlib import Path
 from tests.conftest import AGENT, REPO
 
 
-def start_file_agent(tmp: Path, pid: int | Sequence[int], config_yaml: str, timeout: float = 90) -> subprocess.Popen:
+def start_file_agent(
+    tmp: Path, pid: int | Sequence[int], config_yaml: str, timeout: float = 90, args: Sequence[str] = ()
+) -> subprocess.Popen:
     """``otel-ebpf run --pid PID --exporter file --output TMP/out`` with ``config_yaml`` (a ``--pid``
-    for each of several pids), returned once its ready file says the probes are attached."""
+    for each of several pids) and more ``args``, returned once its ready file says the probes are
+    attached."""
     config = tmp / "agent.yaml"
     config.write_text(config_yaml)
     ready = tmp / "ready"
@@ -29,6 +32,7 @@ def start_file_agent(tmp: Path, pid: int | Sequence[int], config_yaml: str, time
             str(tmp / "out"),
             "--ready-file",
             str(ready),
+            *args,
         ],
         cwd=REPO,
         stderr=subprocess.PIPE,
