@@ -20,7 +20,7 @@
 // retransmissions before its first read or write (SYN-ACK) are not counted; a socket whose
 // handshake the kernel never showed (older than the agent) has no peer in its key.
 //
-// Compile-time constants: MAX_CONNS, MAX_TCP_SERIES.
+// Compile-time constants: MAX_CONNS, MAX_TCP_SERIES; TCP_DROPS and SKB_SK (below).
 
 #define TCP_RTT_NBUCKETS 21  // otel_ebpf/tcp_metrics.py RTT_BOUNDARIES_S (20 boundaries) and +Inf
 
@@ -48,7 +48,8 @@ struct tcp_series {
 // tcp_stats[] slots (per-CPU), kernel.drops reasons in tcp_health.py
 #define TCP_STAT_SERIES_FULL 0  // events not counted: tcp_series was full
 #define TCP_STAT_OWNERS_FULL 1  // traced sockets not learnt: tcp_owners was full
-#define TCP_NSTATS 2
+#define TCP_STAT_DROPS_FULL 2   // dropped packets not counted: tcp_drops was full
+#define TCP_NSTATS 3
 
 BPF_HASH(tcp_owners, u64, struct tcp_series_key, MAX_CONNS);
 BPF_TABLE("percpu_hash", struct tcp_series_key, struct tcp_series, tcp_series, MAX_TCP_SERIES);
@@ -157,6 +158,42 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
         s->rtt_buckets[b] += 1;
     return 0;
 }
+
+#ifdef TCP_DROPS
+// Packets of traced sockets the kernel dropped, by the kernel's own reason (enum skb_drop_reason,
+// whose names user space reads from this tracepoint's format). skb:kfree_skb runs only for drops
+// (consume_skb frees the rest), on every socket of the node, so the first check is again one
+// lookup in tcp_owners. A received packet names its socket in rx_sk (Linux 6.8+: set once the
+// packet was matched to a socket, so drops before that, e.g. at TC ingress, are nobody's); a
+// packet being sent belongs to skb->sk (at SKB_SK, from the kernel's BTF).
+struct tcp_drop_key {
+    struct tcp_series_key series;
+    u32 reason;
+    u32 pad;
+};
+
+BPF_TABLE("percpu_hash", struct tcp_drop_key, u64, tcp_drops, MAX_TCP_SERIES);
+
+// As for sk_rst_reason: the args struct names an enum no included header defines.
+enum skb_drop_reason { TCP_HEALTH_DROP_REASON_UNUSED };
+
+TRACEPOINT_PROBE(skb, kfree_skb) {
+    u64 sk = (u64)args->rx_sk;
+    if (!sk)
+        bpf_probe_read_kernel(&sk, sizeof(sk), (u8 *)args->skbaddr + SKB_SK);
+    struct tcp_series_key *owner = tcp_owners.lookup(&sk);
+    if (!owner)
+        return 0;
+    struct tcp_drop_key key = {.series = *owner, .reason = args->reason};
+    u64 zero = 0;
+    u64 *n = tcp_drops.lookup_or_try_init(&key, &zero);
+    if (n)
+        *n += 1;
+    else
+        tcp_count(TCP_STAT_DROPS_FULL);
+    return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock) {
     u64 sk = (u64)args->skaddr;

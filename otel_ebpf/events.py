@@ -147,8 +147,9 @@ class HttpRequestCounts:
 class TcpHealthCounts:
     """What the kernel counted for one series of a process's TCP connections (its role, the peer's
     address, the server port) since its previous report (bpf/tcp_health.c): retransmitted
-    segments, resets each way, and the smoothed RTT as it stood at each segment received, in
-    buckets of ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf)."""
+    segments, resets each way, the smoothed RTT as it stood at each segment received, in buckets of
+    ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf), and packets
+    the kernel dropped, by its reason."""
 
     timestamp_ns: int
     pid: int
@@ -163,6 +164,7 @@ class TcpHealthCounts:
     rtt_buckets: tuple[int, ...]
     rtt_min_us: int  # over the series' whole life
     rtt_max_us: int
+    drops: tuple[tuple[str, int], ...] = ()  # (the kernel's drop reason, packets), by reason
 
 
 Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts | TcpHealthCounts

@@ -80,6 +80,8 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
             value = None if value is None else Endpoint(value[0], int(value[1]))
         elif f.name in ("buckets", "rtt_buckets"):
             value = tuple(int(n) for n in value)
+        elif f.name == "drops":
+            value = tuple((str(reason), int(n)) for reason, n in value)
         out[f.name] = value
     return out
 

@@ -12,6 +12,8 @@ from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, Role
 RETRANSMISSIONS = "otel_ebpf.tcp.retransmissions"
 RESETS = "otel_ebpf.tcp.resets"
 RTT = "otel_ebpf.tcp.rtt"
+DROPS = "otel_ebpf.tcp.drops"
+DROP_REASON = "otel_ebpf.tcp.drop_reason"  # the kernel's name: SKB_DROP_REASON_<name>
 # bpf/tcp_health.c rtt_bucket(): 2^4 .. 2^23 microseconds (16 us .. 8.4 s), upper-inclusive
 RTT_BOUNDARIES_S = tuple((1 << i) / 1e6 for i in range(4, 24))
 
@@ -25,6 +27,7 @@ INSTRUMENTS = (
         "Smoothed TCP round-trip time, as it stood at each segment received",
         RTT_BOUNDARIES_S,
     ),
+    InstrumentSpec(DROPS, InstrumentKind.COUNTER, "{packet}", "Packets the kernel dropped, by its drop reason"),
 )
 
 

@@ -253,6 +253,9 @@ class Telemetry:
             if resets:
                 point = MetricPoint(tcp_metrics.RESETS, resets, {**attributes, "network.io.direction": direction})
                 process.record(scope, point, now)
+        for reason, packets in counts.drops:
+            point = MetricPoint(tcp_metrics.DROPS, packets, {**attributes, tcp_metrics.DROP_REASON: reason})
+            process.record(scope, point, now)
         if counts.rtt_count:
             process.merge_histogram(
                 scope,

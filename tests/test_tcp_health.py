@@ -12,7 +12,7 @@ import pytest
 
 from otel_ebpf.events import ProcessInfo, TcpHealthCounts
 from otel_ebpf.metrics import DELTA_KINDS
-from otel_ebpf.probes.tcp_health import TRACEPOINTS, TcpHealthReader, missing_tracepoints
+from otel_ebpf.probes.tcp_health import KFREE_SKB, TRACEPOINTS, TcpHealthReader, drop_reasons, missing_tracepoints
 from otel_ebpf.protocol import Role
 from otel_ebpf.recording import decode_event, encode_event
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -74,6 +74,19 @@ class Table:
         return len(self._entries)
 
 
+class DropKey(ctypes.Structure):
+    """Stands in for BCC's type of ``struct tcp_drop_key``."""
+
+    _fields_ = [("series", Key), ("reason", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class DropTable(Table):
+    """``tcp_drops``: a per-CPU hash of plain counters."""
+
+    def __init__(self, *entries: tuple[DropKey, list[int]]) -> None:
+        self._entries = {bytes(key): (key, values) for key, values in entries}
+
+
 def _key(pid: int, role: int, address: str, port: int) -> Key:
     addr = ipaddress.ip_address(address)
     raw = addr.packed.ljust(16, b"\0")
@@ -115,6 +128,48 @@ def test_an_exited_process_is_read_once_more_then_deleted() -> None:
     (orphan,) = reader.read(2)
     assert (orphan.pid, orphan.retransmissions) == (7, 1)
     assert not table
+
+
+def test_drops_join_their_series_report_by_reason_and_only_what_grew() -> None:
+    busy, quiet = _key(42, 2, "10.0.0.2", 8080), _key(42, 1, "10.0.0.3", 443)
+    table = Table((busy, [_series(retransmissions=1)]))
+    drops = DropTable(
+        (DropKey(busy, 5), [2, 1]),
+        (DropKey(busy, 2), [1]),
+        (DropKey(quiet, 999), [4]),  # a reason this kernel's format did not name
+    )
+    reader = TcpHealthReader(table, drops, {2: "NOT_SPECIFIED", 5: "SOCKET_FILTER"})
+    first = {(r.server_port, r.retransmissions, r.drops) for r in reader.read(1)}
+    assert first == {(8080, 1, (("NOT_SPECIFIED", 1), ("SOCKET_FILTER", 3))), (443, 0, (("999", 4),))}
+    drops[DropKey(busy, 5)] = [2, 4]
+    (grown,) = reader.read(2)
+    assert (grown.server_port, grown.retransmissions, grown.drops, grown.rtt_buckets) == (
+        8080,
+        0,
+        (("SOCKET_FILTER", 3),),
+        (0,) * NBUCKETS,
+    )
+    reader.process_exited(42)
+    reader.read(3)
+    assert not table and not drops
+
+
+def test_drop_reasons_are_named_as_the_kernel_prints_them(tmp_path: Path) -> None:
+    fmt = tmp_path / "format"
+    fields = "\tfield:void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;\n"
+    reason = "\tfield:enum skb_drop_reason reason;\toffset:36;\tsize:4;\tsigned:0;\n"
+    printed = 'print fmt: "...", __print_symbolic(REC->reason, { 2, "NOT_SPECIFIED" }, { 5, "SOCKET_FILTER" })\n'
+    fmt.write_text(fields + "\tfield:void * rx_sk;\toffset:24;\tsize:8;\tsigned:0;\n" + reason + printed)
+    assert drop_reasons(fmt) == {2: "NOT_SPECIFIED", 5: "SOCKET_FILTER"}
+    fmt.write_text(fields + reason + printed)  # before Linux 6.8: no socket to tell whose the drop was
+    assert drop_reasons(fmt) is None
+    assert drop_reasons(tmp_path / "missing") is None
+
+
+@pytest.mark.bpf  # tracefs is root's
+def test_this_kernel_names_its_drop_reasons() -> None:
+    reasons = drop_reasons(KFREE_SKB)
+    assert reasons is not None and reasons[2] == "NOT_SPECIFIED" and "SOCKET_FILTER" in reasons.values()
 
 
 @pytest.mark.parametrize(
@@ -166,7 +221,8 @@ def test_counts_become_the_process_metrics() -> None:
     buckets = tuple(2 if i == 3 else 0 for i in range(NBUCKETS))  # 64 us < rtt <= 128 us
     rtt = {"rtt_count": 2, "rtt_sum_us": 200, "rtt_buckets": buckets, "rtt_min_us": 90, "rtt_max_us": 110}
     telemetry.tcp_health(_counts(Role.CLIENT, retransmissions=3, resets_received=1, **rtt))
-    telemetry.tcp_health(_counts(Role.CLIENT, retransmissions=1))
+    telemetry.tcp_health(_counts(Role.CLIENT, retransmissions=1, drops=(("SOCKET_FILTER", 2), ("TCP_OLD_DATA", 1))))
+    telemetry.tcp_health(_counts(Role.CLIENT, drops=(("SOCKET_FILTER", 3),)))
     (resource,) = telemetry.collect_metrics(10)
     assert resource.resource.attributes["process.pid"] == 42
     metrics = {m.name: m for scope in resource.scope_metrics for m in scope.metrics}
@@ -175,6 +231,10 @@ def test_counts_become_the_process_metrics() -> None:
     assert retransmitted.value == 4
     (reset,) = metrics["otel_ebpf.tcp.resets"].data.data_points
     assert (reset.value, reset.attributes["network.io.direction"]) == (1, "receive")
+    dropped = {
+        p.attributes["otel_ebpf.tcp.drop_reason"]: p.value for p in metrics["otel_ebpf.tcp.drops"].data.data_points
+    }
+    assert dropped == {"SOCKET_FILTER": 5, "TCP_OLD_DATA": 1}
     (rtt,) = metrics["otel_ebpf.tcp.rtt"].data.data_points
     assert (rtt.count, rtt.sum, rtt.min, rtt.max) == (2, 200e-6, 90e-6, 110e-6)
     assert list(rtt.explicit_bounds) == list(RTT_BOUNDARIES_S)
@@ -182,8 +242,10 @@ def test_counts_become_the_process_metrics() -> None:
 
 
 def test_counts_survive_a_recording() -> None:
-    counts = _counts(Role.SERVER, rtt_count=1, rtt_buckets=(1,) + (0,) * (NBUCKETS - 1))
+    counts = _counts(Role.SERVER, rtt_count=1, rtt_buckets=(1,) + (0,) * (NBUCKETS - 1), drops=(("NOMEM", 2),))
     assert decode_event(encode_event(counts)) == counts
+    older = encode_event(_counts(Role.SERVER)).replace(',"drops":[]', "")  # a recording from before drops
+    assert decode_event(older) == _counts(Role.SERVER)
 
 
 @pytest.mark.skipif(GCC is None, reason="gcc is not installed (scripts/bootstrap.sh)")
@@ -194,6 +256,10 @@ def test_the_kernel_structs_have_what_the_reader_reads() -> None:
     ]
     assert [(m.name, m.size) for m in structs["tcp_series"].members] == [
         (name, ctypes.sizeof(typ)) for name, typ in Series._fields_
+    ]
+    drop_key = c_structs("tcp_health.c", ("TCP_DROPS",))["tcp_drop_key"]
+    assert [(m.name, m.size) for m in drop_key.members] == [
+        (name, ctypes.sizeof(typ)) for name, typ in DropKey._fields_
     ]
 
 

@@ -204,6 +204,7 @@ class SocketProbe:
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self._http_red: HttpRedReader | None = None
         self._tcp_health: tcp_health.TcpHealthReader | None = None  # with capture.tcp_health
+        self._drop_reasons: dict[int, str] | None = None  # kernel drop reasons, where drops are counted
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
@@ -246,7 +247,7 @@ class SocketProbe:
         if self.socket_mode == "fd-tracking":
             cflags.append("-DFD_TRACKING")
         if self.tcp_health:
-            cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}"]
+            cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}", *self._drop_flags()]
         self._bpf = compile_program(source, cflags, "socket probe")
         filtering = self.targets.selects_processes
         write_settings(
@@ -275,10 +276,25 @@ class SocketProbe:
         self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
         self._http_red = HttpRedReader(self._bpf["http_red"])
         if self.tcp_health:
-            self._tcp_health = tcp_health.TcpHealthReader(self._bpf["tcp_series"])
+            drops = self._bpf["tcp_drops"] if self._drop_reasons is not None else None
+            self._tcp_health = tcp_health.TcpHealthReader(self._bpf["tcp_series"], drops, self._drop_reasons)
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
+
+    def _drop_flags(self) -> list[str]:
+        """The flags that count dropped packets of traced sockets, where the kernel can tell whose
+        they are (``skb:kfree_skb`` with ``rx_sk``, and BTF for ``sk_buff.sk``); none otherwise."""
+        self._drop_reasons = tcp_health.drop_reasons()
+        if self._drop_reasons is None:
+            log.info("TCP drops not counted: skb:kfree_skb names no receiving socket on this kernel (Linux 6.8+)")
+            return []
+        try:
+            return ["-DTCP_DROPS", f"-DSKB_SK={Btf.from_file().offset('sk_buff', 'sk')}"]
+        except BtfError as exc:
+            log.info("TCP drops not counted: %s", exc)
+            self._drop_reasons = None
+            return []
 
     @staticmethod
     def _tcp_health_supported() -> bool:

@@ -34,7 +34,7 @@ DROP_EVERY = 20
 BULK = 4 << 20
 
 SERVER = r"""
-import socket, sys, threading
+import ctypes, socket, struct, sys, threading, time
 def drain(conn):
     try:
         while conn.recv(1 << 16):
@@ -47,19 +47,39 @@ def serve(listener):
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=drain, args=(conn,), daemon=True).start()
-lossy, clean, aborted = (socket.create_server((sys.argv[1], 0)) for _ in range(3))
+def filtered(listener):
+    # A socket filter that drops every packet: the client's data and its retransmissions are
+    # dropped by this socket (SKB_DROP_REASON_SOCKET_FILTER) until it is taken off.
+    conn, _ = listener.accept()
+    drop_all = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET | BPF_K, 0
+    conn.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", 1, ctypes.addressof(drop_all)))
+    conn.sendall(b"f")  # filtering now: the client may send
+    time.sleep(1.5)
+    # the socket's own count of what it dropped: SO_MEMINFO's SK_MEMINFO_DROPS
+    dropped = struct.unpack("9I", conn.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, 36))[8]
+    conn.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    drain(conn)
+    print(dropped, flush=True)
+SO_ATTACH_FILTER, SO_DETACH_FILTER, SO_MEMINFO = 26, 27, 55
+lossy, clean, aborted, dropping = (socket.create_server((sys.argv[1], 0)) for _ in range(4))
 closed = socket.socket()
 closed.bind((sys.argv[1], 0))  # bound, never listening: a SYN to it is answered with a reset
 for listener in (lossy, clean, aborted):
     threading.Thread(target=serve, args=(listener,), daemon=True).start()
-print(*(s.getsockname()[1] for s in (lossy, clean, closed, aborted)), flush=True)
+threading.Thread(target=filtered, args=(dropping,), daemon=True).start()
+print(*(s.getsockname()[1] for s in (lossy, clean, closed, aborted, dropping)), flush=True)
 threading.Event().wait()
 """
 
 CLIENT = r"""
 import json, socket, struct, sys, threading
-server, lossy, clean, closed, aborted, size = sys.argv[1], *map(int, sys.argv[2:])
+server, lossy, clean, closed, aborted, dropping, size = sys.argv[1], *map(int, sys.argv[2:])
 sys.stdin.readline()  # the agent is attached
+with socket.create_connection((server, dropping), timeout=60) as s:
+    assert s.recv(1) == b"f"
+    s.sendall(b"x" * 1000)
+    s.shutdown(socket.SHUT_WR)
+    assert s.recv(1) == b"k"
 retransmitted = {}
 def bulk(port):
     with socket.create_connection((server, port), timeout=60) as s:
@@ -139,8 +159,8 @@ def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
         client = None
         agent = None
         try:
-            lossy, clean, closed, aborted = map(int, server.stdout.readline().split())
-            arguments = [pair.outer_ipv4, *map(str, (lossy, clean, closed, aborted, BULK))]
+            lossy, clean, closed, aborted, dropping = map(int, server.stdout.readline().split())
+            arguments = [pair.outer_ipv4, *map(str, (lossy, clean, closed, aborted, dropping, BULK))]
             client = subprocess.Popen(
                 ["ip", "netns", "exec", pair.namespace, sys.executable, "-c", CLIENT, *arguments],
                 stdin=subprocess.PIPE,
@@ -153,13 +173,15 @@ def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 client.stdin.flush()
                 retransmitted = {int(port): n for port, n in json.loads(client.stdout.readline()).items()}
                 assert client.stdout.readline().strip() == "done"
+                filter_dropped = int(server.stdout.readline())
             time.sleep(2.5)  # the kernel's once-a-second read, then a metric interval
             agent.send_signal(signal.SIGINT)
             stderr = agent.communicate(timeout=60)[1]
             assert agent.returncode == 0, stderr
             return {
                 "metrics": load_file_metrics(tmp / "out"),
-                "ports": {"lossy": lossy, "clean": clean, "closed": closed, "aborted": aborted},
+                "ports": {"lossy": lossy, "clean": clean, "closed": closed, "aborted": aborted, "dropping": dropping},
+                "filter_dropped": filter_dropped,
                 "retransmitted": retransmitted,
                 "client": (client.pid, pair.inner_ipv4),
                 "server": (server.pid, pair.outer_ipv4),
@@ -237,8 +259,30 @@ def test_the_server_retransmits_nothing(health: dict) -> None:
         assert _total(health, "otel_ebpf.tcp.retransmissions", port, "server") == 0
 
 
+def test_packets_a_socket_dropped_are_counted_with_the_kernels_reason(health: dict) -> None:
+    """The server's socket filter dropped the client's data and its retransmissions (and the
+    client's ACKs: the server then sends its "f" again, which the client drops as TCP_OLD_DATA).
+    SOCKET_FILTER drops are counted on the server's series of that port and no other, at most as
+    many as the socket itself counted (SK_MEMINFO_DROPS; it also counts drops the kernel reports
+    with another reason). The other reasons that show up on a loaded veth (NOT_SPECIFIED at a
+    close, TC_INGRESS where the classifier dropped a packet the client's socket still owned) are
+    real drops too, not asserted on."""
+    dropping = health["ports"]["dropping"]
+    assert health["filter_dropped"] > 0, "the socket dropped nothing: the test proves nothing"
+    by_socket_filter = {
+        (p["resource"]["process.pid"], p["attributes"]["server.port"])
+        for p in health["metrics"].get("otel_ebpf.tcp.drops", [])
+        if p["attributes"]["otel_ebpf.tcp.drop_reason"] == "SOCKET_FILTER"
+    }
+    assert by_socket_filter == {(health["server"][0], dropping)}
+    counted = _total(
+        health, "otel_ebpf.tcp.drops", dropping, "server", **{"otel_ebpf.tcp.drop_reason": "SOCKET_FILTER"}
+    )
+    assert 0 < counted <= health["filter_dropped"]
+
+
 def test_the_kernel_tables_overflow_counters_are_exported(health: dict) -> None:
     reasons = {p["attributes"].get("reason") for p in health["metrics"].get("otel_ebpf.kernel.drops", [])}
-    assert {"tcp_owners_full", "tcp_series_full"} <= reasons
-    for reason in ("tcp_owners_full", "tcp_series_full"):
+    assert {"tcp_owners_full", "tcp_series_full", "tcp_drops_full"} <= reasons
+    for reason in ("tcp_owners_full", "tcp_series_full", "tcp_drops_full"):
         assert latest_total(health["metrics"], "otel_ebpf.kernel.drops", reason=reason) == 0
