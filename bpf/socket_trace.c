@@ -119,6 +119,7 @@ struct data_event {
     u32 length;    // bytes the syscall moved (for one iovec segment)
     u32 captured;  // bytes copied into data[]
     u32 flags;     // DATA_*
+    u32 retransmissions;  // the connection's so far (TCP_HEALTH; 0 without)
     // Twice the cap so that a length masked with (2 * PAYLOAD_CAP - 1) is provably in bounds.
     char data[PAYLOAD_CAP * 2];
 };
@@ -171,13 +172,14 @@ struct tuple {
 #ifdef TCP_HEALTH
 // Defined in tcp_health.c, appended to this program: which sockets traced processes own.
 static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t);
-static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t);
+static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t, u64 conn);
 #endif
 
 struct conn_info {
     u64 sk;          // 0 until the first socket I/O names the kernel socket
     u64 synthetic;   // FD_TRACKING: stands in for sk
     u32 generation;
+    u32 retransmissions;  // TCP_HEALTH: segments the socket retransmitted (tcp_health.c)
     u8 role;
     u8 ignored;      // port filter rejected it
     u8 tls;          // its bytes are TLS: the SSL probes report the plaintext, syscalls nothing
@@ -744,7 +746,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
     if (!udp && !fresh.ignored)
-        tcp_health_owned(sk, id >> 32, fresh.role, t);
+        tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored) {
         fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
@@ -774,6 +776,7 @@ static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *c
     ev->direction = direction;
     ev->length = length;
     ev->flags = flags;
+    ev->retransmissions = ci->retransmissions;
     // clang may drop the compare above from the register it passes on; the barrier and mask
     // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
     asm volatile("" : "+r"(n));

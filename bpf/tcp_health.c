@@ -51,7 +51,14 @@ struct tcp_series {
 #define TCP_STAT_DROPS_FULL 2   // dropped packets not counted: tcp_drops was full
 #define TCP_NSTATS 3
 
-BPF_HASH(tcp_owners, u64, struct tcp_series_key, MAX_CONNS);
+// A traced socket's owner: its series, and the traced connection (tgid << 32 | fd in conns) whose
+// own retransmission count its data events carry, for its exchanges' spans (0 until its first I/O).
+struct tcp_owner {
+    struct tcp_series_key series;
+    u64 conn;
+};
+
+BPF_HASH(tcp_owners, u64, struct tcp_owner, MAX_CONNS);
 BPF_TABLE("percpu_hash", struct tcp_series_key, struct tcp_series, tcp_series, MAX_TCP_SERIES);
 BPF_PERCPU_ARRAY(tcp_stats, u64, TCP_NSTATS);
 
@@ -61,8 +68,9 @@ static __always_inline void tcp_count(u32 slot) {
         *v += 1;
 }
 
-static __always_inline void tcp_own(u64 sk, struct tcp_series_key *key) {
-    if (tcp_owners.update(&sk, key))
+static __always_inline void tcp_own(u64 sk, struct tcp_series_key *key, u64 conn) {
+    struct tcp_owner owner = {.series = *key, .conn = conn};
+    if (tcp_owners.update(&sk, &owner))
         tcp_count(TCP_STAT_OWNERS_FULL);
 }
 
@@ -74,12 +82,12 @@ static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t) {
         return;
     struct tcp_series_key key = {.tgid = tgid, .server_port = t->rport, .role = ROLE_CLIENT, .family = t->family};
     __builtin_memcpy(key.peer_addr, t->raddr, 16);
-    tcp_own(sk, &key);
+    tcp_own(sk, &key, 0);
 }
 
 // A traced process's read or write names its TCP socket for the first time (upsert_conn); t is
-// the handshake's tuple when the kernel showed it.
-static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t) {
+// the handshake's tuple when the kernel showed it; conn its key in conns.
+static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t, u64 conn) {
     struct tcp_series_key key = {.tgid = tgid, .role = role};
     if (t) {
         key.family = t->family;
@@ -89,26 +97,39 @@ static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct t
         key.server_port = key.role == ROLE_CLIENT ? t->rport : t->lport;
         __builtin_memcpy(key.peer_addr, t->raddr, 16);
     }
-    tcp_own(sk, &key);
+    tcp_own(sk, &key, conn);
 }
 
-// The series of a traced socket, or 0 (the first, cheap, exit for every other socket).
-static __always_inline struct tcp_series *tcp_series_of(const void *skaddr) {
-    u64 sk = (u64)skaddr;
-    struct tcp_series_key *key = tcp_owners.lookup(&sk);
-    if (!key)
-        return 0;
+static __always_inline struct tcp_series *tcp_series_for(struct tcp_owner *owner) {
     struct tcp_series zero = {};
-    struct tcp_series *series = tcp_series.lookup_or_try_init(key, &zero);
+    struct tcp_series *series = tcp_series.lookup_or_try_init(&owner->series, &zero);
     if (!series)
         tcp_count(TCP_STAT_SERIES_FULL);
     return series;
 }
 
+// The series of a traced socket, or 0 (the first, cheap, exit for every other socket).
+static __always_inline struct tcp_series *tcp_series_of(const void *skaddr) {
+    u64 sk = (u64)skaddr;
+    struct tcp_owner *owner = tcp_owners.lookup(&sk);
+    return owner ? tcp_series_for(owner) : 0;
+}
+
+// Counted twice: in the series, and on the connection, whose data events carry its running
+// count so that user space tells which exchanges were in flight (the rare path pays the second
+// lookup, not every data event). An fd reused since names another socket: not counted there.
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
-    struct tcp_series *s = tcp_series_of(args->skaddr);
+    u64 sk = (u64)args->skaddr;
+    struct tcp_owner *owner = tcp_owners.lookup(&sk);
+    if (!owner)
+        return 0;
+    struct tcp_series *s = tcp_series_for(owner);
     if (s)
         s->retransmissions += 1;
+    u64 conn = owner->conn;
+    struct conn_info *ci = conn ? conns.lookup(&conn) : 0;
+    if (ci && ci->sk == sk)
+        __sync_fetch_and_add(&ci->retransmissions, 1);
     return 0;
 }
 
@@ -181,10 +202,10 @@ TRACEPOINT_PROBE(skb, kfree_skb) {
     u64 sk = (u64)args->rx_sk;
     if (!sk)
         bpf_probe_read_kernel(&sk, sizeof(sk), (u8 *)args->skbaddr + SKB_SK);
-    struct tcp_series_key *owner = tcp_owners.lookup(&sk);
+    struct tcp_owner *owner = tcp_owners.lookup(&sk);
     if (!owner)
         return 0;
-    struct tcp_drop_key key = {.series = *owner, .reason = args->reason};
+    struct tcp_drop_key key = {.series = owner->series, .reason = args->reason};
     u64 zero = 0;
     u64 *n = tcp_drops.lookup_or_try_init(&key, &zero);
     if (n)

@@ -38,6 +38,8 @@ SNIFF_MAX_EVENTS = 16
 SNIFF_MAX_BYTES = 64 * 1024
 # Bytes of one direction sniffed at most (a plugin that needs more says NO).
 SNIFF_HEAD = 4096
+# Changes of a connection's TCP retransmission count kept to place them in its exchanges.
+RETRANSMISSION_MARKS = 8
 
 
 class Claim(NamedTuple):
@@ -72,12 +74,39 @@ class Connection:
     reported_errors: int = 0
     reported_unmatched: int = 0
     reported_partial: int = 0
+    # The socket's TCP retransmissions as its data events counted them (TCP health): the running
+    # count, and (timestamp, count) at its last changes, with the count before the oldest kept.
+    retransmissions: int = 0
+    retransmission_marks: list[tuple[int, int]] = field(default_factory=list)
+    retransmitted_before: int = 0
 
     def claimed(self) -> Claim:
         """What ``ConnectionTracker._claim`` set, all together; only for a claimed connection."""
         if self.protocol is None or self.role is None or self.session is None or self.stitcher is None:
             raise RuntimeError(f"connection {self.key} is not claimed by a protocol")
         return Claim(self.protocol, self.role, self.session, self.stitcher)
+
+    def note_retransmissions(self, timestamp_ns: int, count: int) -> None:
+        """The socket's running retransmission count changed, as of the syscall at ``timestamp_ns``."""
+        self.retransmissions = count
+        marks = self.retransmission_marks
+        marks.append((timestamp_ns, count))
+        if len(marks) > RETRANSMISSION_MARKS:
+            self.retransmitted_before = marks.pop(0)[1]
+
+    def retransmissions_between(self, start_ns: int, end_ns: int) -> int:
+        """Segments the socket retransmitted between the syscalls at ``start_ns`` and ``end_ns``
+        (an exchange's first and last): what its data events said at each."""
+
+        def count_at(timestamp_ns: int) -> int:
+            count = self.retransmitted_before
+            for ts, n in self.retransmission_marks:
+                if ts > timestamp_ns:
+                    break
+                count = n
+            return count
+
+        return count_at(end_ns) - count_at(start_ns)
 
     def info(self) -> ConnectionInfo:
         scheme = "https" if self.tls else "http"
@@ -160,6 +189,8 @@ class ConnectionTracker:
             self._metrics.add("otel_ebpf.connections.tls")
         if conn.unknown:
             return []
+        if event.retransmissions != conn.retransmissions:
+            conn.note_retransmissions(event.timestamp_ns, event.retransmissions)
         if event.peer is not None:
             # A UDP socket is unconnected: the peer is the datagram's, and what the exchanges this
             # datagram completes describe (they are reported before the next datagram comes).

@@ -70,7 +70,11 @@ class ConnData:
 
     ``after_loss``: the kernel lost events of this connection just before this one (ring buffer
     full) and counted the exchanges they belonged to as shed; what the pipeline holds of them is
-    incomplete and is dropped."""
+    incomplete and is dropped.
+
+    ``retransmissions``: TCP segments the connection's socket retransmitted up to this syscall
+    (with TCP health on; 0 otherwise), so that an exchange knows how many happened while it was
+    in flight."""
 
     timestamp_ns: int
     pid: int
@@ -83,6 +87,7 @@ class ConnData:
     tls: bool = False
     peer: Endpoint | None = None
     after_loss: bool = False
+    retransmissions: int = 0
 
     @property
     def key(self) -> ConnKey:

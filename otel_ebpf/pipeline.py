@@ -36,6 +36,8 @@ from .telemetry import Telemetry
 # client's span with the server's across nodes without any header (docs/kubernetes.md).
 CLIENT_ISN = "otel_ebpf.tcp.client_isn"
 SERVER_ISN = "otel_ebpf.tcp.server_isn"
+# On the span of an exchange during which its socket retransmitted (docs/network.md).
+RETRANSMISSIONS = "otel_ebpf.tcp.retransmissions"
 
 
 class Pipeline:
@@ -117,6 +119,10 @@ class Pipeline:
             extra: Mapping[str, AttributeValue] | None = label
             if info.isns is not None:
                 extra = {**(label or {}), CLIENT_ISN: info.isns[0], SERVER_ISN: info.isns[1]}
+            if conn.retransmission_marks:
+                retransmitted = conn.retransmissions_between(description.start_ns, description.end_ns)
+                if retransmitted:
+                    extra = {**(extra or {}), RETRANSMISSIONS: retransmitted}
             if extra:
                 description = replace(description, attributes={**description.attributes, **extra})
             context = assembler.finish(conn.key, info, description.start_ns, tid, item.message_start)

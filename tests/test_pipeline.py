@@ -1289,3 +1289,25 @@ def test_spans_of_a_connection_between_hosts_carry_its_initial_sequence_numbers(
     attributes = spans[0].attributes
     expected = isns if joined else (None, None)
     assert (attributes.get("otel_ebpf.tcp.client_isn"), attributes.get("otel_ebpf.tcp.server_isn")) == expected
+
+
+def test_an_exchange_during_which_its_socket_retransmitted_says_how_many_times() -> None:
+    """Data events carry the socket's running retransmission count: an exchange's span carries
+    what it grew by between the exchange's first syscall and its last; before the first and
+    after the last does not count."""
+
+    def counted(event: ConnData, retransmissions: int) -> ConnData:
+        return replace(event, retransmissions=retransmissions)
+
+    events = [opened(0, PID, 7)]
+    running = 0
+    for i, (during, after) in enumerate([(3, 0), (0, 2), (0, 0), (1, 1)] + [(1, 0)] * 12):
+        start = 10 * i + 1
+        events.append(counted(data(start, PID, 7, IN, get(f"/{i}")), running))
+        running += during
+        events.append(counted(data(start + 1, PID, 7, OUT, ok()), running))
+        running += after  # seen by the next exchange's first syscall: not in either
+    spans = Run().feed([*events, closed(500, PID, 7)])
+    on_spans = [s.attributes.get("otel_ebpf.tcp.retransmissions") for s in spans]
+    # more changes than the connection keeps marks of: the oldest are summed up, the rest exact
+    assert on_spans == [3, None, None, 1] + [1] * 12

@@ -80,6 +80,7 @@ SHED_BACKLOG_SHARE = 0.5
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flags
 HDR_AFTER_LOSS = 1
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
+_RETRANSMISSIONS = struct.Struct("<I")  # after _DATA in a (TCP) data event: the connection's so far
 DATA_TLS = 1
 # role, family, lport, rport, protocol, pad, laddr, raddr, comm, client_isn, server_isn
 _OPEN = struct.Struct("<IHHHH4x16s16s16sII")
@@ -466,7 +467,8 @@ class SocketProbe:
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
             direction, length, captured, data_flags = _DATA.unpack_from(raw, _HEADER.size)
-            start = _HEADER.size + _DATA.size
+            (retransmissions,) = _RETRANSMISSIONS.unpack_from(raw, _HEADER.size + _DATA.size)
+            start = _HEADER.size + _DATA.size + _RETRANSMISSIONS.size
             self._events.append(
                 ConnData(
                     ts,
@@ -479,6 +481,7 @@ class SocketProbe:
                     raw[start : start + captured],
                     bool(data_flags & DATA_TLS),
                     after_loss=bool(flags & HDR_AFTER_LOSS),
+                    retransmissions=retransmissions,
                 )
             )
         elif kind == EV_DGRAM:

@@ -26,7 +26,7 @@ import pytest
 from otel_ebpf.probes.tc import TcAttachment
 from tests.live.file_agent import start_file_agent
 from tests.live.veth_pair import veth_pair
-from tests.otlp_receiver import latest_total, load_file_metrics
+from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
 
@@ -35,18 +35,18 @@ BULK = 4 << 20
 
 SERVER = r"""
 import ctypes, socket, struct, sys, threading, time
-def drain(conn):
+def drain(conn, reply=b"k"):
     try:
         while conn.recv(1 << 16):
             pass
-        conn.sendall(b"k")
+        conn.sendall(reply)
     except OSError:
         pass  # the aborted connection
     conn.close()
-def serve(listener):
+def serve(listener, reply):
     while True:
         conn, _ = listener.accept()
-        threading.Thread(target=drain, args=(conn,), daemon=True).start()
+        threading.Thread(target=drain, args=(conn, reply), daemon=True).start()
 def filtered(listener):
     # A socket filter that drops every packet: the client's data and its retransmissions are
     # dropped by this socket (SKB_DROP_REASON_SOCKET_FILTER) until it is taken off.
@@ -61,11 +61,13 @@ def filtered(listener):
     drain(conn)
     print(dropped, flush=True)
 SO_ATTACH_FILTER, SO_DETACH_FILTER, SO_MEMINFO = 26, 27, 55
+HTTP_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk"
 lossy, clean, aborted, dropping = (socket.create_server((sys.argv[1], 0)) for _ in range(4))
 closed = socket.socket()
 closed.bind((sys.argv[1], 0))  # bound, never listening: a SYN to it is answered with a reset
-for listener in (lossy, clean, aborted):
-    threading.Thread(target=serve, args=(listener,), daemon=True).start()
+# the bulk transfers are HTTP uploads, so that their exchanges' spans say what they suffered
+for listener, reply in ((lossy, HTTP_OK), (clean, HTTP_OK), (aborted, b"k")):
+    threading.Thread(target=serve, args=(listener, reply), daemon=True).start()
 threading.Thread(target=filtered, args=(dropping,), daemon=True).start()
 print(*(s.getsockname()[1] for s in (lossy, clean, closed, aborted, dropping)), flush=True)
 threading.Event().wait()
@@ -83,9 +85,11 @@ with socket.create_connection((server, dropping), timeout=60) as s:
 retransmitted = {}
 def bulk(port):
     with socket.create_connection((server, port), timeout=60) as s:
-        s.sendall(b"x" * size)
+        s.sendall(b"POST /upload HTTP/1.1\r\nHost: health\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
         s.shutdown(socket.SHUT_WR)
-        assert s.recv(1) == b"k"
+        response = b""
+        while not response.endswith(b"k"):
+            response += s.recv(64)
         # the kernel's own count for this connection: struct tcp_info's tcpi_total_retrans
         retransmitted[port] = struct.unpack_from("<I", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), 100)[0]
 transfers = [threading.Thread(target=bulk, args=(port,)) for port in (lossy, clean)]
@@ -180,6 +184,7 @@ def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
             assert agent.returncode == 0, stderr
             return {
                 "metrics": load_file_metrics(tmp / "out"),
+                "spans": load_file_spans(tmp / "out"),
                 "ports": {"lossy": lossy, "clean": clean, "closed": closed, "aborted": aborted, "dropping": dropping},
                 "filter_dropped": filter_dropped,
                 "retransmitted": retransmitted,
@@ -222,6 +227,26 @@ def test_retransmissions_are_counted_for_the_connections_that_retransmitted(heal
         kernel = health["retransmitted"][port]
         assert (counted > 0) == (kernel > 0) and counted <= kernel, (name, counted, kernel)
     assert health["retransmitted"][health["ports"]["lossy"]] > 0, "the link dropped nothing: the test proves nothing"
+
+
+def test_the_span_of_an_exchange_that_retransmitted_says_how_many_times(health: dict) -> None:
+    """The lossy upload's CLIENT span carries the retransmissions its socket made while it was in
+    flight: all of that connection's (it is its only exchange), up to the end of the response,
+    so at most the series' count; the clean upload's span and both SERVER spans (the server sends
+    one small response, which the link leaves alone) carry none, unless the clean connection did
+    retransmit on a loaded machine, and then exactly as its series counted."""
+    clients = {s["attributes"]["network.peer.port"]: s["attributes"] for s in health["spans"] if s["kind"] == "CLIENT"}
+    # the server's span of each upload: the one with the same connection (its ISNs)
+    servers = {
+        s["attributes"]["otel_ebpf.tcp.client_isn"]: s["attributes"] for s in health["spans"] if s["kind"] == "SERVER"
+    }
+    assert len(clients) == len(servers) == 2
+    for name in ("lossy", "clean"):
+        port = health["ports"][name]
+        counted = _total(health, "otel_ebpf.tcp.retransmissions", port, **{"network.peer.port": port})
+        on_span = clients[port].get("otel_ebpf.tcp.retransmissions", 0)
+        assert 0 < on_span <= counted if name == "lossy" else on_span <= counted, (name, on_span, counted)
+        assert "otel_ebpf.tcp.retransmissions" not in servers[clients[port]["otel_ebpf.tcp.client_isn"]]
 
 
 def test_a_refused_connect_receives_a_reset(health: dict) -> None:
