@@ -88,6 +88,7 @@ class VerbsProbe:
         self._seen: set[tuple[int, int]] = set()
         self.hooked: dict[str, tuple[str, ...]] = {}  # path -> functions hooked
         self.pids: set[int] = set()  # processes that map a hooked file
+        self._in_targets: set[int] = set()  # pids in the kernel's targets table
         self._calls: list[VerbsCall] = []
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -104,10 +105,13 @@ class VerbsProbe:
         """Hook the libibverbs files target processes map that are not hooked yet; returns the
         target processes that map a hooked file (those that exited since are gone from it)."""
         pids = self._target_pids()
-        if self._targets.selects_processes:
+        if self._targets.selects_processes:  # the kernel's table follows: new targets in, exited ones out
             targets = self._bpf["targets"]
-            for pid in pids:
+            for pid in pids - self._in_targets:
                 targets[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            for pid in self._in_targets - pids:
+                targets.pop(ctypes.c_uint32(pid), None)
+            self._in_targets = pids
         mapping = set()
         for pid in pids:
             libraries = [path for path in mapped_files(pid) if is_verbs_library(path)]

@@ -93,7 +93,8 @@ def _traced(
     tmp: Path, driver: subprocess.Popen, sysfs_root: Path, during: Any = None
 ) -> tuple[dict[str, Any], str, dict, list]:
     """Attach the agent to ``driver``, let it run its calls, read its ledger line, stop the agent
-    (``during(receiver)`` first, with the agent running) and collect what the receiver got."""
+    (``during(receiver)`` first, with the agent running: it may end the driver) and collect what
+    the receiver got."""
     try:
         with OTLPReceiver() as receiver:
             agent = _start_agent(tmp, receiver, driver.pid, sysfs_root)
@@ -107,7 +108,8 @@ def _traced(
                 stderr = _stop(agent)
             assert receiver.wait_for(lambda r: bool(r.metrics()), timeout=15)
             result = summary, stderr, receiver.metrics(), _logs(receiver)
-        driver.communicate("exit\n", timeout=30)
+        if driver.returncode is None:  # told to exit by ``during`` already, or now
+            driver.communicate("exit\n", timeout=30)
         assert driver.returncode == 0
         return result
     finally:
@@ -222,13 +224,21 @@ def test_standin_verbs_ledger_and_port_counters_are_seen_exactly(tmp_path: Path)
 
 def test_debians_libibverbs_is_hooked(tmp_path: Path) -> None:
     """The real library: its default symbol versions hooked; without an RDMA device every
-    ibv_get_device_list finds nothing, and each call is still counted."""
+    ibv_get_device_list finds nothing, and each call is still counted. The program exits while
+    the agent runs: its series are exported once more, then forgotten."""
     calls = 5
     driver = _driver(build.REAL_DRIVER, "list", str(calls))
-    summary, stderr, metrics, _ = _traced(tmp_path, driver, tmp_path / "no-such-sysfs")
+
+    def exit_first(receiver: OTLPReceiver) -> None:
+        driver.communicate("exit\n", timeout=30)
+        time.sleep(2.5)  # a rescan (every second) finds it gone; the next collections follow
+
+    summary, stderr, metrics, _ = _traced(tmp_path, driver, tmp_path / "no-such-sysfs", exit_first)
     assert summary["calls"] == calls and summary["devices"] == 0
     assert re.search(r"RDMA: hooked /\S*/libibverbs\.so\.1[.\d]* \(15 verbs functions\)", stderr), stderr
     assert "RDMA port counters: none" in stderr
     listed = _last(metrics, "rdma.verbs.calls", summary["pid"])
     assert {dict(k)["rdma.verbs.function"] for k in listed} == {"ibv_get_device_list"}
     assert sum(listed.values()) == calls
+    last_export = max(p["time_ns"] for p in metrics["otel_ebpf.rdma.calls"])
+    assert max(p["time_ns"] for p in metrics["rdma.verbs.calls"]) < last_export  # forgotten after its exit
