@@ -10,6 +10,8 @@ call (``traced - untraced``), the calls the agent decoded over those made while 
 kernel's drops (must be 0).
 
 Rows:
+- ``empty uprobe+uretprobe``: the kernel's mechanism alone (empty BPF programs on
+  ``ibv_alloc_pd`` and ``ibv_dealloc_pd``), for reference.
 - ``ibv_alloc_pd+ibv_dealloc_pd``: two hooked calls; each reads the device's name through
   the object's context (two or three user-memory reads), entry and return.
 - ``ibv_reg_mr+ibv_dereg_mr``: ``ibv_reg_mr`` jumps to ``ibv_reg_mr_iova2`` (both hooked: the
@@ -155,6 +157,35 @@ def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int)
     ]
 
 
+def _floor_row(driver: Path, library: Path, burst: int, bursts: int) -> list[str]:
+    """The mechanism alone: empty BPF programs at the entry and return of both functions."""
+    from bcc import BPF
+
+    from otel_ebpf.probes.verbs import default_symbols
+
+    proc = subprocess.Popen([str(driver), "pd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        bare = min(_bursts(proc, burst * 20, bursts, 0.05)) / 2
+        bpf = BPF(text="int enter(void *ctx) { return 0; } int leave(void *ctx) { return 0; }")
+        for address in default_symbols(str(library), ("ibv_alloc_pd", "ibv_dealloc_pd")).values():
+            bpf.attach_uprobe(name=str(library).encode(), addr=address, fn_name=b"enter")
+            bpf.attach_uretprobe(name=str(library).encode(), addr=address, fn_name=b"leave")
+        traced = min(_bursts(proc, burst, bursts, 0.05)) / 2
+        bpf.cleanup()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    return [
+        "empty uprobe+uretprobe (the floor)",
+        f"{bare / 1000:.2f}",
+        f"{traced / 1000:.2f}",
+        f"{(traced - bare) / 1000:.2f}",
+        "-",
+        "-",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--burst", type=int, default=200, help="iterations per burst (fits the ring buffer)")
@@ -175,6 +206,7 @@ def main() -> int:
             ["gcc", "-O2", "-o", str(driver), str(source), f"-L{libdir}", "-l:libibverbs.so.1", f"-Wl,-rpath,{libdir}"],
             check=True,
         )
+        rows.append(_floor_row(driver, libdir / build.LIBRARY, args.burst, args.bursts))
         rows.append(_row("ibv_alloc_pd+ibv_dealloc_pd", "pd", driver, tmp, args.burst, args.bursts))
         rows.append(_row("ibv_reg_mr+ibv_dereg_mr (nested iova2)", "mr", driver, tmp, args.burst, args.bursts))
         rows.append(_row("queue pair lifecycle (5 calls)", "qp", driver, tmp, args.burst // 2, args.bursts))
