@@ -14,7 +14,10 @@
  *
  * Nesting: libibverbs' ibv_reg_mr jumps to ibv_reg_mr_iova2, both hooked. Calls of one family
  * on one thread nest: the outermost one reports (its name, its return), the inner ones only
- * count their depth. Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS.
+ * count their depth. An inner call enters microseconds after the outer one, at the same stack
+ * depth or deeper; an entry older than NEST_WINDOW_NS is not taken for an outer call (its return
+ * was never seen), so a lost return cannot swallow the thread's later calls.
+ * Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS.
  */
 #include <uapi/linux/ptrace.h>
 #include "current_task.h"
@@ -28,6 +31,7 @@
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 64
 #endif
+#define NEST_WINDOW_NS 100000000ULL  /* 100 ms: far more than a preempted jump from one entry to the next */
 
 /* infiniband/verbs.h, x86-64 */
 #define DEVICE_NAME 24          /* struct ibv_device: _ops (2 pointers), node_type, transport_type, name[64] */
@@ -77,7 +81,7 @@ struct verbs_call {
     u64 sp;             /* at entry: an older entry above it on the stack is not an outer call */
     u64 ret;            /* the return value: a pointer, or an int in the low 32 bits */
     u64 object;         /* the first argument: the device, context, pd, mr, cq or qp */
-    u64 length;         /* bytes registered / deregistered, CQ entries, devices listed */
+    u64 length;         /* bytes registered / deregistered, CQ entries, devices listed (not exported) */
     u32 pid;
     u32 tid;
     u16 op;             /* OPS of otel_ebpf/rdma/calls.py */
@@ -150,8 +154,10 @@ static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, i
         return 0;
     u64 key = (id & 0xffffffff) << 8 | family;
     u64 sp = PT_REGS_SP(ctx);
+    u64 now = bpf_ktime_get_ns();
     struct verbs_call *outer = calls.lookup(&key);
-    if (outer && outer->depth && outer->sp >= sp) {  /* inside a call of the family: deeper, or tail-called */
+    /* inside a call of the family: deeper, or tail-called at the same depth */
+    if (outer && outer->depth && outer->sp >= sp && now - outer->ts < NEST_WINDOW_NS) {
         outer->depth++;
         return 0;
     }
@@ -160,7 +166,7 @@ static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, i
     if (!c)
         return 0;
     __builtin_memset(c, 0, sizeof(*c));
-    c->ts = bpf_ktime_get_ns();
+    c->ts = now;
     c->sp = sp;
     c->pid = id >> 32;
     c->tid = (u32)id;

@@ -142,8 +142,9 @@ class VerbsProbe:
             return
         try:
             for name, address in sorted(addresses.items()):
-                self._bpf.attach_uprobe(name=path, addr=address, fn_name=f"enter_{name}")
+                # the return first: an entry seen is then always followed by its return
                 self._bpf.attach_uretprobe(name=path, addr=address, fn_name=f"return_{name}")
+                self._bpf.attach_uprobe(name=path, addr=address, fn_name=f"enter_{name}")
         except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
             log.warning("RDMA: cannot hook %s: %s", path, exc)
             return
