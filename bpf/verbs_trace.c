@@ -38,7 +38,6 @@
 #define NAME_MAX_LEN 64         /* IBV_SYSFS_NAME_MAX */
 #define OBJECT_CONTEXT 0        /* ibv_context.device, ibv_pd/ibv_mr/ibv_cq/ibv_qp.context: the first member */
 #define MR_LENGTH 24            /* struct ibv_mr: context, pd, addr, length */
-#define CQ_CQE 28               /* struct ibv_cq: context, channel, cq_context, handle, cqe */
 #define QP_NUM 52               /* struct ibv_qp: context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num */
 #define QP_STATE 56             /*   ..., state (libibverbs keeps it: ibv_modify_qp sets it on success) */
 #define QP_TYPE 60              /*   ..., qp_type */
@@ -59,13 +58,11 @@
 
 /* What else to read: */
 #define READ_NONE 0
-#define READ_DEVICE_COUNT 1     /* return: *num_devices */
-#define READ_LENGTH_ARG 2       /* entry: the third argument (ibv_reg_mr*: length) */
-#define READ_MR_LENGTH 3        /* entry: mr->length */
-#define READ_CQ 4               /* return: cq->cqe */
-#define READ_NEW_QP 5           /* return: qp->qp_num, qp_type, state */
-#define READ_QP 6               /* entry: qp->qp_num, qp_type, state */
-#define READ_QP_ATTR 7          /* entry: the qp, and the attributes ibv_modify_qp sets */
+#define READ_LENGTH_ARG 1       /* entry: the third argument (ibv_reg_mr*: length) */
+#define READ_MR_LENGTH 2        /* entry: mr->length */
+#define READ_NEW_QP 3           /* return: qp->qp_num, qp_type, state */
+#define READ_QP 4               /* entry: qp->qp_num, qp_type, state */
+#define READ_QP_ATTR 5          /* entry: the qp, and the attributes ibv_modify_qp sets */
 
 #define SET_FILTER_PIDS 0       /* settings[]: 1: only tgids in targets[] */
 #define SET_AGENT_TGID 1
@@ -81,7 +78,7 @@ struct verbs_call {
     u64 sp;             /* at entry: an older entry above it on the stack is not an outer call */
     u64 ret;            /* the return value: a pointer, or an int in the low 32 bits */
     u64 object;         /* the first argument: the device, context, pd, mr, cq or qp */
-    u64 length;         /* bytes registered / deregistered, CQ entries, devices listed (not exported) */
+    u64 length;         /* bytes registered / deregistered */
     u32 pid;
     u32 tid;
     u16 op;             /* OPS of otel_ebpf/rdma/calls.py */
@@ -210,11 +207,7 @@ static __always_inline int verb_return(struct pt_regs *ctx, u16 family, int what
         return 0;
     c->duration_ns = bpf_ktime_get_ns() - c->ts;
     c->ret = PT_REGS_RC(ctx);
-    if (c->ret && what == READ_DEVICE_COUNT && c->object)
-        bpf_probe_read_user(&c->length, sizeof(u32), (void *)c->object);
-    else if (c->ret && what == READ_CQ)
-        bpf_probe_read_user(&c->length, sizeof(u32), (void *)(c->ret + CQ_CQE));
-    else if (c->ret && what == READ_NEW_QP)
+    if (c->ret && what == READ_NEW_QP)
         read_qp(c, c->ret);
     if (verbs_events.ringbuf_output(c, sizeof(*c), 0))
         count(STAT_RINGBUF_FULL);
@@ -226,7 +219,7 @@ static __always_inline int verb_return(struct pt_regs *ctx, u16 family, int what
     int enter_##name(struct pt_regs *ctx) { return verb_enter(ctx, op, family, arg, what); }       \
     int return_##name(struct pt_regs *ctx) { return verb_return(ctx, family, what); }
 
-VERB(ibv_get_device_list, 0, 0, ARG_NONE, READ_DEVICE_COUNT)
+VERB(ibv_get_device_list, 0, 0, ARG_NONE, READ_NONE)
 VERB(ibv_open_device, 1, 1, ARG_DEVICE, READ_NONE)
 VERB(ibv_close_device, 2, 2, ARG_CONTEXT, READ_NONE)
 VERB(ibv_alloc_pd, 3, 3, ARG_CONTEXT, READ_NONE)
@@ -236,7 +229,7 @@ VERB(ibv_reg_mr_iova, 6, 5, ARG_CHILD, READ_LENGTH_ARG)
 VERB(ibv_reg_mr_iova2, 7, 5, ARG_CHILD, READ_LENGTH_ARG)
 VERB(ibv_reg_dmabuf_mr, 8, 5, ARG_CHILD, READ_LENGTH_ARG)
 VERB(ibv_dereg_mr, 9, 9, ARG_CHILD, READ_MR_LENGTH)
-VERB(ibv_create_cq, 10, 10, ARG_CONTEXT, READ_CQ)
+VERB(ibv_create_cq, 10, 10, ARG_CONTEXT, READ_NONE)
 VERB(ibv_destroy_cq, 11, 11, ARG_CHILD, READ_NONE)
 VERB(ibv_create_qp, 12, 12, ARG_CHILD, READ_NEW_QP)
 VERB(ibv_modify_qp, 13, 13, ARG_CHILD, READ_QP_ATTR)

@@ -83,7 +83,7 @@ class VerbsCall:
     function: str
     ret: int
     object: int  # the first argument: the device, context, pd, mr, cq or qp it is about
-    length: int  # bytes registered (argument) or deregistered (mr->length), CQ entries, devices listed
+    length: int  # bytes registered (argument) or deregistered (mr->length)
     device: str  # the device's name ("mlx5_0"), "" where the call has none
     qp_num: int = 0
     qp_type: int = 0

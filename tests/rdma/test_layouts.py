@@ -26,7 +26,6 @@ BPF_SOURCE = Path(__file__).resolve().parents[2] / "bpf" / "verbs_trace.c"
 OFFSETS = {
     "DEVICE_NAME": "struct ibv_device, name",
     "MR_LENGTH": "struct ibv_mr, length",
-    "CQ_CQE": "struct ibv_cq, cqe",
     "QP_NUM": "struct ibv_qp, qp_num",
     "QP_STATE": "struct ibv_qp, state",
     "QP_TYPE": "struct ibv_qp, qp_type",
