@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import AGENT, REPO
 from tests.live.test_gpu_live import _logs
 from tests.live.test_http_live import _wait_for_file
-from tests.otlp_receiver import OTLPReceiver
+from tests.otlp_receiver import OTLPReceiver, flatten_metrics
 from tests.rdma import sysfs_tree
 from tests.rdma.standin import build
 
@@ -231,7 +231,12 @@ def test_debians_libibverbs_is_hooked(tmp_path: Path) -> None:
 
     def exit_first(receiver: OTLPReceiver) -> None:
         driver.communicate("exit\n", timeout=30)
-        time.sleep(2.5)  # a rescan (every second) finds it gone; the next collections follow
+
+        def forgotten(r: OTLPReceiver) -> bool:  # a rescan found it gone: exported once more, then no more
+            exports = [flatten_metrics([request]) for request in r.requests("metrics")]
+            return any("rdma.verbs.calls" in e for e in exports) and "rdma.verbs.calls" not in exports[-1]
+
+        assert receiver.wait_for(forgotten, timeout=30)
 
     summary, stderr, metrics, _ = _traced(tmp_path, driver, tmp_path / "no-such-sysfs", exit_first)
     assert summary["calls"] == calls and summary["devices"] == 0
@@ -240,5 +245,3 @@ def test_debians_libibverbs_is_hooked(tmp_path: Path) -> None:
     listed = _last(metrics, "rdma.verbs.calls", summary["pid"])
     assert {dict(k)["rdma.verbs.function"] for k in listed} == {"ibv_get_device_list"}
     assert sum(listed.values()) == calls
-    last_export = max(p["time_ns"] for p in metrics["otel_ebpf.rdma.calls"])
-    assert max(p["time_ns"] for p in metrics["rdma.verbs.calls"]) < last_export  # forgotten after its exit
