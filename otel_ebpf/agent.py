@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .probes.gpu import GpuMonitor
     from .probes.model_guard import ModelGuard
     from .probes.roce import RoceProbe
+    from .probes.verbs import VerbsMonitor
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -233,6 +235,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     gpu: GpuMonitor | None = None
     guard: ModelGuard | None = None
     roce: RoceProbe | None = None
+    verbs: VerbsMonitor | None = None
     nvml: NvmlReader | None = None
     try:
         if agent is not None and config.model_guard.mode != "off":
@@ -245,6 +248,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             gpu = _start_gpu(agent, profiling)
         if agent is not None and config.roce.interfaces:
             roce = _start_roce(agent)
+        if agent is not None:
+            verbs = _start_rdma(agent)
         if agent is not None and config.gpu.nvml:
             nvml = _start_nvml(agent)
         _check_targets_alive(config)
@@ -268,6 +273,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                     gpu.poll(0, agent.profile_horizon_ns())
                 if guard is not None:
                     guard.poll(0)
+                if verbs is not None:
+                    verbs.poll(0)
             now = time.monotonic()
             if now >= next_kernel_stats:  # map reads are syscalls: not every poll
                 next_kernel_stats = now + KERNEL_STATS_S
@@ -296,6 +303,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             gpu.close()  # before the CPU profiler: they may share its profile sink
         if profiling is not None:
             profiling.close()
+        if verbs is not None:
+            verbs.close()
         if agent is not None:
             agent.finish()
             log.info("stopped: %s", _summary(agent.selfmetrics))
@@ -354,6 +363,33 @@ def _start_roce(agent: Agent) -> RoceProbe:
         raise
     agent.metric_sources.append(roce.collect_metrics)
     return roce
+
+
+def _start_rdma(agent: Agent) -> VerbsMonitor | None:
+    """RDMA port counters (a metric source, where there are devices) and, with ``rdma.verbs``,
+    the verbs probe (docs/rdma.md)."""
+    from .rdma.ports import port_counter_source  # noqa: PLC0415
+
+    config = agent.config.rdma
+    delta = DELTA_KINDS[agent.config.export.metric_temporality]
+    if config.port_counters:
+        node = {**agent.config.resource.attributes, "host.name": agent.host_name, **SDK_ATTRIBUTES}
+        source = port_counter_source(Path(config.sysfs_root), node, delta)
+        if source is not None:
+            agent.metric_sources.append(source)
+        log.info("RDMA port counters: %s", f"from {config.sysfs_root}" if source else f"none (no {config.sysfs_root})")
+    if not config.verbs:
+        return None
+    from .probes.verbs import VerbsMonitor  # noqa: PLC0415 — loads bcc: only with rdma.verbs
+
+    verbs = VerbsMonitor(agent.config, agent.selfmetrics, agent.host_name, delta)
+    try:
+        verbs.start()  # RuntimeError saying what failed
+    except BaseException:
+        verbs.close()
+        raise
+    agent.metric_sources.append(verbs.collect_metrics)
+    return verbs
 
 
 def _start_nvml(agent: Agent) -> NvmlReader | None:

@@ -268,6 +268,16 @@ class RoceConfig:
 
 
 @dataclass(frozen=True)
+class RdmaConfig:
+    """RDMA verbs control path and port counters (docs/rdma.md)."""
+
+    verbs: bool = False  # hook libibverbs in target processes (devices, PDs, MRs, CQs, queue pairs)
+    port_counters: bool = True  # the ports' counters from sysfs, where there are RDMA devices
+    sysfs_root: str = "/sys/class/infiniband"
+    max_objects: int = 65536  # verbs objects (and queue pairs) followed, all processes together
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     targets: TargetsConfig = TargetsConfig()
     exporters: tuple[str, ...] = ("file",)
@@ -284,6 +294,7 @@ class AgentConfig:
     model_guard: ModelGuardConfig = ModelGuardConfig()
     pii: PiiConfig = PiiConfig()
     roce: RoceConfig = RoceConfig()
+    rdma: RdmaConfig = RdmaConfig()
     protocols: ProtocolsConfig = ProtocolsConfig()
     export: ExportConfig = ExportConfig()
     run: RunConfig = RunConfig()
@@ -640,6 +651,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pii.patterns", _pii_patterns),
     Setting("roce.interfaces", _list(_text), env="OTEL_EBPF_ROCE_INTERFACES"),
     Setting("roce.max_qp_pairs", _integer(1, 1 << 20), env="OTEL_EBPF_ROCE_MAX_QP_PAIRS"),
+    Setting("rdma.verbs", _boolean, env="OTEL_EBPF_RDMA_VERBS"),
+    Setting("rdma.port_counters", _boolean, env="OTEL_EBPF_RDMA_PORT_COUNTERS"),
+    Setting("rdma.sysfs_root", _absolute_path, env="OTEL_EBPF_RDMA_SYSFS_ROOT"),
+    Setting("rdma.max_objects", _integer(1), env="OTEL_EBPF_RDMA_MAX_OBJECTS"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

@@ -444,6 +444,18 @@ def check_gpu_devices() -> CheckResult:
     return CheckResult("GPU devices", True, f"none: no GPU device state will be exported ({why})", required=False)
 
 
+def check_rdma_devices(root: str | None = None) -> CheckResult:
+    """Information only: the RDMA devices whose port counters the agent reads (docs/rdma.md)."""
+    root = root or os.environ.get("OTEL_EBPF_RDMA_SYSFS_ROOT") or "/sys/class/infiniband"
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        devices = []
+    if not devices:
+        return CheckResult("RDMA devices", True, f"none in {root}: no port counters will be exported", required=False)
+    return CheckResult("RDMA devices", True, f"{', '.join(devices)} (port counters from {root})", required=False)
+
+
 def check_memlock() -> CheckResult:
     """Before 5.11 BPF maps count against RLIMIT_MEMLOCK, and a small limit makes map creation fail."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -525,6 +537,7 @@ def run_checks() -> list[CheckResult]:
         *check_tls_libraries(bcc.ok),
         check_kprobes(),
         check_gpu_devices(),
+        check_rdma_devices(),
         check_memlock(),
         check_bpf_lsm(),
     ]

@@ -138,6 +138,14 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
     "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
+    "otel_ebpf.rdma.calls": ("{call}", "RDMA verbs calls decoded from the kernel (libibverbs control path)", False),
+    "otel_ebpf.rdma.libraries": ("{file}", "libibverbs files hooked", True),
+    "otel_ebpf.rdma.objects.untracked": (
+        "{object}",
+        "Verbs objects not followed, by reason: destroyed but made before the agent attached "
+        "(made_before_attach), forgotten when rdma.max_objects were followed (table_full)",
+        False,
+    ),
     "otel_ebpf.model_guard.opens": (
         "{open}",
         "Opens of model files the guard matched, by decision (allowed, denied with EPERM)",

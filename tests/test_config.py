@@ -271,6 +271,14 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", ["eth1"], ("eth1",)), ("env", "OTEL_EBPF_ROCE_INTERFACES", "eth2,eth3", ("eth2", "eth3"))],
     ),
     "roce.max_qp_pairs": (4096, [("yaml", "", 16, 16), ("env", "OTEL_EBPF_ROCE_MAX_QP_PAIRS", "32", 32)]),
+    "rdma.verbs": (False, [("yaml", "", True, True), ("env", "OTEL_EBPF_RDMA_VERBS", "off", False)]),
+    "rdma.port_counters": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_RDMA_PORT_COUNTERS", "on", True)]),
+    "rdma.sysfs_root": (
+        "/sys/class/infiniband",
+        [("yaml", "", "/host/sys/class/infiniband", "/host/sys/class/infiniband")]
+        + [("env", "OTEL_EBPF_RDMA_SYSFS_ROOT", "/tmp/infiniband", "/tmp/infiniband")],
+    ),
+    "rdma.max_objects": (65536, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_RDMA_MAX_OBJECTS", "20", 20)]),
     "model_guard.mode": (
         "off",
         [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")],

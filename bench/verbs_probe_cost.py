@@ -1,0 +1,228 @@
+"""Cost of the RDMA verbs probe per hooked call, on the stand-in libibverbs, with and without the agent.
+
+A small C driver (compiled here against the system's infiniband/verbs.h, linked to a private build
+of the stand-in) makes one kind of control-path call in a loop, in bursts of ``--burst``
+iterations, timing each burst. Per row, in one run: bursts without the agent, then with
+``otel-ebpf run --pid <driver>`` and ``rdma.verbs: true`` attached (file exporter, a pause after
+each burst for the agent to drain the ring buffer), then without again. Reported: the fastest
+burst of each kind (on a shared machine other programs only ever add time), the time added per
+call (``traced - untraced``), the calls the agent decoded over those made while attached, and the
+kernel's drops (must be 0).
+
+Rows:
+- ``empty uprobe+uretprobe``: the kernel's mechanism alone (empty BPF programs on
+  ``ibv_alloc_pd`` and ``ibv_dealloc_pd``), for reference.
+- ``ibv_alloc_pd+ibv_dealloc_pd``: two hooked calls; each reads the device's name through
+  the object's context (two or three user-memory reads), entry and return.
+- ``ibv_reg_mr+ibv_dereg_mr``: ``ibv_reg_mr`` jumps to ``ibv_reg_mr_iova2`` (both hooked: the
+  inner one only counts its depth), as the real library does.
+- ``queue pair lifecycle``: ``ibv_create_qp``, three ``ibv_modify_qp`` (RESET -> INIT -> RTR ->
+  RTS, the RTR one with the peer's address), ``ibv_destroy_qp``: five calls, a log record each.
+
+These are set-up calls (a job makes them at start and teardown, not per message); there is no
+target for them but "negligible next to what a real provider does in the kernel" (a real
+``ibv_reg_mr`` pins pages: tens of microseconds and more). Usage: ``python bench/verbs_probe_cost.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.otlp_receiver import load_file_metrics  # noqa: E402
+from tests.rdma.standin import build  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
+from results import write_result  # noqa: E402
+
+AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
+CALLS_PER_ITERATION = {"pd": 2, "mr": 2, "qp": 5}
+
+DRIVER_C = r"""
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static long long now(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static char buffer[1 << 16];
+int main(int argc, char **argv) {
+    int n = 0;
+    struct ibv_device **devices = ibv_get_device_list(&n);
+    struct ibv_context *context = ibv_open_device(devices[0]);
+    struct ibv_pd *pd = ibv_alloc_pd(context);
+    struct ibv_cq *cq = ibv_create_cq(context, 16, NULL, NULL, 0);
+    const char *what = argv[1];
+    char line[64];
+    printf("ready\n"); fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {
+        long count = atol(line), errors = 0;
+        if (count <= 0) break;
+        long long t0 = now();
+        for (long i = 0; i < count; i++) {
+            if (!strcmp(what, "pd")) {
+                errors += ibv_dealloc_pd(ibv_alloc_pd(context)) != 0;
+            } else if (!strcmp(what, "mr")) {
+                errors += ibv_dereg_mr(ibv_reg_mr(pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE)) != 0;
+            } else {
+                struct ibv_qp_init_attr init = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC};
+                struct ibv_qp *qp = ibv_create_qp(pd, &init);
+                struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+                errors += ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT) != 0;
+                struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR, .dest_qp_num = 7,
+                                        .ah_attr = {.is_global = 1, .port_num = 1}};
+                errors += ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN) != 0;
+                struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS};
+                errors += ibv_modify_qp(qp, &s, IBV_QP_STATE) != 0;
+                errors += ibv_destroy_qp(qp) != 0;
+            }
+        }
+        printf("%lld %ld\n", now() - t0, errors); fflush(stdout);
+    }
+    return 0;
+}
+"""
+
+
+def _bursts(proc: subprocess.Popen, burst: int, count: int, pause_s: float) -> list[float]:
+    """ns per iteration of each burst."""
+    results = []
+    for _ in range(count):
+        proc.stdin.write(f"{burst}\n")
+        proc.stdin.flush()
+        elapsed, errors = proc.stdout.readline().split()
+        assert errors == "0", f"{errors} calls failed"
+        results.append(int(elapsed) / burst)
+        time.sleep(pause_s)
+    return results
+
+
+def _start_agent(pid: int, out: Path) -> subprocess.Popen:
+    ready = out / "ready"
+    agent = subprocess.Popen(
+        [*AGENT, "run", "--pid", str(pid), "--exporter", "file", "--output", str(out), "--ready-file", str(ready)],
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OTEL_EBPF_RDMA_VERBS": "true", "OTEL_EBPF_GPU": "false"},
+    )
+    deadline = time.monotonic() + 90
+    while not ready.exists():
+        if agent.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the agent did not start (root? `otel-ebpf doctor`)")
+        time.sleep(0.1)
+    return agent
+
+
+def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
+    per = CALLS_PER_ITERATION[what]
+    proc = subprocess.Popen([str(driver), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        _bursts(proc, burst, 2, 0)  # warm up
+        bare = _bursts(proc, burst * 20, bursts, 0.05)
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        agent = _start_agent(proc.pid, out)
+        traced = _bursts(proc, burst, bursts, 1.0)
+        agent.send_signal(signal.SIGINT)
+        agent.wait(timeout=60)
+        bare += _bursts(proc, burst * 20, bursts, 0.05)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    metrics = load_file_metrics(out / "metrics.jsonl")
+    drops = {
+        p["attributes"]["reason"]: p["value"]
+        for p in metrics.get("otel_ebpf.kernel.drops", [])
+        if p["attributes"]["reason"].startswith("verbs_")
+    }
+    decoded = max((p["value"] for p in metrics.get("otel_ebpf.rdma.calls", [])), default=0)
+    per_call_bare, per_call_traced = min(bare) / per, min(traced) / per
+    return [
+        name,
+        f"{per_call_bare / 1000:.2f}",
+        f"{per_call_traced / 1000:.2f}",
+        f"{(per_call_traced - per_call_bare) / 1000:.2f}",
+        f"{decoded}/{bursts * burst * per}",
+        str(drops.get("verbs_ringbuf_full", "?")),
+    ]
+
+
+def _floor_row(driver: Path, library: Path, burst: int, bursts: int) -> list[str]:
+    """The mechanism alone: empty BPF programs at the entry and return of both functions."""
+    from bcc import BPF
+
+    from otel_ebpf.probes.verbs import default_symbols
+
+    proc = subprocess.Popen([str(driver), "pd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        bare = min(_bursts(proc, burst * 20, bursts, 0.05)) / 2
+        bpf = BPF(text="int enter(void *ctx) { return 0; } int leave(void *ctx) { return 0; }")
+        for address in default_symbols(str(library), ("ibv_alloc_pd", "ibv_dealloc_pd")).values():
+            bpf.attach_uprobe(name=str(library).encode(), addr=address, fn_name=b"enter")
+            bpf.attach_uretprobe(name=str(library).encode(), addr=address, fn_name=b"leave")
+        traced = min(_bursts(proc, burst, bursts, 0.05)) / 2
+        bpf.cleanup()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    return [
+        "empty uprobe+uretprobe (the floor)",
+        f"{bare / 1000:.2f}",
+        f"{traced / 1000:.2f}",
+        f"{(traced - bare) / 1000:.2f}",
+        "-",
+        "-",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--burst", type=int, default=200, help="iterations per burst (fits the ring buffer)")
+    parser.add_argument("--bursts", type=int, default=7)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/verbs_probe_cost.py needs root (it attaches the agent)")
+    rows = [["calls", "untraced us/call", "traced us/call", "added us/call", "decoded/made", "ringbuf drops"]]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        # A private build: uprobes belong to files, so another agent hooking the shared stand-in
+        # (a test run) would fire in the "untraced" runs too.
+        libdir = build.build(tmp / "standin")
+        source = tmp / "driver.c"
+        source.write_text(DRIVER_C)
+        driver = tmp / "driver"
+        subprocess.run(
+            ["gcc", "-O2", "-o", str(driver), str(source), f"-L{libdir}", "-l:libibverbs.so.1", f"-Wl,-rpath,{libdir}"],
+            check=True,
+        )
+        rows.append(_floor_row(driver, libdir / build.LIBRARY, args.burst, args.bursts))
+        rows.append(_row("ibv_alloc_pd+ibv_dealloc_pd", "pd", driver, tmp, args.burst, args.bursts))
+        rows.append(_row("ibv_reg_mr+ibv_dereg_mr (nested iova2)", "mr", driver, tmp, args.burst, args.bursts))
+        rows.append(_row("queue pair lifecycle (5 calls)", "qp", driver, tmp, args.burst // 2, args.bursts))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    write_result(
+        "verbs_probe_cost",
+        None,
+        {
+            "parameters": {"burst": args.burst, "bursts": args.bursts},
+            "calls": [dict(zip(rows[0], row, strict=True)) for row in rows[1:]],
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

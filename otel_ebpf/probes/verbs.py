@@ -1,0 +1,230 @@
+"""RDMA verbs probe: finds ``libibverbs`` in target processes, hooks its control-path functions
+with ``bpf/verbs_trace.c`` and hands the decoded calls to :class:`~otel_ebpf.rdma.views.VerbsViews`.
+
+A uprobe belongs to a file, so each distinct file (device, inode) named ``libibverbs.so*`` that a
+target maps is hooked once, for every process that maps it. libibverbs exports most functions
+twice: the current ABI (``ibv_create_qp@@IBVERBS_1.1``) and the 1.0 compatibility entry points
+(``ibv_create_qp@IBVERBS_1.0``, for programs linked in 2006) whose structs differ. Only the
+default versions are hooked, by address: the structs read are those of the current ABI.
+Processes load the library late (an MPI or NCCL plugin dlopens it), so maps are rescanned every
+:data:`RESCAN_S`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .. import procfs
+from ..config import AgentConfig
+from ..containers import ContainerResolver
+from ..rdma.calls import FUNCTIONS, VerbsCall, decode
+from ..rdma.views import VerbsViews
+from ..resources import ProcessResources
+from ..selfmetrics import SelfMetrics
+from .loading import close_program, compile_program, inline_headers, pid_namespace_flags, write_settings
+from .tls import mapped_files
+
+log = logging.getLogger(__name__)
+
+RESCAN_S = 1.0
+RING_BUFFER_PAGES = 64  # 256 KiB: control-path calls are few, but a job's start makes thousands at once
+SET_FILTER_PIDS, SET_AGENT_TGID = 0, 1
+STAT_NAMES = ("verbs_ringbuf_full", "verbs_returns_without_entry")  # bpf/verbs_trace.c, STAT_*
+_HIDDEN_VERSION = 0x8000  # .gnu.version: a symbol version that is not the default (name@VER, not name@@VER)
+
+
+def is_verbs_library(path: str) -> bool:
+    return os.path.basename(path).startswith("libibverbs.so")
+
+
+def default_symbols(path: str, names: Iterable[str] = FUNCTIONS) -> dict[str, int]:
+    """The virtual address of each of ``names`` that ``path`` defines, at its default version."""
+    from elftools.common.exceptions import ELFError  # noqa: PLC0415 — only when a file is looked at
+    from elftools.elf.elffile import ELFFile  # noqa: PLC0415
+    from elftools.elf.gnuversions import GNUVerSymSection  # noqa: PLC0415
+    from elftools.elf.sections import SymbolTableSection  # noqa: PLC0415
+
+    wanted = set(names)
+    found: dict[str, int] = {}
+    try:
+        with open(path, "rb") as stream:
+            elf = ELFFile(stream)
+            symbols = elf.get_section_by_name(".dynsym")
+            versions = elf.get_section_by_name(".gnu.version")
+            if not isinstance(symbols, SymbolTableSection):
+                return {}
+            if not isinstance(versions, GNUVerSymSection):
+                versions = None
+            for index, symbol in enumerate(symbols.iter_symbols()):
+                if (
+                    symbol.name not in wanted
+                    or symbol["st_info"]["type"] != "STT_FUNC"
+                    or symbol["st_shndx"] == "SHN_UNDEF"
+                ):
+                    continue
+                version = versions.get_symbol(index).entry["ndx"] if versions is not None else 1
+                if isinstance(version, int) and version & _HIDDEN_VERSION:
+                    continue
+                found[symbol.name] = symbol["st_value"]
+    except (OSError, ELFError, ValueError):
+        return {}
+    return found
+
+
+class VerbsProbe:
+    """Kernel side: ``poll`` returns decoded calls; ``scan`` hooks new libibverbs files."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self._targets = config.targets
+        self._max_targets = config.capture.max_processes
+        self._bpf: Any = None
+        self._seen: set[tuple[int, int]] = set()
+        self.hooked: dict[str, tuple[str, ...]] = {}  # path -> functions hooked
+        self.pids: set[int] = set()  # processes that map a hooked file
+        self._in_targets: set[int] = set()  # pids in the kernel's targets table
+        self._calls: list[VerbsCall] = []
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def start(self) -> None:
+        """Compile, configure, hook what target processes map now. Raises RuntimeError."""
+        source = inline_headers(resources.files("otel_ebpf.bpf").joinpath("verbs_trace.c").read_text())
+        cflags = [f"-DRINGBUF_PAGES={RING_BUFFER_PAGES}", f"-DMAX_TARGETS={self._max_targets}", *pid_namespace_flags()]
+        self._bpf = compile_program(source, cflags, "RDMA verbs probe (bpf/verbs_trace.c)")
+        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self._targets.selects_processes})
+        self._bpf["verbs_events"].open_ring_buffer(self._on_event)
+        self.scan()
+
+    def scan(self) -> set[int]:
+        """Hook the libibverbs files target processes map that are not hooked yet; returns the
+        target processes that map a hooked file (those that exited since are gone from it)."""
+        pids = self._target_pids()
+        if self._targets.selects_processes:  # the kernel's table follows: new targets in, exited ones out
+            targets = self._bpf["targets"]
+            for pid in pids - self._in_targets:
+                targets[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            for pid in self._in_targets - pids:
+                targets.pop(ctypes.c_uint32(pid), None)
+            self._in_targets = pids
+        mapping = set()
+        for pid in pids:
+            libraries = [path for path in mapped_files(pid) if is_verbs_library(path)]
+            for path in libraries:
+                self._consider(path)
+            if libraries:
+                mapping.add(pid)
+        self.pids = mapping
+        return mapping
+
+    def _target_pids(self) -> set[int]:
+        if self._targets.selects_processes:
+            chosen = {*self._targets.pids, *procfs.matching_pids(self._targets.executables)}
+            return {pid for pid in chosen if os.path.exists(f"/proc/{pid}")}
+        return set(procfs.iter_pids()) - {os.getpid()}
+
+    def _consider(self, path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) in self._seen:
+            return
+        self._seen.add((st.st_dev, st.st_ino))
+        addresses = default_symbols(path)
+        if not addresses:
+            log.warning("RDMA: %s defines none of the verbs functions hooked; not hooked", path)
+            return
+        try:
+            for name, address in sorted(addresses.items()):
+                # the return first: an entry seen is then always followed by its return
+                self._bpf.attach_uretprobe(name=path, addr=address, fn_name=f"return_{name}")
+                self._bpf.attach_uprobe(name=path, addr=address, fn_name=f"enter_{name}")
+        except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
+            log.warning("RDMA: cannot hook %s: %s", path, exc)
+            return
+        self.hooked[path] = tuple(sorted(addresses))
+        log.info("RDMA: hooked %s (%d verbs functions)", path, len(addresses))
+
+    @property
+    def started(self) -> bool:
+        return self._bpf is not None
+
+    def poll(self, timeout_ms: int) -> list[VerbsCall]:
+        self._bpf.ring_buffer_poll(timeout_ms)
+        self._bpf.ring_buffer_consume()
+        calls, self._calls = self._calls, []
+        return calls
+
+    def _on_event(self, _ctx: int, data: int, size: int) -> None:
+        call = decode(ctypes.string_at(data, size), self.clock_offset_ns)
+        if call is not None:
+            self._calls.append(call)
+
+    def kernel_stats(self) -> dict[str, int]:
+        table = self._bpf["stats"]
+        return {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            close_program(self._bpf)
+            self._bpf = None
+
+
+class VerbsMonitor:
+    """The verbs probe and its views, as the agent drives them: ``poll`` often, ``collect_metrics``
+    each metrics interval, ``close`` at the end."""
+
+    def __init__(self, config: AgentConfig, selfmetrics: SelfMetrics, host_name: str, delta: frozenset) -> None:
+        from ..exporters.logs import build_log_sink  # noqa: PLC0415 — with the probe only
+
+        self._selfmetrics = selfmetrics
+        self.probe = VerbsProbe(config)
+        self._resources = ProcessResources(
+            config.resource.attributes, host_name, ContainerResolver(str(config.resource.host_root))
+        )
+        self.views = VerbsViews(
+            self._resources.of, selfmetrics, Path(config.rdma.sysfs_root), delta, config.rdma.max_objects
+        )
+        self._log_sink = build_log_sink(config, selfmetrics)
+        self._next_scan = 0.0
+
+    def start(self) -> None:
+        self.probe.start()
+        self._next_scan = time.monotonic() + RESCAN_S
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        calls = self.probe.poll(timeout_ms)
+        for call in calls:
+            self.views.handle(call)
+        self._selfmetrics.add("otel_ebpf.rdma.calls", len(calls))
+        self._log_sink.export(self.views.take_logs())
+        if time.monotonic() >= self._next_scan:
+            self._next_scan = time.monotonic() + RESCAN_S
+            before = self.probe.pids
+            gone = before - self.probe.scan()
+            gone = {pid for pid in gone if not os.path.exists(f"/proc/{pid}")}
+            if gone:
+                self.views.processes_exited(gone)
+                for pid in gone:
+                    self._resources.pop(pid)
+            self._selfmetrics.set("otel_ebpf.rdma.libraries", len(self.probe.hooked))
+            for reason, total in self.probe.kernel_stats().items():
+                self._selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
+
+    def collect_metrics(self, now_ns: int) -> list:
+        return self.views.collect_metrics(now_ns)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Take what the kernel still holds, export the last records, detach."""
+        try:
+            if self.probe.started:
+                self.poll(0)
+        finally:
+            self.probe.close()
+            self._log_sink.shutdown(timeout_s)
