@@ -85,7 +85,7 @@ def report_document(report: Report) -> dict[str, Any]:
 def to_text(report: Report) -> str:
     lines: list[str] = []
     if not report.findings:
-        lines.append("No findings: none of the rules below saw a problem in this evidence.")
+        lines.append("No findings: no rule saw a problem in this evidence.")
     for rank, f in enumerate(report.findings, 1):
         lines.append(f"{rank}. [{f.severity.name}] {f.title}")
         lines.append(f"   process: {f.process}    rule: {f.rule}")

@@ -67,6 +67,11 @@ class SynchronizeInLoop(Rule):
         "N steps, or copy with .to('cpu', non_blocking=True) into pinned memory and wait on a torch.cuda.Event "
         "only when the value is needed."
     )
+    UPLOAD_ADVICE = (
+        "the upload of each batch blocks the CPU until it is on the GPU: pin the host buffer (DataLoader("
+        "pin_memory=True), or torch.empty(..., pin_memory=True) once) and copy with .to(device, non_blocking=True), "
+        "so the copy overlaps the previous step's compute."
+    )
     SYNC_ADVICE = (
         "take torch.cuda.synchronize() / stream.synchronize() out of the step (timing code usually put it there): "
         "time with torch.cuda.Event(enable_timing=True) pairs read after the loop, or synchronize every N steps."
@@ -79,6 +84,7 @@ class SynchronizeInLoop(Rule):
     def evaluate(self, evidence: Evidence) -> list[Finding]:
         calls = totals_by_process(evidence.profiles_of("waits"))
         waited = totals_by_process(evidence.profiles_of("wait_time"))
+        copied = totals_by_process(evidence.profiles_of("memcpy_calls"))  # a copy's direction, by its stack
         windows = observed_window_s(evidence.profiles)
         findings = []
         for process, totals in calls.items():
@@ -96,6 +102,9 @@ class SynchronizeInLoop(Rule):
                 if window:
                     evidence_lines.append(f"{share:.1%} of the {window:.1f} s the profiles cover")
                 copy = "memcpy" in function.lower()
+                direction = copied[process].attributes.get(stack, {}) if process in copied else {}
+                upload = direction.get("cuda.memcpy.direction") == "host_to_device"
+                advice = (self.UPLOAD_ADVICE if upload else self.COPY_ADVICE) if copy else self.SYNC_ADVICE
                 findings.append(
                     Finding(
                         self.rule_id,
@@ -103,7 +112,7 @@ class SynchronizeInLoop(Rule):
                         f"{'Synchronous copy' if copy else function} in the hot loop at {where(stack)}",
                         process_label(totals.resource),
                         tuple(evidence_lines),
-                        self.COPY_ADVICE if copy else self.SYNC_ADVICE,
+                        advice,
                         stack,
                         {"waits": n, "wait_s": seconds, "window_s": window, "function": function},
                         seconds,
@@ -256,8 +265,8 @@ def _peak_rate(points: Sequence[MetricPoint]) -> tuple[float, float, float]:
 
 class GrowingInUse(Rule):
     """A stack whose memory stays in use and keeps growing: the agent's leak reports
-    (``cuda.memory.leak`` log records), else an in-use view that grew in each of the last
-    ``min_snapshots`` snapshots."""
+    (``cuda.memory.leak`` log records), else an in-use view that grew from one snapshot to the next
+    at least ``min_growths`` times and never fell (memory that only accumulates)."""
 
     rule_id = "memory-leak"
     ADVICE = (
@@ -267,8 +276,8 @@ class GrowingInUse(Rule):
         "torch.cuda.memory_allocated() per step confirms the fix."
     )
 
-    def __init__(self, min_snapshots: int = 3) -> None:
-        self.min_snapshots = min_snapshots
+    def __init__(self, min_growths: int = 2) -> None:
+        self.min_growths = min_growths  # one growth is an allocation made once (the weights), not a pattern
 
     def evaluate(self, evidence: Evidence) -> list[Finding]:
         findings = self._from_reports(evidence)
@@ -332,9 +341,10 @@ class GrowingInUse(Rule):
         for process, by_time in sorted(snapshots.items()):
             times = sorted(by_time)
             for stack in sorted({s for at in by_time.values() for s in at}, key=format_stack):
-                series = [by_time[t].get(stack, 0) for t in times][-self.min_snapshots :]
-                rising = len(series) == self.min_snapshots and all(a < b for a, b in itertools.pairwise(series))
-                if not rising:
+                series = [by_time[t].get(stack, 0) for t in times]
+                steps = list(itertools.pairwise(series))
+                growths = sum(a < b for a, b in steps)
+                if growths < self.min_growths or any(a > b for a, b in steps):
                     continue
                 findings.append(
                     Finding(
@@ -343,12 +353,12 @@ class GrowingInUse(Rule):
                         f"GPU memory in use keeps growing under {where(stack)}",
                         process_label(resources[process]),
                         (
-                            f"in use under this stack over the last {self.min_snapshots} snapshots: "
-                            + " → ".join(fmt_bytes(v) for v in series),
+                            f"in use under this stack grew in {growths} of {len(steps)} intervals between in-use "
+                            f"snapshots and never fell: {fmt_bytes(series[0])} → {fmt_bytes(series[-1])}",
                         ),
                         self.ADVICE,
                         stack,
-                        {"in_use_bytes": series},
+                        {"in_use_bytes": series, "growths": growths},
                         float(series[-1] - series[0]),
                     )
                 )

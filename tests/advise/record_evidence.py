@@ -41,7 +41,7 @@ CONFIG = """\
 gpu:
   enabled: true
   interval_s: 1
-  leak_age_s: 0.4
+  leak_age_s: 1  # an agent lagging less than this behind the calls still sees the growth
   ring_buffer_kb: 65536  # a burst of 30,000 launches with their stacks: none lost
 export:
   metric_interval_s: 1
@@ -73,7 +73,8 @@ def _stream_chat(port: int, number: int) -> None:
             pass
 
 
-def record(case: str) -> None:
+def record(case: str, out: Path) -> None:
+    """Run ``case`` under the agent and put the files it wrote in ``out`` (replaced)."""
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         port_file = tmp / "port"
@@ -118,7 +119,6 @@ def record(case: str) -> None:
                 loop.wait()
             server.terminate()
             server.wait()
-        out = DATA / case
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         for file in FILES:
@@ -131,7 +131,7 @@ def main(cases: list[str]) -> None:
     if unknown:
         raise SystemExit(f"no such case: {', '.join(unknown)} (cases: {', '.join(CASES)})")
     for case in cases or CASES:
-        record(case)
+        record(case, DATA / case)
 
 
 if __name__ == "__main__":

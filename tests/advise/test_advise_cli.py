@@ -28,7 +28,7 @@ def test_text_report_ranks_the_recorded_problems() -> None:
     assert run.returncode == 0, run.stderr
     titles = [line for line in run.stdout.splitlines() if line[:1].isdigit()]
     assert len(titles) == 6
-    assert titles[0].startswith("1. [HIGH] GPU memory leak: 40 allocations kept alive by leaky_cache (")
+    assert titles[0].startswith("1. [HIGH] GPU memory leak: 80 allocations kept alive by leaky_cache (")
     assert "[HIGH] Time to first token of stand-in is mostly queueing" in titles[1]
     assert "   try: " in run.stdout and "stack (leaf first):" in run.stdout
     assert "Not checked:" in run.stdout and "MBU" in run.stdout
@@ -40,7 +40,7 @@ def test_json_report() -> None:
     document = json.loads(run.stdout)
     assert [f["rank"] for f in document["findings"]] == [1, 2, 3, 4, 5, 6]
     leak = document["findings"][0]
-    assert (leak["rule"], leak["severity"], leak["figures"]["allocations"]) == ("memory-leak", "high", 40)
+    assert (leak["rule"], leak["severity"], leak["figures"]["allocations"]) == ("memory-leak", "high", 80)
     assert leak["code"][0]["function"] == "leaky_cache" and leak["code"][0]["file"].endswith("workloads.py")
     assert leak["stack"][0] == "cudaMalloc"
     assert len(document["not_checked"]) == 2 and len(document["sources"]) == 4

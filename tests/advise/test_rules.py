@@ -113,7 +113,16 @@ def test_recorded_tiny_kernels(problems: list[Finding]) -> None:
 def test_recorded_leak_is_the_latest_report(problems: list[Finding]) -> None:
     f = only(by_rule(problems, "memory-leak"))
     assert f.severity is Severity.HIGH
-    assert f.figures["allocations"] == 40 and f.figures["bytes"] == 40 * MIB
+    assert f.figures["allocations"] == 80 and f.figures["bytes"] == 80 * MIB
+    assert program_frames(f.stack)[0].function == "leaky_cache"
+
+
+def test_recorded_leak_seen_in_the_in_use_snapshots_alone() -> None:
+    evidence = read_directory(DATA / "problems")
+    evidence.logs.clear()
+    f = only(GrowingInUse().evaluate(evidence))
+    assert (f.process.split(" ")[0], f.severity) == ("advise-leak", Severity.MEDIUM)
+    assert f.figures["in_use_bytes"][-1] == 80 * MIB and f.figures["growths"] >= 2
     assert program_frames(f.stack)[0].function == "leaky_cache"
 
 
@@ -155,6 +164,16 @@ def test_sync_severity_by_share_of_the_window() -> None:
     assert high.title == "cudaDeviceSynchronize in the hot loop at train_step (/srv/train.py:41)"
     assert high.figures == {"waits": 20, "wait_s": 1.0, "window_s": 10.0, "function": "cudaDeviceSynchronize"}
     assert "torch.cuda.Event" in high.suggestion
+
+
+def test_sync_copy_advice_by_direction() -> None:
+    upload = stack(("load_batch", 12), leaf="cudaMemcpy")
+    evidence = waits(50, 0.1, function="cudaMemcpy", frames=upload)
+    assert "loss.item()" in only(SynchronizeInLoop().evaluate(evidence)).suggestion  # direction unknown
+    evidence.profiles.append(profile("memcpy_calls", [(upload, 50, {"cuda.memcpy.direction": "host_to_device"})]))
+    f = only(SynchronizeInLoop().evaluate(evidence))
+    assert f.title == "Synchronous copy in the hot loop at load_batch (/srv/train.py:12)"
+    assert "non_blocking=True" in f.suggestion and "loss.item()" not in f.suggestion
 
 
 def test_sync_quotes_at_most_three_stacks_per_process_largest_first() -> None:
@@ -283,13 +302,17 @@ def snapshots(values: list[int], frames: Stack = LEAK) -> list[Profile]:
     ]
 
 
-def test_in_use_growing_in_the_last_snapshots() -> None:
-    rule = GrowingInUse(min_snapshots=3)
-    f = only(rule.evaluate(Evidence(profiles=snapshots([5 * MIB, MIB, 2 * MIB, 3 * MIB]))))
-    assert f.severity is Severity.MEDIUM and f.figures == {"in_use_bytes": [MIB, 2 * MIB, 3 * MIB]}
-    assert rule.evaluate(Evidence(profiles=snapshots([MIB, 2 * MIB, 2 * MIB]))) == []
-    assert rule.evaluate(Evidence(profiles=snapshots([MIB, 2 * MIB]))) == []  # too few to tell
-    assert only(rule.evaluate(Evidence(profiles=snapshots([0, MIB, 2 * MIB])))).figures["in_use_bytes"][0] == 0
+def test_in_use_that_grows_and_never_falls() -> None:
+    rule = GrowingInUse(min_growths=2)
+    f = only(rule.evaluate(Evidence(profiles=snapshots([0, MIB, MIB, 3 * MIB, 3 * MIB]))))
+    assert f.severity is Severity.MEDIUM
+    assert f.figures == {"in_use_bytes": [0, MIB, MIB, 3 * MIB, 3 * MIB], "growths": 2}
+    assert f.evidence == (
+        "in use under this stack grew in 2 of 4 intervals between in-use snapshots and never fell: 0 B → 3.0 MiB",
+    )
+    assert rule.evaluate(Evidence(profiles=snapshots([MIB, 2 * MIB, 2 * MIB]))) == []  # once: allocated and kept
+    assert rule.evaluate(Evidence(profiles=snapshots([MIB, 2 * MIB, MIB, 3 * MIB]))) == []  # freed in between
+    assert rule.evaluate(Evidence(profiles=snapshots([MIB, 2 * MIB, 3 * MIB, 0]))) == []  # all freed at the end
 
 
 def test_in_use_growth_already_reported_as_a_leak_is_not_repeated() -> None:

@@ -77,8 +77,8 @@ def run(scenario: str, gpu: Gpu) -> None:
     elif scenario == "tiny_kernels":
         for _ in range(600):
             decode_step(gpu)
-    elif scenario == "leak":
-        for _ in range(40):
+    elif scenario == "leak":  # over several in-use snapshots (gpu.interval_s 1 s when recorded)
+        for _ in range(80):
             leaky_cache(gpu)
             time.sleep(0.05)
     elif scenario == "clean":
