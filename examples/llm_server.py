@@ -8,8 +8,9 @@ streamed as SSE with named events, Ollama's native NDJSON API (``/api/generate``
 and TGI's ``/generate_stream``. A streamed answer's first token comes ``--first-token-ms`` after
 the request, then one every ``--token-ms``; it has ``max_tokens`` tokens (default ``--tokens``;
 Responses and Messages stop at ``--tokens`` when the limit is higher, as a model ending its turn
-would). Token counts it reports: the prompt's characters / 4, rounded up, in; the tokens it sent,
-out.
+would). With ``--max-sequences N`` at most N answers are generated at once and the rest wait
+their turn, as a serving engine's scheduler makes them (vLLM's ``max_num_seqs``). Token counts it
+reports: the prompt's characters / 4, rounded up, in; the tokens it sent, out.
 
 A Responses or Messages request for a model named ``*-fails`` is cut by an error event after
 three tokens (``response.failed``; Anthropic's ``error`` with ``overloaded_error``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -43,8 +45,13 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class LLMServer:
     """The ASGI application: one handler per API, each writing its response through ``send``."""
 
-    def __init__(self, first_token_s: float, token_s: float, tokens: int, echo: bool = False) -> None:
+    def __init__(
+        self, first_token_s: float, token_s: float, tokens: int, echo: bool = False, max_sequences: int = 0
+    ) -> None:
         self.first_token_s, self.token_s, self.tokens, self.echo = first_token_s, token_s, tokens, echo
+        self.scheduler: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(max_sequences) if max_sequences else contextlib.nullcontext()
+        )
         self.routes: dict[str, Callable[[str, dict[str, Any], Send], Awaitable[None]]] = {
             "/v1/chat/completions": self.openai,
             "/v1/completions": self.openai,
@@ -77,12 +84,13 @@ class LLMServer:
         await handler(scope["path"], json.loads(body), send)
 
     async def _tokens(self, count: int) -> AsyncIterator[str]:
-        """Yields token texts on the server's schedule."""
-        await asyncio.sleep(self.first_token_s)
-        for i in range(count):
-            if i:
-                await asyncio.sleep(self.token_s)
-            yield f"tok{i} "
+        """Yields token texts on the server's schedule, once the scheduler lets the answer start."""
+        async with self.scheduler:
+            await asyncio.sleep(self.first_token_s)
+            for i in range(count):
+                if i:
+                    await asyncio.sleep(self.token_s)
+                yield f"tok{i} "
 
     async def openai(self, path: str, body: dict[str, Any], send: Send) -> None:
         chat = path.endswith("/chat/completions")
@@ -336,7 +344,7 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.port_file:
         Path(args.port_file).write_text(f"{port}\n")
     print(f"LLM stand-in on http://127.0.0.1:{port} (HTTP/1.1 and h2c)", flush=True)
-    app = LLMServer(args.first_token_ms / 1e3, args.token_ms / 1e3, args.tokens, args.echo)
+    app = LLMServer(args.first_token_ms / 1e3, args.token_ms / 1e3, args.tokens, args.echo, args.max_sequences)
     await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
@@ -348,6 +356,7 @@ def main() -> None:
     parser.add_argument("--token-ms", type=float, default=40)
     parser.add_argument("--tokens", type=int, default=25)
     parser.add_argument("--echo", action="store_true", help="non-streamed completions answer with the prompt")
+    parser.add_argument("--max-sequences", type=int, default=0, help="answers generated at once (0: no limit)")
     try:
         asyncio.run(_serve(parser.parse_args()))
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""``otel-ebpf``: run the agent, check the node, record and replay event streams."""
+"""``otel-ebpf``: run the agent, check the node, record and replay event streams, advise on what it saw."""
 
 from __future__ import annotations
 
@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     flame.add_argument("--output", "-o", metavar="SVG", help="SVG to write (default: FILE with .svg)")
     flame.add_argument("--folded", metavar="FILE", help="also write the folded stacks here")
     flame.add_argument("--service", metavar="NAME", help="only this service's samples")
+
+    advise = sub.add_parser("advise", help="ranked findings, with evidence, from what the agent wrote (docs/advise.md)")
+    advise.add_argument("directory", metavar="DIR", help="the file exporter's output directory")
+    advise.add_argument("--json", action="store_true", help="print the findings as JSON")
+    advise.add_argument(
+        "--llm", metavar="URL", help="also have this OpenAI-compatible endpoint explain the top findings (redacted)"
+    )
+    advise.add_argument("--llm-model", metavar="NAME", default="default", help="model to ask (default: default)")
+    advise.add_argument("--llm-top", type=int, metavar="N", default=3, help="findings to explain (default 3)")
     return parser
 
 
@@ -198,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .profiles.render import main as render_main  # noqa: PLC0415
 
             return render_main(args.profile_file, args.output, args.folded, args.service)
+        if args.command == "advise":
+            from .advise.command import main as advise_main  # noqa: PLC0415
+
+            return advise_main(args.directory, args.json, args.llm, args.llm_model, args.llm_top)
         return _cmd_replay(args)
     except StartupError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)
