@@ -45,6 +45,7 @@ from tests.gpu.standin.build import build  # noqa: E402
 from tests.otlp_receiver import load_file_metrics  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
+from harness import print_columns, timed_bursts  # noqa: E402
 from results import write_result  # noqa: E402
 
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
@@ -140,19 +141,6 @@ def _driver(kind: str, libdir: Path, tmp: Path) -> list[str]:
     return [str(binary), str(libdir / "libcudart.so.12")]
 
 
-def _bursts(proc: subprocess.Popen, burst: int, count: int, pause_s: float) -> list[float]:
-    """ns per call of each burst."""
-    results = []
-    for _ in range(count):
-        proc.stdin.write(f"{burst}\n")
-        proc.stdin.flush()
-        elapsed, errors = proc.stdout.readline().split()
-        assert errors == "0", f"{errors} calls failed"
-        results.append(int(elapsed) / burst)
-        time.sleep(pause_s)
-    return results
-
-
 def _start_agent(pid: int, out: Path, stacks: str) -> subprocess.Popen:
     ready = out / "ready"
     agent = subprocess.Popen(
@@ -197,17 +185,17 @@ def _row(
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        _bursts(proc, burst, 2, 0)  # warm up
+        timed_bursts(proc, burst, 2, 0)  # warm up
         # untraced bursts are cheap: longer ones, so that a context switch cannot dominate one
         bare_burst = burst * (100 if kind == "c" else 5)
-        bare = _bursts(proc, bare_burst, bursts, 0.05)
+        bare = timed_bursts(proc, bare_burst, bursts, 0.05)
         out = Path(tempfile.mkdtemp(dir=tmp))
         agent = _start_agent(proc.pid, out, stacks)
-        _bursts(proc, burst, 1, 1.0)  # the probes' first hits (page faults in the agent's maps)
-        traced = _bursts(proc, burst, bursts, 1.0)
+        timed_bursts(proc, burst, 1, 1.0)  # the probes' first hits (page faults in the agent's maps)
+        traced = timed_bursts(proc, burst, bursts, 1.0)
         agent.send_signal(signal.SIGINT)
         agent.wait(timeout=60)
-        bare += _bursts(proc, bare_burst, bursts, 0.05)
+        bare += timed_bursts(proc, bare_burst, bursts, 0.05)
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
@@ -248,12 +236,12 @@ def _floor_row(libdir: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
     )
     try:
         assert proc.stdout.readline() == "ready\n"
-        bare = min(_bursts(proc, burst * 100, bursts, 0.05))
+        bare = min(timed_bursts(proc, burst * 100, bursts, 0.05))
         bpf = BPF(text="int enter(void *ctx) { return 0; } int leave(void *ctx) { return 0; }")
         library = str(libdir / "libcudart.so.12")
         bpf.attach_uprobe(name=library.encode(), sym=b"cudaStreamSynchronize", fn_name=b"enter")
         bpf.attach_uretprobe(name=library.encode(), sym=b"cudaStreamSynchronize", fn_name=b"leave")
-        traced = min(_bursts(proc, burst, bursts, 0.05))
+        traced = min(timed_bursts(proc, burst, bursts, 0.05))
         bpf.cleanup()
     finally:
         proc.stdin.close()
@@ -317,14 +305,7 @@ def main() -> int:
                 "cudaStreamSynchronize (Python, stacks=native)", "python", "sync", "native", libdir, tmp, burst, bursts
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(
-                cell.ljust(width) if i == 0 else cell.rjust(width)
-                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    print_columns(rows)
     print(
         "target: <= 2 us added per probed call; events/calls: calls the agent decoded over calls made while "
         "attached; drops must be 0"

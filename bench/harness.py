@@ -383,3 +383,29 @@ def load_metrics(out: Path) -> dict[str, list[dict[str, Any]]]:
     from tests.otlp_receiver import load_file_metrics
 
     return load_file_metrics(out) if (out / "metrics.jsonl").exists() else {}
+
+
+def timed_bursts(proc: subprocess.Popen, burst: int, count: int, pause_s: float) -> list[float]:
+    """``count`` bursts of ``burst`` iterations of a driver that reads a burst size on stdin and
+    answers "<elapsed ns> <errors>": ns per iteration of each, ``pause_s`` apart."""
+    results = []
+    for _ in range(count):
+        proc.stdin.write(f"{burst}\n")
+        proc.stdin.flush()
+        elapsed, errors = proc.stdout.readline().split()
+        assert errors == "0", f"{errors} calls failed"
+        results.append(int(elapsed) / burst)
+        time.sleep(pause_s)
+    return results
+
+
+def print_columns(rows: list[list[str]]) -> None:
+    """Rows of cells as aligned columns: the first to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(
+                cell.ljust(width) if i == 0 else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+        )

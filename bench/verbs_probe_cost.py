@@ -41,6 +41,7 @@ from tests.otlp_receiver import load_file_metrics  # noqa: E402
 from tests.rdma.standin import build  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
+from harness import print_columns, timed_bursts  # noqa: E402
 from results import write_result  # noqa: E402
 
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
@@ -94,19 +95,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _bursts(proc: subprocess.Popen, burst: int, count: int, pause_s: float) -> list[float]:
-    """ns per iteration of each burst."""
-    results = []
-    for _ in range(count):
-        proc.stdin.write(f"{burst}\n")
-        proc.stdin.flush()
-        elapsed, errors = proc.stdout.readline().split()
-        assert errors == "0", f"{errors} calls failed"
-        results.append(int(elapsed) / burst)
-        time.sleep(pause_s)
-    return results
-
-
 def _start_agent(pid: int, out: Path) -> subprocess.Popen:
     ready = out / "ready"
     agent = subprocess.Popen(
@@ -128,14 +116,14 @@ def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int)
     proc = subprocess.Popen([str(driver), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        _bursts(proc, burst, 2, 0)  # warm up
-        bare = _bursts(proc, burst * 20, bursts, 0.05)
+        timed_bursts(proc, burst, 2, 0)  # warm up
+        bare = timed_bursts(proc, burst * 20, bursts, 0.05)
         out = Path(tempfile.mkdtemp(dir=tmp))
         agent = _start_agent(proc.pid, out)
-        traced = _bursts(proc, burst, bursts, 1.0)
+        traced = timed_bursts(proc, burst, bursts, 1.0)
         agent.send_signal(signal.SIGINT)
         agent.wait(timeout=60)
-        bare += _bursts(proc, burst * 20, bursts, 0.05)
+        bare += timed_bursts(proc, burst * 20, bursts, 0.05)
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
@@ -166,12 +154,12 @@ def _floor_row(driver: Path, library: Path, burst: int, bursts: int) -> list[str
     proc = subprocess.Popen([str(driver), "pd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        bare = min(_bursts(proc, burst * 20, bursts, 0.05)) / 2
+        bare = min(timed_bursts(proc, burst * 20, bursts, 0.05)) / 2
         bpf = BPF(text="int enter(void *ctx) { return 0; } int leave(void *ctx) { return 0; }")
         for address in default_symbols(str(library), ("ibv_alloc_pd", "ibv_dealloc_pd")).values():
             bpf.attach_uprobe(name=str(library).encode(), addr=address, fn_name=b"enter")
             bpf.attach_uretprobe(name=str(library).encode(), addr=address, fn_name=b"leave")
-        traced = min(_bursts(proc, burst, bursts, 0.05)) / 2
+        traced = min(timed_bursts(proc, burst, bursts, 0.05)) / 2
         bpf.cleanup()
     finally:
         proc.stdin.close()
@@ -210,9 +198,7 @@ def main() -> int:
         rows.append(_row("ibv_alloc_pd+ibv_dealloc_pd", "pd", driver, tmp, args.burst, args.bursts))
         rows.append(_row("ibv_reg_mr+ibv_dereg_mr (nested iova2)", "mr", driver, tmp, args.burst, args.bursts))
         rows.append(_row("queue pair lifecycle (5 calls)", "qp", driver, tmp, args.burst // 2, args.bursts))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    print_columns(rows)
     write_result(
         "verbs_probe_cost",
         None,
