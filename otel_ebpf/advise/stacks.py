@@ -74,17 +74,10 @@ def top_frames(stack: Stack, limit: int = TOP_FRAMES) -> tuple[str, ...]:
     return tuple(frame.label() for frame in stack[:limit])
 
 
-_LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
-
-
 def program_frames(stack: Stack) -> list[Frame]:
     """The Python frames of the program itself (not a library's, not the standard library's), leaf
     first: the lines a user would change."""
-    return [
-        f
-        for f in stack
-        if f.kind is FrameKind.PYTHON and f.file and f.line and not any(p in f.file for p in _LIBRARY_PATHS)
-    ]
+    return [f for f in stack if f.in_program and f.file and f.line]
 
 
 def where(stack: Stack) -> str:

@@ -467,9 +467,6 @@ def _kind(alloc: Allocation) -> Attributes:
     return {"cuda.memory.kind": alloc.memory}
 
 
-_LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3")  # framework code (torch, stdlib)
-
-
 def _origin(stack: tuple) -> Frame | None:
     """The frame to name a leak after: the innermost Python frame of the program itself (not of
     torch or the standard library), else the innermost Python frame, else the innermost resolved
@@ -477,7 +474,7 @@ def _origin(stack: tuple) -> Frame | None:
     frames = [f for f in stack if isinstance(f, Frame)]
     python = [f for f in frames if f.kind is FrameKind.PYTHON]
     for frame in python:
-        if not any(part in frame.file for part in _LIBRARY_PATHS):
+        if frame.in_program:
             return frame
     if python:
         return python[0]

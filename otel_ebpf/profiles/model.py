@@ -48,6 +48,14 @@ class Frame:
             return f"{self.function} ({self.file}:{self.line})" if self.line else f"{self.function} ({self.file})"
         return self.function
 
+    @property
+    def in_program(self) -> bool:
+        """A Python frame of the program itself, not of a library (torch, site-packages) or the
+        standard library: the lines a user would change."""
+        return self.kind is FrameKind.PYTHON and not any(part in self.file for part in _LIBRARY_PATHS)
+
+
+_LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 
 Stack = tuple[Frame, ...]  # leaf first
 
