@@ -87,6 +87,7 @@ static __always_inline int py_read_stack(u32 tgid, u32 tid, struct py_stack *out
 #define RET_PLAIN 0
 #define RET_OUT 1            /* read the out-pointer args[0] after a successful call */
 #define RET_OUT_NAME 2       /* that, and the string args[2] points to */
+#define RET_OUT_2ND 3        /* read the out-pointer args[1] (cudaStreamEndCapture(stream, &graph)) */
 
 /* layers: a call inside a runtime/driver call is the library's own business (skipped); a CUDA
  * call inside an NCCL call is NCCL launching work (kept). */
@@ -131,7 +132,7 @@ struct gpu_named_return {
 struct inflight {
     u64 ts;
     u64 sp;     /* at entry: recognises the outer call at its return */
-    u64 outp;   /* the first argument: the out-pointer of allocations */
+    u64 outp;   /* the out-pointer: the first argument (allocations), or the second (RET_OUT_2ND) */
     u64 name;   /* the third argument: the kernel name of RET_OUT_NAME calls */
 };
 
@@ -205,14 +206,33 @@ static __always_inline void fill_caller(struct pt_regs *ctx, struct gpu_event *e
     e->user_len = (stacks & 1) ? bpf_get_stack(ctx, e->user, size, BPF_F_USER_STACK) : 0;
 }
 
-/* What args[6] holds: the 7th argument (on the stack), or the location {type, id} of the
- * CUmemAllocationProp that cuMemCreate's third argument points to (the device of the memory). */
+/* What args[6] holds: the 7th argument (on the stack), a later one, or a field the first or
+ * third argument points to. */
 #define ARG6_NONE 0
-#define ARG6_STACK 1
-#define ARG6_PROP_LOCATION 2
+#define ARG6_STACK 1           /* the 7th argument */
+#define ARG6_PROP_LOCATION 2   /* cuMemCreate: prop->location {type, id}, the device of the memory */
+#define ARG6_STACK_8TH 3       /* cudaLaunchKernel's stream: each dim3 takes two registers */
+#define ARG6_STACK_9TH 4       /* cuLaunchKernel's hStream */
+#define ARG6_CONFIG_STREAM 5   /* cuLaunchKernelEx: config->hStream */
 #define PROP_LOCATION_OFFSET 8  /* cuda.h: {type, requestedHandleTypes, location {type, id}, ...} */
+#define CONFIG_STREAM_OFFSET 32 /* cuda.h: CUlaunchConfig {7 unsigned ints, CUstream hStream, ...} */
 
-static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6) {
+/* Where args[6] is read from at entry (sp: the stack pointer, pointing at the return address). */
+static __always_inline u64 arg6_address(int arg6, u64 sp, struct gpu_event *e) {
+    if (arg6 == ARG6_STACK)
+        return sp + 8;
+    if (arg6 == ARG6_STACK_8TH)
+        return sp + 16;
+    if (arg6 == ARG6_STACK_9TH)
+        return sp + 24;
+    if (arg6 == ARG6_PROP_LOCATION)
+        return e->args[2] + PROP_LOCATION_OFFSET;
+    if (arg6 == ARG6_CONFIG_STREAM)
+        return e->args[0] + CONFIG_STREAM_OFFSET;
+    return 0;
+}
+
+static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6, int ret_mode) {
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
@@ -253,10 +273,9 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
     e->args[4] = PT_REGS_PARM5(ctx);
     e->args[5] = PT_REGS_PARM6(ctx);
     e->args[6] = 0;
-    if (arg6 == ARG6_STACK)  /* the 7th argument: above the return address at entry */
-        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(sp + 8));
-    else if (arg6 == ARG6_PROP_LOCATION)
-        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(e->args[2] + PROP_LOCATION_OFFSET));
+    u64 at = arg6_address(arg6, sp, e);
+    if (at)
+        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)at);
     e->flags = FLAG_ENTRY;
     /* Only the Python frames there are: the record is the scratch, cut after them. */
     u32 depth = e->py.depth;
@@ -270,14 +289,15 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
         count(STAT_RINGBUF_FULL);
         return 0;  /* no entry, no return record either */
     }
+    u64 outp = ret_mode == RET_OUT_2ND ? e->args[1] : e->args[0];
     struct inflight *slot = calls.lookup(&key);
     if (slot) {
         slot->ts = e->ts;
         slot->sp = sp;
-        slot->outp = e->args[0];
+        slot->outp = outp;
         slot->name = e->args[2];
     } else {
-        struct inflight call = {.ts = e->ts, .sp = sp, .outp = e->args[0], .name = e->args[2]};
+        struct inflight call = {.ts = e->ts, .sp = sp, .outp = outp, .name = e->args[2]};
         calls.update(&key, &call);
     }
     return 0;
@@ -326,10 +346,10 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 op, int ret_mode
     return 0;
 }
 
-/* CALL(name, op, layer, what args[6] holds (ARG6_*: 0 none, 1 the 7th argument), what the return
- * reads (RET_*: 0 nothing, 1 the out-pointer, 2 the out-pointer and a kernel name)) */
+/* CALL(name, op, layer, what args[6] holds (ARG6_*; 1: the 7th argument), what the return reads
+ * (RET_*; 0: nothing, 1: the out-pointer args[0])) */
 #define CALL(name, op, layer, arg6, ret_mode)                                                       \
-    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, arg6); }            \
+    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, arg6, ret_mode); }  \
     int return_##name(struct pt_regs *ctx) { return call_return(ctx, op, ret_mode); }
 
 /* Operation ids: keep in step with otel_ebpf/gpu/calls.py */
@@ -370,9 +390,9 @@ CALL(cudaDeviceSynchronize, 30, LAYER_CUDA, 0, 0)
 CALL(cudaStreamSynchronize, 31, LAYER_CUDA, 0, 0)
 CALL(cuCtxSynchronize, 32, LAYER_CUDA, 0, 0)
 CALL(cuStreamSynchronize, 33, LAYER_CUDA, 0, 0)
-CALL(cudaLaunchKernel, 40, LAYER_CUDA, 0, 0)
-CALL(cuLaunchKernel, 41, LAYER_CUDA, 0, 0)
-CALL(cuLaunchKernelEx, 42, LAYER_CUDA, 0, 0)
+CALL(cudaLaunchKernel, 40, LAYER_CUDA, ARG6_STACK_8TH, 0)
+CALL(cuLaunchKernel, 41, LAYER_CUDA, ARG6_STACK_9TH, 0)
+CALL(cuLaunchKernelEx, 42, LAYER_CUDA, ARG6_CONFIG_STREAM, 0)
 CALL(cuModuleGetFunction, 43, LAYER_CUDA, 0, RET_OUT_NAME)
 CALL(cuLibraryGetKernel, 44, LAYER_CUDA, 0, RET_OUT_NAME)
 CALL(cuKernelGetFunction, 45, LAYER_CUDA, 0, RET_OUT)
@@ -398,6 +418,11 @@ CALL(cudaGraphDestroy, 108, LAYER_CUDA, 0, 0)
 CALL(cuGraphDestroy, 109, LAYER_CUDA, 0, 0)
 CALL(cudaGraphExecDestroy, 110, LAYER_CUDA, 0, 0)
 CALL(cuGraphExecDestroy, 111, LAYER_CUDA, 0, 0)
+CALL(cudaStreamBeginCapture, 112, LAYER_CUDA, 0, 0)
+CALL(cuStreamBeginCapture, 113, LAYER_CUDA, 0, 0)
+CALL(cuStreamBeginCapture_v2, 114, LAYER_CUDA, 0, 0)
+CALL(cudaStreamEndCapture, 115, LAYER_CUDA, 0, RET_OUT_2ND)
+CALL(cuStreamEndCapture, 116, LAYER_CUDA, 0, RET_OUT_2ND)
 CALL(cudaSetDevice, 50, LAYER_CUDA, 0, 0)
 CALL(ncclAllReduce, 60, LAYER_NCCL, 0, 0)
 CALL(ncclBroadcast, 61, LAYER_NCCL, 0, 0)

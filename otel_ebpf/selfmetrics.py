@@ -138,7 +138,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.handles.evicted": (
         "{handle}",
         "Kernel and graph handles forgotten to keep their tables bounded (kernel_names, graphs, "
-        "graph_execs): their launches go without a kernel name or kernel count",
+        "graph_execs, captures): their launches go without a kernel name or kernel count",
         False,
     ),
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),

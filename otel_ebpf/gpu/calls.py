@@ -50,6 +50,8 @@ class Kind(str, enum.Enum):
     GRAPH_LAUNCH = "graph_launch"
     GRAPH_DESTROY = "graph_destroy"
     GRAPH_EXEC_DESTROY = "graph_exec_destroy"
+    CAPTURE_BEGIN = "capture_begin"  # stream capture: launches on the stream become kernel nodes
+    CAPTURE_END = "capture_end"  # ... of the graph it returns
 
 
 class Memory(str, enum.Enum):
@@ -83,6 +85,7 @@ class OpSpec:
     stub_arg: int | None = None  # LAUNCH: the kernel's host stub, whose symbol is its name (runtime)
     function_arg: int | None = None  # LAUNCH: the CUfunction / CUkernel handle (driver); KERNEL_FUNCTION: the CUkernel
     graph_arg: int | None = None  # the cudaGraph_t / CUgraph (GRAPH_*), or the graph exec a launch or destroy names
+    stream_arg: int | None = None  # LAUNCH, CAPTURE_*: the stream (args[6]: read by the probe where it lies deeper)
     usdt: bool = False  # a USDT probe of ``library`` (provider:name in ``symbol``), no return
 
 
@@ -144,12 +147,15 @@ _SPECS = (
     OpSpec(31, "cudaStreamSynchronize", Library.RUNTIME, Kind.SYNC),
     OpSpec(32, "cuCtxSynchronize", Library.DRIVER, Kind.SYNC),
     OpSpec(33, "cuStreamSynchronize", Library.DRIVER, Kind.SYNC),
-    # cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, stream)
-    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH, stub_arg=0),
-    # cuLaunchKernel(CUfunction f, gridDimX, ...), cuLaunchKernelEx(const CUlaunchConfig *config,
-    # CUfunction f, void **kernelParams, void **extra); a CUkernel may stand for the CUfunction
-    OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH, function_arg=0),
-    OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH, function_arg=1),
+    # cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, stream):
+    # each dim3 is passed in two registers, so the stream is the second stack argument
+    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH, stub_arg=0, stream_arg=6),
+    # cuLaunchKernel(CUfunction f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+    # sharedMemBytes, CUstream hStream, void **kernelParams, void **extra), cuLaunchKernelEx(const
+    # CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra): the probe reads the
+    # stream (the 9th argument; config->hStream); a CUkernel may stand for the CUfunction
+    OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH, function_arg=0, stream_arg=6),
+    OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH, function_arg=1, stream_arg=6),
     # cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name), cuLibraryGetKernel(
     # CUkernel *pKernel, CUlibrary library, const char *name): the handle through the out-pointer,
     # the name read by the probe (RET_OUT_NAME); cuKernelGetFunction(CUfunction *pFunc, CUkernel k)
@@ -185,6 +191,15 @@ _SPECS = (
     OpSpec(109, "cuGraphDestroy", Library.DRIVER, Kind.GRAPH_DESTROY, graph_arg=0),
     OpSpec(110, "cudaGraphExecDestroy", Library.RUNTIME, Kind.GRAPH_EXEC_DESTROY, graph_arg=0),
     OpSpec(111, "cuGraphExecDestroy", Library.DRIVER, Kind.GRAPH_EXEC_DESTROY, graph_arg=0),
+    # cudaStreamBeginCapture(cudaStream_t stream, mode), cuStreamBeginCapture_v2(CUstream, mode)
+    # (CUDA 10.0's cuStreamBeginCapture(CUstream)); cudaStreamEndCapture(cudaStream_t stream,
+    # cudaGraph_t *pGraph), cuStreamEndCapture(CUstream, CUgraph *): the graph through the second
+    # argument (RET_OUT_2ND)
+    OpSpec(112, "cudaStreamBeginCapture", Library.RUNTIME, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(113, "cuStreamBeginCapture", Library.DRIVER, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(114, "cuStreamBeginCapture_v2", Library.DRIVER, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(115, "cudaStreamEndCapture", Library.RUNTIME, Kind.CAPTURE_END, stream_arg=0),
+    OpSpec(116, "cuStreamEndCapture", Library.DRIVER, Kind.CAPTURE_END, stream_arg=0),
     OpSpec(50, "cudaSetDevice", Library.RUNTIME, Kind.SET_DEVICE, device_arg=0),
     # ncclAllReduce(sbuf, rbuf, count, dtype, op, comm, stream)
     OpSpec(60, "ncclAllReduce", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, comm_arg=5),

@@ -7,11 +7,13 @@ calls that made the handles. Pure: a function of the decoded calls.
   reads it), or from ``cuKernelGetFunction``, which turns a named ``CUkernel`` into a
   ``CUfunction``. Names are kept demangled.
 - :class:`GraphKernels`: a graph's kernel nodes are counted as they are added
-  (``cudaGraphAddKernelNode``, ``cuGraphAddKernelNode``), and an instantiated graph (the graph
-  exec a launch names) keeps the count its graph had then. A count is known only for a graph whose
-  creation was seen and none of whose nodes hides kernels the agent cannot count (a child graph,
-  a node added by the generic ``cudaGraphAddNode``); a graph made by stream capture
-  (``cudaStreamEndCapture``) was never created by ``cudaGraphCreate`` and stays unknown.
+  (``cudaGraphAddKernelNode``, ``cuGraphAddKernelNode``) or captured (kernels launched on a stream
+  between ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture`` of that stream), and an
+  instantiated graph (the graph exec a launch names) keeps the count its graph had then. A count
+  is known only for a graph whose creation or capture was seen whole, and none of whose nodes
+  hides kernels the agent cannot count (a child graph, a node added by the generic
+  ``cudaGraphAddNode``). Kernels launched on another stream that joined a capture through an event
+  are not seen as captured: such a graph's count is too low (docs/gpu.md says so).
 
 Every table is bounded (least recently used goes first) and counts what it evicted: an evicted
 handle is unknown, never wrong.
@@ -90,6 +92,29 @@ class GraphKernels:
     def __init__(self, capacity: int = MAX_HANDLES) -> None:
         self.graphs: HandleTable[int] = HandleTable(capacity)  # only graphs whose count is known
         self.execs: HandleTable[int] = HandleTable(capacity)
+        self.captures: HandleTable[int] = HandleTable(capacity)  # (pid, stream) -> kernels captured
+
+    def capture_began(self, pid: int, stream: int) -> None:
+        self.captures.put((pid, stream), 0)
+
+    def captured(self, pid: int, stream: int) -> bool:
+        """A kernel launched on ``stream``: whether it went into a graph being captured."""
+        count = self.captures.get((pid, stream))
+        if count is None:
+            return False
+        self.captures.put((pid, stream), count + 1)
+        return True
+
+    def capture_ended(self, pid: int, stream: int, graph: int) -> None:
+        """The capture on ``stream`` made ``graph`` (0: the capture failed, no graph)."""
+        count = self.captures.get((pid, stream))
+        self.captures.pop((pid, stream))
+        if not graph:
+            return
+        if count is None:  # begun before the agent attached, or evicted
+            self.graphs.pop((pid, graph))
+        else:
+            self.graphs.put((pid, graph), count)
 
     def created(self, pid: int, graph: int) -> None:
         self.graphs.put((pid, graph), 0)
@@ -123,3 +148,4 @@ class GraphKernels:
     def forget_processes(self, pids: Collection[int]) -> None:
         self.graphs.forget_processes(pids)
         self.execs.forget_processes(pids)
+        self.captures.forget_processes(pids)

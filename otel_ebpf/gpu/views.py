@@ -115,6 +115,7 @@ _HANDLE_KINDS = frozenset(
         Kind.GRAPH_INSTANTIATE,
         Kind.GRAPH_DESTROY,
         Kind.GRAPH_EXEC_DESTROY,
+        Kind.CAPTURE_BEGIN,
     )
 )
 CU_MEM_LOCATION_TYPE_DEVICE = 1
@@ -164,7 +165,7 @@ class GpuViews:
         self._comms: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()  # (pid, comm) -> (rank, n)
         self._reported_drops = {name: 0 for name in self._profiles}
         self._reported_table = (0, 0, 0, 0)
-        self._reported_handles = (0, 0, 0)
+        self._reported_handles = (0, 0, 0, 0)
         self._now_ns = 0
 
     # ---- input -------------------------------------------------------------------------------
@@ -185,6 +186,8 @@ class GpuViews:
             self._alloc(call)
         elif kind is Kind.FREE:
             self._free(call)
+        elif kind is Kind.CAPTURE_END:  # a failed one ends the capture too
+            self.graphs.capture_ended(call.pid, call.arg(spec.stream_arg), call.out if call.ok else 0)
         elif not call.ok:
             return
         elif kind in _VMM_KINDS:
@@ -314,16 +317,19 @@ class GpuViews:
     def _launch(self, call: GpuCall) -> None:
         """A launch, by kernel name where known: the runtime's ``cudaLaunchKernel`` names the
         kernel's host stub (its symbol is the kernel's name), a driver launch a handle whose name
-        came with the call that made it."""
+        came with the call that made it. A launch on a stream being captured runs nothing now: it
+        adds a kernel node to the graph, and is labelled ``cuda.launch.kind = captured``."""
         spec = call.spec
         name = None
         if spec.stub_arg is not None and self._kernel_name_of is not None:
             name = self._kernel_name_of(call.pid, call.arg(spec.stub_arg))
         elif spec.function_arg is not None:
             name = self.kernel_names.of(call.pid, call.arg(spec.function_arg))
-        named: Attributes = {"cuda.kernel.name": name} if name else {}
-        self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value, **named})
-        self._profile("launches", call, (1,), named or None)
+        labels: dict[str, AttributeValue] = {"cuda.kernel.name": name} if name else {}
+        if self.graphs.captured(call.pid, call.arg(spec.stream_arg)):
+            labels["cuda.launch.kind"] = "captured"
+        self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value, **labels})
+        self._profile("launches", call, (1,), labels or None)
 
     def _graph_launch(self, call: GpuCall) -> None:
         """One graph launch (one call that runs every node of the graph), with the graph's kernel
@@ -354,6 +360,8 @@ class GpuViews:
             self.graphs.destroyed(pid, call.arg(spec.graph_arg))
         elif kind is Kind.GRAPH_EXEC_DESTROY:
             self.graphs.exec_destroyed(pid, call.arg(spec.graph_arg))
+        elif kind is Kind.CAPTURE_BEGIN:
+            self.graphs.capture_began(pid, call.arg(spec.stream_arg))
 
     def _copy(self, call: GpuCall) -> None:
         spec = call.spec
@@ -515,8 +523,14 @@ class GpuViews:
         for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
-        handles = (self.kernel_names.table.evicted, self.graphs.graphs.evicted, self.graphs.execs.evicted)
-        for name, now, before in zip(("kernel_names", "graphs", "graph_execs"), handles, self._reported_handles, strict=True):
+        handles = (
+            self.kernel_names.table.evicted,
+            self.graphs.graphs.evicted,
+            self.graphs.execs.evicted,
+            self.graphs.captures.evicted,
+        )
+        tables = ("kernel_names", "graphs", "graph_execs", "captures")
+        for name, now, before in zip(tables, handles, self._reported_handles, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.handles.evicted", now - before, {"table": name})
         self._reported_handles = handles
 

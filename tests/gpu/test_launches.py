@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+from otel_ebpf.gpu.calls import BY_SYMBOL, GpuCall
 from otel_ebpf.gpu.launches import GraphKernels, HandleTable, KernelNames
 from otel_ebpf.gpu.views import GpuViews
 from otel_ebpf.probes import gpu as probe
@@ -23,10 +24,9 @@ def _views() -> tuple[GpuViews, Calls, SelfMetrics, Clock]:
 
 
 def _named(views: GpuViews, clock: Clock, symbol: str, handle: int, name: str, ret: int = 0) -> None:
-    from otel_ebpf.gpu.calls import BY_SYMBOL, GpuCall  # noqa: PLC0415
-
-    call = GpuCall(clock.tick(), 1000, PID, PID, BY_SYMBOL[symbol].op, ret, (0xA0, 0, 0xB0, 0, 0, 0, 0), handle)
-    views.handle(call.__class__(**{**{f: getattr(call, f) for f in call.__slots__}, "name": name}))
+    """A call that makes ``handle`` for the kernel ``name`` (its return record carried the name)."""
+    args = (0xA0, 0, 0xB0, 0, 0, 0, 0)
+    views.handle(GpuCall(clock.tick(), 1000, PID, PID, BY_SYMBOL[symbol].op, ret, args, handle, name=name))
 
 
 def test_driver_launches_carry_the_demangled_name_their_handle_was_made_with() -> None:
@@ -41,12 +41,12 @@ def test_driver_launches_carry_the_demangled_name_their_handle_was_made_with() -
         call("cuLaunchKernel", handle)
     call("cuLaunchKernelEx", 0x7777, 0xF1)  # the CUfunction is the second argument
     points = collected(views, clock.tick())
-    launches = {
-        a.get("cuda.kernel.name"): v for a, v in points["cuda.kernel.launches"] if a["cuda.api"] == "driver"
-    }
+    launches = {a.get("cuda.kernel.name"): v for a, v in points["cuda.kernel.launches"] if a["cuda.api"] == "driver"}
     assert launches == {FLASH_NAME: 3, "triton_poi_fused_add_0": 2, "_Zbogus": 1, None: 2}
     (profile,) = [p for p in views.take_profiles(clock.tick()) if p.period_type.type == "cuda_launch"]
-    assert sum(v[0] for k, v in profile.samples.items() if dict(k.attributes).get("cuda.kernel.name") == FLASH_NAME) == 3
+    assert (
+        sum(v[0] for k, v in profile.samples.items() if dict(k.attributes).get("cuda.kernel.name") == FLASH_NAME) == 3
+    )
 
 
 def test_graph_launches_carry_the_kernel_nodes_of_the_graph_at_instantiation() -> None:
@@ -139,3 +139,33 @@ def test_a_named_return_record_decodes_with_its_name() -> None:
     # a plain return record of the same call (it failed: no name was read) has none
     plain = struct.pack("<QQIIIiIiQ", 1_000, 250, 10, 11, 43, 500, probe.FLAG_RETURN, 0, 0)
     assert probe.decode(plain, 0, 4).name == ""
+
+
+def test_kernels_launched_on_a_capturing_stream_become_the_captured_graphs_kernel_nodes() -> None:
+    views, call, _, clock = _views()
+    stream, other = 0x5157, 0x0711
+    call("cudaStreamBeginCapture", stream)
+    for _ in range(2):  # the stream is cudaLaunchKernel's 8th argument, read into args[6]
+        call("cudaLaunchKernel", 0x1000, 0, 0, 0, 0, 0, stream)
+    call("cuLaunchKernelEx", 0, 0xF1, 0, 0, 0, 0, stream)
+    call("cuLaunchKernel", 0xF1, 0, 0, 0, 0, 0, other)  # another stream: runs now
+    call("cudaStreamEndCapture", stream, out=0x61)
+    call("cudaLaunchKernel", 0x1000, 0, 0, 0, 0, 0, stream)  # after the capture: runs now
+    call("cudaGraphInstantiate", 0, 0x61, out=0xE1)
+    call("cudaGraphLaunch", 0xE1)
+    # a capture that failed (invalidated) makes no graph, and ends
+    call("cuStreamBeginCapture_v2", stream)
+    call("cuStreamEndCapture", stream, ret=901)
+    call("cuLaunchKernel", 0xF1, 0, 0, 0, 0, 0, stream)
+    # a capture begun before the agent attached: its graph's count is unknown
+    call("cuStreamEndCapture", other, out=0x62)
+    call("cuGraphInstantiateWithFlags", 0, 0x62, out=0xE2)
+    call("cuGraphLaunch", 0xE2)
+    points = collected(views, clock.tick())
+    captured = {"cuda.launch.kind": "captured"}
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime", **captured}) == 2
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "driver", **captured}) == 1
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "runtime"}) == 1
+    assert value(points, "cuda.kernel.launches", **{"cuda.api": "driver"}) == 2
+    assert value(points, "cuda.graph.launches", **{"cuda.api": "runtime", "cuda.graph.kernel_nodes": 3}) == 1
+    assert value(points, "cuda.graph.launches", **{"cuda.api": "driver"}) == 1

@@ -3,9 +3,9 @@ CUDA libraries, from a native C++ program with a known ledger (tests/gpu/standin
 
 What a real OTLP receiver gets must equal the ledger exactly: launches per demangled kernel name
 (named through cuModuleGetFunction, cuLibraryGetKernel and cuKernelGetFunction, launched by
-cuLaunchKernel and cuLaunchKernelEx), graph launches per API and kernel-node count (unknown for a
-graph with a child graph and for a stream-captured one), and the program's own C++ frames
-demangled in the launch stacks.
+cuLaunchKernel and cuLaunchKernelEx), launches captured into a graph (on the capturing stream, not
+on another), graph launches per API and kernel-node count (built node by node or captured; unknown
+for a graph with a child graph), and the program's own C++ frames demangled in the launch stacks.
 """
 
 from __future__ import annotations
@@ -37,25 +37,30 @@ def test_driver_launches_are_named_and_graph_launches_counted_exactly(tmp_path: 
     pid = ledger["pid"]
     assert ledger["failures"] == 0 and ledger["not_found"] == 500
 
-    driver = {
-        a.get("cuda.kernel.name"): p["value"]
+    series = {
+        tuple(sorted(p["attributes"].items()))
         for p in metrics["cuda.kernel.launches"]
-        if p["resource"].get("process.pid") == pid and (a := p["attributes"])["cuda.api"] == "driver"
+        if p["resource"].get("process.pid") == pid
     }
-    # the last cumulative value of each series (points of earlier collections come first)
-    assert driver == {**{KERNELS[key]: ledger["driver"][key] for key in KERNELS}, None: ledger["driver"]["unnamed"]}
-    # launches captured into a graph are calls of cudaLaunchKernel: counted as launches (see docs)
-    captured = {"cuda.api": "runtime", "cuda.kernel.name": CAPTURED_KERNEL}
-    assert _final(metrics, "cuda.kernel.launches", pid, **captured) == ledger["captured_launches"]
+    launched = {attributes: _final(metrics, "cuda.kernel.launches", pid, **dict(attributes)) for attributes in series}
+    expected: dict[tuple, int] = {(("cuda.api", "driver"),): ledger["driver"]["unnamed"]}
+    for key, name in KERNELS.items():
+        expected[(("cuda.api", "driver"), ("cuda.kernel.name", name))] = ledger["driver"][key]
+        if ledger["captured"].get(key):
+            captured = (("cuda.api", "driver"), ("cuda.kernel.name", name), ("cuda.launch.kind", "captured"))
+            expected[captured] = ledger["captured"][key]
+    captured = (("cuda.api", "runtime"), ("cuda.kernel.name", CAPTURED_KERNEL), ("cuda.launch.kind", "captured"))
+    expected[captured] = ledger["captured"]["stub"]
+    assert launched == expected
     graphs = {
         tuple(sorted(p["attributes"].items())): p["value"]
         for p in metrics["cuda.graph.launches"]
         if p["resource"].get("process.pid") == pid
     }
     expected = {}
-    for api, nodes, launched in ledger["graphs"]:
+    for api, nodes, times in ledger["graphs"]:
         known = {"cuda.graph.kernel_nodes": nodes} if nodes is not None else {}
-        expected[tuple(sorted({"cuda.api": api, **known}.items()))] = launched
+        expected[tuple(sorted({"cuda.api": api, **known}.items()))] = times
     assert graphs == expected
     drops = {p["attributes"]["reason"]: p["value"] for p in metrics["otel_ebpf.kernel.drops"]}
     assert drops["gpu_ringbuf_full"] == 0 and drops["gpu_returns_without_entry"] == 0
@@ -71,16 +76,15 @@ def test_driver_launches_are_named_and_graph_launches_counted_exactly(tmp_path: 
             label = attributes.get("cuda.kernel.name") or attributes.get("cuda.launch.kind")
             where = next(f for f in _functions(key.stack) if f.startswith("ledger::") or f == "main")
             launches[(where, label)] = launches.get((where, label), 0) + values[0]
-    launch, launch_ex, graph = "ledger::launch(void*, int, int*)", "ledger::launch_ex(void*, int, int*)", (
-        "ledger::launch_graph(void*, int, bool, int*)"
-    )
+    launch, launch_ex = "ledger::launch(void*, int, int*, void*)", "ledger::launch_ex(void*, int, int*, void*)"
+    graph = "ledger::launch_graph(void*, int, bool, int*)"
     assert launches == {
         (launch, KERNELS["flash"]): 7,
-        (launch_ex, KERNELS["flash"]): 3,
+        (launch_ex, KERNELS["flash"]): 3 + ledger["captured"]["flash"],
         (launch, KERNELS["gemm"]): 4,
         (launch_ex, KERNELS["gemm"]): 5,
-        (launch, KERNELS["triton"]): 6,
+        (launch, KERNELS["triton"]): ledger["driver"]["triton"] + ledger["captured"]["triton"],
         (launch, None): 2,
         ("main", CAPTURED_KERNEL): 2,
-        (graph, "graph"): sum(launched for _, _, launched in ledger["graphs"]),
+        (graph, "graph"): sum(times for _, _, times in ledger["graphs"]),
     }

@@ -356,6 +356,12 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
     return captured ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+// CUDA 10.0's form, without a mode (global)
+CUresult cuStreamBeginCapture(CUstream hStream) {
+    REAL_PROLOGUE;
+    return cuStreamBeginCapture_v2(hStream, 0);
+}
+
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     REAL_PROLOGUE;
     if (!phGraph || !captured || hStream != capturing)

@@ -48,13 +48,13 @@ static int failures;
 
 static void check(int result) { failures += result != 0; }
 
-__attribute__((noinline)) void launch(void *function, int times, int *ledger) {
+__attribute__((noinline)) void launch(void *function, int times, int *ledger, void *stream = nullptr) {
     for (int i = 0; i < times; i++, ++*ledger)
-        check(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+        check(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr));
 }
 
-__attribute__((noinline)) void launch_ex(void *function, int times, int *ledger) {
-    CUlaunchConfig config = {1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, 0};
+__attribute__((noinline)) void launch_ex(void *function, int times, int *ledger, void *stream = nullptr) {
+    CUlaunchConfig config = {1, 1, 1, 32, 1, 1, 0, stream, nullptr, 0};
     for (int i = 0; i < times; i++, ++*ledger)
         check(cuLaunchKernelEx(&config, function, nullptr, nullptr));
 }
@@ -102,9 +102,10 @@ int main() {
     ledger::launch_ex(gemm_function, 5, &gemm_n);
     ledger::launch(triton, 6, &triton_n);
     ledger::launch(&ledger::failures, 2, &unnamed_n);  // a handle no call named
-    // graphs: built node by node (runtime: 3 kernels; driver: 5), one with a child graph (its
-    // kernels are not counted), one by stream capture (2 kernels, not counted either)
-    int three_n = 0, five_n = 0, unknown_n = 0, captured_n = 0;
+    // graphs: built node by node (runtime: 3 kernels; driver: 5), by stream capture (4 kernels,
+    // launched through the runtime and the driver on the capturing stream), and one with a child
+    // graph (its kernels are not counted: unknown)
+    int three_n = 0, five_n = 0, captured_n = 0, unknown_n = 0;
     void *three = ledger::runtime_graph(3);
     ledger::launch_graph(three, 4, false, &three_n);
     void *five = nullptr;
@@ -114,21 +115,25 @@ int main() {
     for (int i = 0; i < 5; i++)
         ledger::check(cuGraphAddKernelNode_v2(&node, five, nullptr, 0, &unused));
     ledger::launch_graph(five, 3, true, &five_n);
+    void *stream = (void *)0x5157, *captured = nullptr;
+    int stub_captured = 0, flash_captured = 0, triton_captured = 0;
+    ledger::check(cudaStreamBeginCapture(stream, 0));
+    for (; stub_captured < 2; stub_captured++)
+        ledger::check(cudaLaunchKernel((const void *)&ledger::captured_kernel, {1, 1, 1}, {32, 1, 1}, nullptr, 0,
+                                       stream));
+    ledger::launch(triton, 1, &triton_captured, stream);
+    ledger::launch_ex(flash, 1, &flash_captured, stream);
+    ledger::launch(triton, 1, &triton_n, (void *)0x0711);  // another stream: runs now
+    ledger::check(cudaStreamEndCapture(stream, &captured));
+    ledger::launch_graph(captured, 5, false, &captured_n);
     void *parent = ledger::runtime_graph(1);
     ledger::check(cudaGraphAddChildGraphNode(&node, parent, nullptr, 0, three));
     ledger::launch_graph(parent, 2, false, &unknown_n);
-    void *stream = (void *)0x5157, *captured = nullptr;
-    ledger::check(cudaStreamBeginCapture(stream, 0));
-    for (; captured_n < 2; captured_n++)
-        ledger::check(cudaLaunchKernel((const void *)&ledger::captured_kernel, {1, 1, 1}, {32, 1, 1}, nullptr, 0,
-                                       stream));
-    ledger::check(cudaStreamEndCapture(stream, &captured));
-    ledger::launch_graph(captured, 5, false, &unknown_n);
     printf("{\"pid\": %d, \"failures\": %d, \"not_found\": %d, \"driver\": {\"flash\": %d, \"gemm\": %d, "
-           "\"triton\": %d, \"unnamed\": %d}, \"captured_launches\": %d, \"graphs\": [[\"runtime\", 3, %d], "
-           "[\"driver\", 5, %d], [\"runtime\", null, %d]]}\n",
-           getpid(), ledger::failures, not_found, flash_n, gemm_n, triton_n, unnamed_n, captured_n, three_n, five_n,
-           unknown_n);
+           "\"triton\": %d, \"unnamed\": %d}, \"captured\": {\"stub\": %d, \"flash\": %d, \"triton\": %d}, "
+           "\"graphs\": [[\"runtime\", 3, %d], [\"driver\", 5, %d], [\"runtime\", %d, %d], [\"runtime\", null, %d]]}\n",
+           getpid(), ledger::failures, not_found, flash_n, gemm_n, triton_n, unnamed_n, stub_captured, flash_captured,
+           triton_captured, three_n, five_n, stub_captured + flash_captured + triton_captured, captured_n, unknown_n);
     fflush(stdout);
     if (!fgets(line, sizeof line, stdin))
         return 0;
