@@ -234,6 +234,12 @@ class GpuViews:
             at_exit.take(now_ns, min((a.ts_ns for allocs in held.values() for a in allocs), default=now_ns)) + profiles
         )
 
+    def image_replaced(self, pid: int) -> None:
+        """``pid`` execed: its kernel and graph handles died with the old image (a new one may
+        reuse their values)."""
+        self.kernel_names.table.forget_processes((pid,))
+        self.graphs.forget_processes((pid,))
+
     def rank_of(self, pid: int, comm: int) -> tuple[int, int] | None:
         """(rank, communicator size) of an NCCL communicator whose initialisation was seen."""
         return self._comms.get((pid, comm))
@@ -333,7 +339,7 @@ class GpuViews:
 
     def _graph_launch(self, call: GpuCall) -> None:
         """One graph launch (one call that runs every node of the graph), with the graph's kernel
-        nodes where its building was seen. In the launches profile it is one launch, labelled
+        nodes where its building or capture was seen. In the launches profile it is one launch, labelled
         ``cuda.launch.kind = graph``."""
         spec = call.spec
         kernels = self.graphs.kernels_of(call.pid, call.arg(spec.graph_arg))

@@ -736,6 +736,7 @@ class GpuMonitor:
                     exited.append(event.pid)
                 else:  # a new image: what we knew of the pid is stale
                     self._forget(event.pid)
+                    self.views.image_replaced(event.pid)
                 continue
             calls += 1
             self.views.handle(event)

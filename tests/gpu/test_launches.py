@@ -169,3 +169,12 @@ def test_kernels_launched_on_a_capturing_stream_become_the_captured_graphs_kerne
     assert value(points, "cuda.kernel.launches", **{"cuda.api": "driver"}) == 2
     assert value(points, "cuda.graph.launches", **{"cuda.api": "runtime", "cuda.graph.kernel_nodes": 3}) == 1
     assert value(points, "cuda.graph.launches", **{"cuda.api": "driver"}) == 1
+
+
+def test_an_exec_forgets_the_old_images_handles() -> None:
+    views, call, _, clock = _views()
+    _named(views, clock, "cuModuleGetFunction", 0xF1, FLASH)
+    call("cuGraphCreate", 0, out=0x61)
+    call("cuGraphInstantiateWithFlags", 0, 0x61, out=0xE1)
+    views.image_replaced(PID)
+    assert views.kernel_names.of(PID, 0xF1) is None and views.graphs.kernels_of(PID, 0xE1) is None
