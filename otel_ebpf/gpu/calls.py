@@ -176,6 +176,7 @@ _SPECS = (
     OpSpec(97, "cudaGraphAddNode", Library.RUNTIME, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
     OpSpec(98, "cuGraphAddNode", Library.DRIVER, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
     OpSpec(99, "cuGraphAddNode_v2", Library.DRIVER, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    OpSpec(117, "cudaGraphAddNode_v2", Library.RUNTIME, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
     # (graph exec *out, graph, ...) in every form: CUDA 12's cuGraphInstantiate is
     # cuGraphInstantiateWithFlags, CUDA 11's cuGraphInstantiate_v2
     OpSpec(100, "cudaGraphInstantiate", Library.RUNTIME, Kind.GRAPH_INSTANTIATE, graph_arg=1),

@@ -194,6 +194,13 @@ cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph, con
     return cuGraphAddNode(pGraphNode, graph, pDependencies, numDependencies, nodeParams);
 }
 
+// CUDA 12.3's, with edge data
+cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t *pGraphNode, cudaGraph_t graph, const cudaGraphNode_t *pDependencies,
+                                const void *dependencyData, size_t numDependencies, const void *nodeParams) {
+    (void)dependencyData;
+    return cudaGraphAddNode(pGraphNode, graph, pDependencies, numDependencies, nodeParams);
+}
+
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) { return cuGraphLaunch(graphExec, stream); }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) { return cuGraphDestroy(graph); }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) { return cuGraphExecDestroy(graphExec); }
