@@ -21,6 +21,10 @@ Rows:
   segments grow and shrink, four hooked calls per iteration (``cuMemCreate`` also reads its
   ``CUmemAllocationProp`` at entry); reported per call. The stand-in makes real syscalls (memfd,
   mmap), so the untraced call is slow and the added time is what counts.
+- ``cuModuleGetFunction (C)``: a driver call that names a kernel: its return record carries the
+  name (a mangled C++ name, read from the caller's string at the return).
+- ``cudaGraphLaunch (C, nested driver call)``: a graph launch (the runtime calls ``cuGraphLaunch``
+  inside, skipped as nested); the user-space side looks up the graph's kernel count.
 - ``cudaStreamSynchronize (Python, stacks=python|native)``: the same call from a Python loop
   through ctypes (about 12 Python frames deep): Python frames walked in BPF, or not.
 
@@ -67,6 +71,12 @@ int main(int argc, char **argv) {
     int (*launch)(const void *, dim3, dim3, void **, size_t, void *) = dlsym(rt, "cudaLaunchKernel");
     int (*cmalloc)(void **, size_t) = dlsym(rt, "cudaMalloc");
     int (*cfree)(void *) = dlsym(rt, "cudaFree");
+    int (*get_function)(void **, void *, const char *) = dlsym(rt, "cuModuleGetFunction");
+    int (*graph_create)(void **, unsigned) = dlsym(rt, "cudaGraphCreate");
+    int (*graph_instantiate)(void **, void *, unsigned long long) = dlsym(rt, "cudaGraphInstantiate");
+    int (*graph_launch)(void *, void *) = dlsym(rt, "cudaGraphLaunch");
+    void *graph = 0, *graph_exec = 0;
+    if (graph_create(&graph, 0) || graph_instantiate(&graph_exec, graph, 0)) return 1;
     /* the driver's virtual memory API (libcuda.so.1, a dependency of the runtime) */
     int (*create)(unsigned long long *, size_t, const void *, unsigned long long) = dlsym(rt, "cuMemCreate");
     int (*release)(unsigned long long) = dlsym(rt, "cuMemRelease");
@@ -89,6 +99,12 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n; i++) {
             if (!strcmp(what, "sync")) errors += sync(0) != 0;
             else if (!strcmp(what, "launch")) errors += launch((void *)sync, g, b, 0, 0, 0) != 0;
+            else if (!strcmp(what, "name")) {
+                void *f = 0;  /* the stand-in's handle is a copy of the name */
+                errors += get_function(&f, 0, "_ZN5flash16flash_fwd_kernelEPKfS1_Pf") != 0;
+                free(f);
+            }
+            else if (!strcmp(what, "graph")) errors += graph_launch(graph_exec, 0) != 0;
             else if (!strcmp(what, "vmm")) {
                 errors += create(&handle, 1 << 16, &prop, 0) != 0;
                 errors += map(va, 1 << 16, 0, handle, 0) != 0;
@@ -295,6 +311,10 @@ def main() -> int:
                 "cuMemCreate+Map+Unmap+Release (C), per call", "c", "vmm", "python", libdir, tmp, burst // 20, bursts, 4
             )
         )
+        rows.append(
+            _row("cuModuleGetFunction (C, kernel name read)", "c", "name", "python", libdir, tmp, burst, bursts)
+        )
+        rows.append(_row("cudaGraphLaunch (C, nested driver call)", "c", "graph", "python", libdir, tmp, burst, bursts))
         rows.append(
             _row(
                 "cudaStreamSynchronize (Python, stacks=python)", "python", "sync", "python", libdir, tmp, burst, bursts

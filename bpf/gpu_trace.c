@@ -13,7 +13,8 @@
  *   return  send a small return record: the entry time (user space pairs the two on
  *           (tid, op, entry time)), the return code, the duration and, for functions that
  *           return through an out-pointer (cudaMalloc(void **p, ...), ncclCommInitRank(ncclComm_t
- *           *c, ...)), the value it points to
+ *           *c, ...)), the value it points to; for functions that name a kernel
+ *           (cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)), also the name
  *
  * Two records rather than one kept in a map until the return: the stacks (up to ~2 KB) are
  * copied once, straight from the per-CPU scratch into the ring buffer, instead of three times.
@@ -59,6 +60,9 @@ static __always_inline int py_read_stack(u32 tgid, u32 tid, struct py_stack *out
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 256
 #endif
+#ifndef KERNEL_NAME_LEN
+#define KERNEL_NAME_LEN 1024  /* mangled kernel names: templates run to hundreds of bytes */
+#endif
 
 /* settings[] */
 #define SET_FILTER_PIDS 0 /* 1: only tgids in targets[] */
@@ -77,6 +81,13 @@ static __always_inline int py_read_stack(u32 tgid, u32 tid, struct py_stack *out
 #define FLAG_USDT 1          /* no return: duration and ret are not meaningful */
 #define FLAG_ENTRY 2         /* a call's entry: its return record follows */
 #define FLAG_RETURN 4        /* struct gpu_return */
+#define FLAG_NAME 8          /* struct gpu_named_return: a gpu_return and a kernel's name */
+
+/* CALL()'s return modes */
+#define RET_PLAIN 0
+#define RET_OUT 1            /* read the out-pointer args[0] after a successful call */
+#define RET_OUT_NAME 2       /* that, and the string args[2] points to */
+#define RET_OUT_2ND 3        /* read the out-pointer args[1] (cudaStreamEndCapture(stream, &graph)) */
 
 /* layers: a call inside a runtime/driver call is the library's own business (skipped); a CUDA
  * call inside an NCCL call is NCCL launching work (kept). */
@@ -111,10 +122,18 @@ struct gpu_return {
     u64 out;
 };
 
+/* The return of a call that names a kernel: the name is read at the return, where the caller's
+ * string is still alive; sent only when the call succeeded (the handle is good). */
+struct gpu_named_return {
+    struct gpu_return r;
+    char name[KERNEL_NAME_LEN];  /* NUL-terminated; a longer name is cut */
+};
+
 struct inflight {
     u64 ts;
     u64 sp;     /* at entry: recognises the outer call at its return */
-    u64 outp;   /* the first argument: the out-pointer of allocations */
+    u64 outp;   /* the out-pointer: the first argument (allocations), or the second (RET_OUT_2ND) */
+    u64 name;   /* the third argument: the kernel name of RET_OUT_NAME calls */
 };
 
 struct outer_call {
@@ -187,14 +206,33 @@ static __always_inline void fill_caller(struct pt_regs *ctx, struct gpu_event *e
     e->user_len = (stacks & 1) ? bpf_get_stack(ctx, e->user, size, BPF_F_USER_STACK) : 0;
 }
 
-/* What args[6] holds: the 7th argument (on the stack), or the location {type, id} of the
- * CUmemAllocationProp that cuMemCreate's third argument points to (the device of the memory). */
+/* What args[6] holds: the 7th argument (on the stack), a later one, or a field the first or
+ * third argument points to. */
 #define ARG6_NONE 0
-#define ARG6_STACK 1
-#define ARG6_PROP_LOCATION 2
+#define ARG6_STACK 1           /* the 7th argument */
+#define ARG6_PROP_LOCATION 2   /* cuMemCreate: prop->location {type, id}, the device of the memory */
+#define ARG6_STACK_8TH 3       /* cudaLaunchKernel's stream: each dim3 takes two registers */
+#define ARG6_STACK_9TH 4       /* cuLaunchKernel's hStream */
+#define ARG6_CONFIG_STREAM 5   /* cuLaunchKernelEx: config->hStream */
 #define PROP_LOCATION_OFFSET 8  /* cuda.h: {type, requestedHandleTypes, location {type, id}, ...} */
+#define CONFIG_STREAM_OFFSET 32 /* cuda.h: CUlaunchConfig {7 unsigned ints, CUstream hStream, ...} */
 
-static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6) {
+/* Where args[6] is read from at entry (sp: the stack pointer, pointing at the return address). */
+static __always_inline u64 arg6_address(int arg6, u64 sp, struct gpu_event *e) {
+    if (arg6 == ARG6_STACK)
+        return sp + 8;
+    if (arg6 == ARG6_STACK_8TH)
+        return sp + 16;
+    if (arg6 == ARG6_STACK_9TH)
+        return sp + 24;
+    if (arg6 == ARG6_PROP_LOCATION)
+        return e->args[2] + PROP_LOCATION_OFFSET;
+    if (arg6 == ARG6_CONFIG_STREAM)
+        return e->args[0] + CONFIG_STREAM_OFFSET;
+    return 0;
+}
+
+static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6, int ret_mode) {
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return 0;
@@ -235,10 +273,9 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
     e->args[4] = PT_REGS_PARM5(ctx);
     e->args[5] = PT_REGS_PARM6(ctx);
     e->args[6] = 0;
-    if (arg6 == ARG6_STACK)  /* the 7th argument: above the return address at entry */
-        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(sp + 8));
-    else if (arg6 == ARG6_PROP_LOCATION)
-        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)(e->args[2] + PROP_LOCATION_OFFSET));
+    u64 at = arg6_address(arg6, sp, e);
+    if (at)
+        bpf_probe_read_user(&e->args[6], sizeof(u64), (void *)at);
     e->flags = FLAG_ENTRY;
     /* Only the Python frames there are: the record is the scratch, cut after them. */
     u32 depth = e->py.depth;
@@ -252,19 +289,35 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
         count(STAT_RINGBUF_FULL);
         return 0;  /* no entry, no return record either */
     }
+    u64 outp = ret_mode == RET_OUT_2ND ? e->args[1] : e->args[0];
     struct inflight *slot = calls.lookup(&key);
     if (slot) {
         slot->ts = e->ts;
         slot->sp = sp;
-        slot->outp = e->args[0];
+        slot->outp = outp;
+        slot->name = e->args[2];
     } else {
-        struct inflight call = {.ts = e->ts, .sp = sp, .outp = e->args[0]};
+        struct inflight call = {.ts = e->ts, .sp = sp, .outp = outp, .name = e->args[2]};
         calls.update(&key, &call);
     }
     return 0;
 }
 
-static __always_inline int call_return(struct pt_regs *ctx, u32 op, int out_ptr) {
+/* r with the kernel name at namep, as one record. */
+static __always_inline void send_named(struct gpu_return *r, u64 namep) {
+    struct gpu_named_return *n = gpu_events.ringbuf_reserve(sizeof(*n));
+    if (!n) {
+        count(STAT_RINGBUF_FULL);
+        return;
+    }
+    n->r = *r;
+    n->r.flags |= FLAG_NAME;
+    if (bpf_probe_read_user_str(n->name, sizeof(n->name), (void *)namep) < 0)
+        n->name[0] = 0;
+    gpu_events.ringbuf_submit(n, 0);
+}
+
+static __always_inline int call_return(struct pt_regs *ctx, u32 op, int ret_mode) {
     u64 id = current_pid_tgid();
     u32 tid = (u32)id;
     u64 key = ((u64)tid << 8) | op;
@@ -283,19 +336,21 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 op, int out_ptr)
     struct gpu_return r = {.ts = call->ts, .pid = id >> 32, .tid = tid, .op = op, .flags = FLAG_RETURN};
     r.duration_ns = bpf_ktime_get_ns() - call->ts;
     r.ret = (s32)PT_REGS_RC(ctx);  /* the error enums are ints: the upper half is not theirs */
-    if (out_ptr && r.ret == 0)
+    if (ret_mode != RET_PLAIN && r.ret == 0)
         bpf_probe_read_user(&r.out, sizeof(u64), (void *)call->outp);
     call->ts = 0;  /* returned (see calls) */
-    if (gpu_events.ringbuf_output(&r, sizeof(r), 0) != 0)
+    if (ret_mode == RET_OUT_NAME && r.ret == 0)
+        send_named(&r, call->name);
+    else if (gpu_events.ringbuf_output(&r, sizeof(r), 0) != 0)
         count(STAT_RINGBUF_FULL);
     return 0;
 }
 
-/* CALL(name, op, layer, what args[6] holds (ARG6_*: 0 none, 1 the 7th argument), returns through
- * an out-pointer) */
-#define CALL(name, op, layer, arg6, out_ptr)                                                        \
-    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, arg6); }            \
-    int return_##name(struct pt_regs *ctx) { return call_return(ctx, op, out_ptr); }
+/* CALL(name, op, layer, what args[6] holds (ARG6_*; 1: the 7th argument), what the return reads
+ * (RET_*; 0: nothing, 1: the out-pointer args[0])) */
+#define CALL(name, op, layer, arg6, ret_mode)                                                       \
+    int enter_##name(struct pt_regs *ctx) { return call_enter(ctx, op, layer, arg6, ret_mode); }  \
+    int return_##name(struct pt_regs *ctx) { return call_return(ctx, op, ret_mode); }
 
 /* Operation ids: keep in step with otel_ebpf/gpu/calls.py */
 CALL(cudaMalloc, 1, LAYER_CUDA, 0, 1)
@@ -335,9 +390,40 @@ CALL(cudaDeviceSynchronize, 30, LAYER_CUDA, 0, 0)
 CALL(cudaStreamSynchronize, 31, LAYER_CUDA, 0, 0)
 CALL(cuCtxSynchronize, 32, LAYER_CUDA, 0, 0)
 CALL(cuStreamSynchronize, 33, LAYER_CUDA, 0, 0)
-CALL(cudaLaunchKernel, 40, LAYER_CUDA, 0, 0)
-CALL(cuLaunchKernel, 41, LAYER_CUDA, 0, 0)
-CALL(cuLaunchKernelEx, 42, LAYER_CUDA, 0, 0)
+CALL(cudaLaunchKernel, 40, LAYER_CUDA, ARG6_STACK_8TH, 0)
+CALL(cuLaunchKernel, 41, LAYER_CUDA, ARG6_STACK_9TH, 0)
+CALL(cuLaunchKernelEx, 42, LAYER_CUDA, ARG6_CONFIG_STREAM, 0)
+CALL(cuModuleGetFunction, 43, LAYER_CUDA, 0, RET_OUT_NAME)
+CALL(cuLibraryGetKernel, 44, LAYER_CUDA, 0, RET_OUT_NAME)
+CALL(cuKernelGetFunction, 45, LAYER_CUDA, 0, RET_OUT)
+CALL(cudaGraphCreate, 90, LAYER_CUDA, 0, RET_OUT)
+CALL(cuGraphCreate, 91, LAYER_CUDA, 0, RET_OUT)
+CALL(cudaGraphAddKernelNode, 92, LAYER_CUDA, 0, 0)
+CALL(cuGraphAddKernelNode, 93, LAYER_CUDA, 0, 0)
+CALL(cuGraphAddKernelNode_v2, 94, LAYER_CUDA, 0, 0)
+CALL(cudaGraphAddChildGraphNode, 95, LAYER_CUDA, 0, 0)
+CALL(cuGraphAddChildGraphNode, 96, LAYER_CUDA, 0, 0)
+CALL(cudaGraphAddNode, 97, LAYER_CUDA, 0, 0)
+CALL(cuGraphAddNode, 98, LAYER_CUDA, 0, 0)
+CALL(cuGraphAddNode_v2, 99, LAYER_CUDA, 0, 0)
+CALL(cudaGraphAddNode_v2, 117, LAYER_CUDA, 0, 0)
+CALL(cudaGraphInstantiate, 100, LAYER_CUDA, 0, RET_OUT)
+CALL(cudaGraphInstantiateWithFlags, 101, LAYER_CUDA, 0, RET_OUT)
+CALL(cudaGraphInstantiateWithParams, 102, LAYER_CUDA, 0, RET_OUT)
+CALL(cuGraphInstantiateWithFlags, 103, LAYER_CUDA, 0, RET_OUT)
+CALL(cuGraphInstantiate_v2, 104, LAYER_CUDA, 0, RET_OUT)
+CALL(cuGraphInstantiateWithParams, 105, LAYER_CUDA, 0, RET_OUT)
+CALL(cudaGraphLaunch, 106, LAYER_CUDA, 0, 0)
+CALL(cuGraphLaunch, 107, LAYER_CUDA, 0, 0)
+CALL(cudaGraphDestroy, 108, LAYER_CUDA, 0, 0)
+CALL(cuGraphDestroy, 109, LAYER_CUDA, 0, 0)
+CALL(cudaGraphExecDestroy, 110, LAYER_CUDA, 0, 0)
+CALL(cuGraphExecDestroy, 111, LAYER_CUDA, 0, 0)
+CALL(cudaStreamBeginCapture, 112, LAYER_CUDA, 0, 0)
+CALL(cuStreamBeginCapture, 113, LAYER_CUDA, 0, 0)
+CALL(cuStreamBeginCapture_v2, 114, LAYER_CUDA, 0, 0)
+CALL(cudaStreamEndCapture, 115, LAYER_CUDA, 0, RET_OUT_2ND)
+CALL(cuStreamEndCapture, 116, LAYER_CUDA, 0, RET_OUT_2ND)
 CALL(cudaSetDevice, 50, LAYER_CUDA, 0, 0)
 CALL(ncclAllReduce, 60, LAYER_NCCL, 0, 0)
 CALL(ncclBroadcast, 61, LAYER_NCCL, 0, 0)

@@ -135,6 +135,12 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "pointers (allocated before attach), allocations over a live pointer",
         False,
     ),
+    "otel_ebpf.gpu.handles.evicted": (
+        "{handle}",
+        "Kernel and graph handles forgotten to keep their tables bounded (kernel_names, graphs, "
+        "graph_execs, captures): their launches go without a kernel name or kernel count",
+        False,
+    ),
     "otel_ebpf.gpu.stacks.dropped": ("{sample}", "GPU profile samples lost to the per-interval stack cap", False),
     "otel_ebpf.gpu.leaks.reported": ("{report}", "Leak reports emitted as log records", False),
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),

@@ -40,6 +40,18 @@ class Kind(str, enum.Enum):
     ADDRESS_FREE = "address_free"
     MAP = "map"
     UNMAP = "unmap"
+    # kernel names and graphs (launches.py)
+    KERNEL_NAME = "kernel_name"  # a handle for the kernel of this name (cuModuleGetFunction, ...)
+    KERNEL_FUNCTION = "kernel_function"  # a CUfunction for a named CUkernel (cuKernelGetFunction)
+    GRAPH_CREATE = "graph_create"
+    GRAPH_ADD_KERNEL = "graph_add_kernel"  # one kernel node
+    GRAPH_ADD_OPAQUE = "graph_add_opaque"  # a node whose kernels are not counted (a child graph, ...)
+    GRAPH_INSTANTIATE = "graph_instantiate"
+    GRAPH_LAUNCH = "graph_launch"
+    GRAPH_DESTROY = "graph_destroy"
+    GRAPH_EXEC_DESTROY = "graph_exec_destroy"
+    CAPTURE_BEGIN = "capture_begin"  # stream capture: launches on the stream become kernel nodes
+    CAPTURE_END = "capture_end"  # ... of the graph it returns
 
 
 class Memory(str, enum.Enum):
@@ -70,7 +82,10 @@ class OpSpec:
     comm_arg: int | None = None  # COLLECTIVE: ncclComm_t
     peer_arg: int | None = None  # COLLECTIVE: root or peer rank
     device_arg: int | None = None  # the device, when the call names it (USDT malloc)
-    function_arg: int | None = None  # LAUNCH: the kernel's host stub, whose symbol is its name
+    stub_arg: int | None = None  # LAUNCH: the kernel's host stub, whose symbol is its name (runtime)
+    function_arg: int | None = None  # LAUNCH: the CUfunction / CUkernel handle (driver); KERNEL_FUNCTION: the CUkernel
+    graph_arg: int | None = None  # the cudaGraph_t / CUgraph (GRAPH_*), or the graph exec a launch or destroy names
+    stream_arg: int | None = None  # LAUNCH, CAPTURE_*: the stream (args[6]: read by the probe where it lies deeper)
     usdt: bool = False  # a USDT probe of ``library`` (provider:name in ``symbol``), no return
 
 
@@ -132,9 +147,60 @@ _SPECS = (
     OpSpec(31, "cudaStreamSynchronize", Library.RUNTIME, Kind.SYNC),
     OpSpec(32, "cuCtxSynchronize", Library.DRIVER, Kind.SYNC),
     OpSpec(33, "cuStreamSynchronize", Library.DRIVER, Kind.SYNC),
-    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH, function_arg=0),
-    OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH),
-    OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH),
+    # cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, stream):
+    # each dim3 is passed in two registers, so the stream is the second stack argument
+    OpSpec(40, "cudaLaunchKernel", Library.RUNTIME, Kind.LAUNCH, stub_arg=0, stream_arg=6),
+    # cuLaunchKernel(CUfunction f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+    # sharedMemBytes, CUstream hStream, void **kernelParams, void **extra), cuLaunchKernelEx(const
+    # CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra): the probe reads the
+    # stream (the 9th argument; config->hStream); a CUkernel may stand for the CUfunction
+    OpSpec(41, "cuLaunchKernel", Library.DRIVER, Kind.LAUNCH, function_arg=0, stream_arg=6),
+    OpSpec(42, "cuLaunchKernelEx", Library.DRIVER, Kind.LAUNCH, function_arg=1, stream_arg=6),
+    # cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name), cuLibraryGetKernel(
+    # CUkernel *pKernel, CUlibrary library, const char *name): the handle through the out-pointer,
+    # the name read by the probe (RET_OUT_NAME); cuKernelGetFunction(CUfunction *pFunc, CUkernel k)
+    OpSpec(43, "cuModuleGetFunction", Library.DRIVER, Kind.KERNEL_NAME),
+    OpSpec(44, "cuLibraryGetKernel", Library.DRIVER, Kind.KERNEL_NAME),
+    OpSpec(45, "cuKernelGetFunction", Library.DRIVER, Kind.KERNEL_FUNCTION, function_arg=1),
+    # graphs: cudaGraphCreate(cudaGraph_t *pGraph, unsigned flags), cuGraphCreate(CUgraph *phGraph,
+    # unsigned flags); nodes are added as (node *out, graph, dependencies, ...): the graph is the
+    # second argument of every cudaGraphAdd*Node / cuGraphAdd*Node
+    OpSpec(90, "cudaGraphCreate", Library.RUNTIME, Kind.GRAPH_CREATE),
+    OpSpec(91, "cuGraphCreate", Library.DRIVER, Kind.GRAPH_CREATE),
+    OpSpec(92, "cudaGraphAddKernelNode", Library.RUNTIME, Kind.GRAPH_ADD_KERNEL, graph_arg=1),
+    OpSpec(93, "cuGraphAddKernelNode", Library.DRIVER, Kind.GRAPH_ADD_KERNEL, graph_arg=1),
+    OpSpec(94, "cuGraphAddKernelNode_v2", Library.DRIVER, Kind.GRAPH_ADD_KERNEL, graph_arg=1),
+    OpSpec(95, "cudaGraphAddChildGraphNode", Library.RUNTIME, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    OpSpec(96, "cuGraphAddChildGraphNode", Library.DRIVER, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    # the generic forms (CUDA 12.2+): the node's type is inside its parameters, not read
+    OpSpec(97, "cudaGraphAddNode", Library.RUNTIME, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    OpSpec(98, "cuGraphAddNode", Library.DRIVER, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    OpSpec(99, "cuGraphAddNode_v2", Library.DRIVER, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    OpSpec(117, "cudaGraphAddNode_v2", Library.RUNTIME, Kind.GRAPH_ADD_OPAQUE, graph_arg=1),
+    # (graph exec *out, graph, ...) in every form: CUDA 12's cuGraphInstantiate is
+    # cuGraphInstantiateWithFlags, CUDA 11's cuGraphInstantiate_v2
+    OpSpec(100, "cudaGraphInstantiate", Library.RUNTIME, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    OpSpec(101, "cudaGraphInstantiateWithFlags", Library.RUNTIME, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    OpSpec(102, "cudaGraphInstantiateWithParams", Library.RUNTIME, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    OpSpec(103, "cuGraphInstantiateWithFlags", Library.DRIVER, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    OpSpec(104, "cuGraphInstantiate_v2", Library.DRIVER, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    OpSpec(105, "cuGraphInstantiateWithParams", Library.DRIVER, Kind.GRAPH_INSTANTIATE, graph_arg=1),
+    # cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream), cuGraphLaunch(CUgraphExec, CUstream)
+    OpSpec(106, "cudaGraphLaunch", Library.RUNTIME, Kind.GRAPH_LAUNCH, graph_arg=0),
+    OpSpec(107, "cuGraphLaunch", Library.DRIVER, Kind.GRAPH_LAUNCH, graph_arg=0),
+    OpSpec(108, "cudaGraphDestroy", Library.RUNTIME, Kind.GRAPH_DESTROY, graph_arg=0),
+    OpSpec(109, "cuGraphDestroy", Library.DRIVER, Kind.GRAPH_DESTROY, graph_arg=0),
+    OpSpec(110, "cudaGraphExecDestroy", Library.RUNTIME, Kind.GRAPH_EXEC_DESTROY, graph_arg=0),
+    OpSpec(111, "cuGraphExecDestroy", Library.DRIVER, Kind.GRAPH_EXEC_DESTROY, graph_arg=0),
+    # cudaStreamBeginCapture(cudaStream_t stream, mode), cuStreamBeginCapture_v2(CUstream, mode)
+    # (CUDA 10.0's cuStreamBeginCapture(CUstream)); cudaStreamEndCapture(cudaStream_t stream,
+    # cudaGraph_t *pGraph), cuStreamEndCapture(CUstream, CUgraph *): the graph through the second
+    # argument (RET_OUT_2ND)
+    OpSpec(112, "cudaStreamBeginCapture", Library.RUNTIME, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(113, "cuStreamBeginCapture", Library.DRIVER, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(114, "cuStreamBeginCapture_v2", Library.DRIVER, Kind.CAPTURE_BEGIN, stream_arg=0),
+    OpSpec(115, "cudaStreamEndCapture", Library.RUNTIME, Kind.CAPTURE_END, stream_arg=0),
+    OpSpec(116, "cuStreamEndCapture", Library.DRIVER, Kind.CAPTURE_END, stream_arg=0),
     OpSpec(50, "cudaSetDevice", Library.RUNTIME, Kind.SET_DEVICE, device_arg=0),
     # ncclAllReduce(sbuf, rbuf, count, dtype, op, comm, stream)
     OpSpec(60, "ncclAllReduce", Library.NCCL, Kind.COLLECTIVE, size_arg=2, dtype_arg=3, comm_arg=5),
@@ -242,6 +308,7 @@ class GpuCall:
     user_stack: tuple[int, ...] = ()  # native return addresses, leaf first
     python_stack: tuple[PythonFrameRef, ...] = ()  # leaf first
     python_status: int = 0  # PY_STATUS_* of python_stack.h
+    name: str = ""  # the kernel name a KERNEL_NAME call was given (as passed: mangled)
 
     @property
     def spec(self) -> OpSpec:

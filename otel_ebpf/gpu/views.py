@@ -32,6 +32,7 @@ from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, V
 from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
 from .calls import MEMCPY_KINDS, NCCL_DATATYPES, GpuCall, Kind, Library, Memory, error_name
+from .launches import GraphKernels, KernelNames
 from .memory import Allocation, AllocationTable, LeakReport, LeakReporter
 from .vmm import VirtualMemory
 
@@ -59,6 +60,9 @@ INSTRUMENTS: dict[str, InstrumentSpec] = {
             "cuda.synchronize.duration", _H, "s", "Time the CPU waited in a synchronize call", _SECONDS_BUCKETS
         ),
         InstrumentSpec("cuda.kernel.launches", _C, "{launch}", "Kernel launches"),
+        InstrumentSpec(
+            "cuda.graph.launches", _C, "{launch}", "Graph launches, by the graph's kernel nodes where known"
+        ),
         InstrumentSpec(
             "nccl.operation.size", _H, "By", "Bytes per NCCL operation (count x datatype size)", _BYTES_BUCKETS
         ),
@@ -101,6 +105,19 @@ VMM = "vmm"  # the memory layer (cuda.api) of physical memory made by cuMemCreat
 _VMM_KINDS = frozenset(
     (Kind.PHYSICAL_CREATE, Kind.PHYSICAL_RELEASE, Kind.ADDRESS_RESERVE, Kind.ADDRESS_FREE, Kind.MAP, Kind.UNMAP)
 )
+_HANDLE_KINDS = frozenset(
+    (
+        Kind.KERNEL_NAME,
+        Kind.KERNEL_FUNCTION,
+        Kind.GRAPH_CREATE,
+        Kind.GRAPH_ADD_KERNEL,
+        Kind.GRAPH_ADD_OPAQUE,
+        Kind.GRAPH_INSTANTIATE,
+        Kind.GRAPH_DESTROY,
+        Kind.GRAPH_EXEC_DESTROY,
+        Kind.CAPTURE_BEGIN,
+    )
+)
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 
 
@@ -126,7 +143,8 @@ class GpuViews:
         kernel_name_of: KernelNameOf | None = None,
     ) -> None:
         """``kernel_name_of(pid, address)``: the (demangled) name of the function at ``address`` in
-        process ``pid``, None when no symbol is known: names a runtime launch's kernel."""
+        process ``pid``, None when no symbol is known: names a runtime launch's kernel (a driver
+        launch's comes from the calls that made its handle, :mod:`.launches`)."""
         self._stack_of = stack_of
         self._kernel_name_of = kernel_name_of
         self._resource_of = resource_of
@@ -135,6 +153,8 @@ class GpuViews:
         self._delta_kinds = delta_kinds
         self.table = AllocationTable(config.max_allocations)
         self.vmm = VirtualMemory(config.max_allocations)
+        self.kernel_names = KernelNames()
+        self.graphs = GraphKernels()
         self._leaks = LeakReporter()
         self._metrics: dict[int, ProcessMetrics] = {}
         self._profiles = {
@@ -145,6 +165,7 @@ class GpuViews:
         self._comms: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()  # (pid, comm) -> (rank, n)
         self._reported_drops = {name: 0 for name in self._profiles}
         self._reported_table = (0, 0, 0, 0)
+        self._reported_handles = (0, 0, 0, 0)
         self._now_ns = 0
 
     # ---- input -------------------------------------------------------------------------------
@@ -165,6 +186,8 @@ class GpuViews:
             self._alloc(call)
         elif kind is Kind.FREE:
             self._free(call)
+        elif kind is Kind.CAPTURE_END:  # a failed one ends the capture too
+            self.graphs.capture_ended(call.pid, call.arg(spec.stream_arg), call.out if call.ok else 0)
         elif not call.ok:
             return
         elif kind in _VMM_KINDS:
@@ -176,6 +199,10 @@ class GpuViews:
             self._profile("waits", call, (call.duration_ns, 1), {"cuda.function": spec.symbol})
         elif kind is Kind.LAUNCH:
             self._launch(call)
+        elif kind is Kind.GRAPH_LAUNCH:
+            self._graph_launch(call)
+        elif kind in _HANDLE_KINDS:
+            self._handle(call)
         elif kind is Kind.SET_DEVICE:
             self._remember(self._devices, (call.pid, call.tid), call.arg(spec.device_arg, signed32=True), MAX_THREADS)
 
@@ -187,6 +214,8 @@ class GpuViews:
         pids = frozenset(pids)
         held = self.table.remove_processes(pids)
         self.vmm.forget_processes(pids)
+        self.kernel_names.table.forget_processes(pids)
+        self.graphs.forget_processes(pids)
         self._leaks.forget_processes(pids)
         for mapping in (self._devices, self._comms):
             for key in [k for k in mapping if k[0] in pids]:
@@ -204,6 +233,12 @@ class GpuViews:
         return (
             at_exit.take(now_ns, min((a.ts_ns for allocs in held.values() for a in allocs), default=now_ns)) + profiles
         )
+
+    def image_replaced(self, pid: int) -> None:
+        """``pid`` execed: its kernel and graph handles died with the old image (a new one may
+        reuse their values)."""
+        self.kernel_names.table.forget_processes((pid,))
+        self.graphs.forget_processes((pid,))
 
     def rank_of(self, pid: int, comm: int) -> tuple[int, int] | None:
         """(rank, communicator size) of an NCCL communicator whose initialisation was seen."""
@@ -286,15 +321,53 @@ class GpuViews:
                 self._record(pid, "cuda.memory.address_reserved", -reserved, {})
 
     def _launch(self, call: GpuCall) -> None:
-        """A launch, by kernel name where the call names the kernel by its host stub (the runtime's
-        ``cudaLaunchKernel``; a driver launch's ``CUfunction`` is an opaque handle)."""
+        """A launch, by kernel name where known: the runtime's ``cudaLaunchKernel`` names the
+        kernel's host stub (its symbol is the kernel's name), a driver launch a handle whose name
+        came with the call that made it. A launch on a stream being captured runs nothing now: it
+        adds a kernel node to the graph, and is labelled ``cuda.launch.kind = captured``."""
         spec = call.spec
         name = None
-        if spec.function_arg is not None and self._kernel_name_of is not None:
-            name = self._kernel_name_of(call.pid, call.arg(spec.function_arg))
-        named: Attributes = {"cuda.kernel.name": name} if name else {}
-        self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value, **named})
-        self._profile("launches", call, (1,), named or None)
+        if spec.stub_arg is not None and self._kernel_name_of is not None:
+            name = self._kernel_name_of(call.pid, call.arg(spec.stub_arg))
+        elif spec.function_arg is not None:
+            name = self.kernel_names.of(call.pid, call.arg(spec.function_arg))
+        labels: dict[str, AttributeValue] = {"cuda.kernel.name": name} if name else {}
+        if self.graphs.captured(call.pid, call.arg(spec.stream_arg)):
+            labels["cuda.launch.kind"] = "captured"
+        self._record(call.pid, "cuda.kernel.launches", 1, {"cuda.api": spec.library.value, **labels})
+        self._profile("launches", call, (1,), labels or None)
+
+    def _graph_launch(self, call: GpuCall) -> None:
+        """One graph launch (one call that runs every node of the graph), with the graph's kernel
+        nodes where its building or capture was seen. In the launches profile it is one launch, labelled
+        ``cuda.launch.kind = graph``."""
+        spec = call.spec
+        kernels = self.graphs.kernels_of(call.pid, call.arg(spec.graph_arg))
+        known: Attributes = {"cuda.graph.kernel_nodes": kernels} if kernels is not None else {}
+        self._record(call.pid, "cuda.graph.launches", 1, {"cuda.api": spec.library.value, **known})
+        self._profile("launches", call, (1,), {"cuda.launch.kind": "graph", **known})
+
+    def _handle(self, call: GpuCall) -> None:
+        """Calls that make or change the handles launches name: kernels and graphs."""
+        spec, pid, kind = call.spec, call.pid, call.spec.kind
+        if kind is Kind.KERNEL_NAME:
+            self.kernel_names.named(pid, call.out, call.name)
+        elif kind is Kind.KERNEL_FUNCTION:
+            self.kernel_names.same_kernel(pid, call.out, call.arg(spec.function_arg))
+        elif kind is Kind.GRAPH_CREATE:
+            self.graphs.created(pid, call.out)
+        elif kind is Kind.GRAPH_ADD_KERNEL:
+            self.graphs.kernel_added(pid, call.arg(spec.graph_arg))
+        elif kind is Kind.GRAPH_ADD_OPAQUE:
+            self.graphs.opaque_added(pid, call.arg(spec.graph_arg))
+        elif kind is Kind.GRAPH_INSTANTIATE:
+            self.graphs.instantiated(pid, call.arg(spec.graph_arg), call.out)
+        elif kind is Kind.GRAPH_DESTROY:
+            self.graphs.destroyed(pid, call.arg(spec.graph_arg))
+        elif kind is Kind.GRAPH_EXEC_DESTROY:
+            self.graphs.exec_destroyed(pid, call.arg(spec.graph_arg))
+        elif kind is Kind.CAPTURE_BEGIN:
+            self.graphs.capture_began(pid, call.arg(spec.stream_arg))
 
     def _copy(self, call: GpuCall) -> None:
         spec = call.spec
@@ -456,6 +529,16 @@ class GpuViews:
         for name, now, before in zip(reasons, table, self._reported_table, strict=True):
             self._selfmetrics.add("otel_ebpf.gpu.allocations.untracked", now - before, {"reason": name})
         self._reported_table = table
+        handles = (
+            self.kernel_names.table.evicted,
+            self.graphs.graphs.evicted,
+            self.graphs.execs.evicted,
+            self.graphs.captures.evicted,
+        )
+        tables = ("kernel_names", "graphs", "graph_execs", "captures")
+        for name, now, before in zip(tables, handles, self._reported_handles, strict=True):
+            self._selfmetrics.add("otel_ebpf.gpu.handles.evicted", now - before, {"table": name})
+        self._reported_handles = handles
 
 
 def _memory_attributes(alloc: Allocation) -> Attributes:

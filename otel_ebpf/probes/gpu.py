@@ -52,7 +52,8 @@ SET_FILTER_PIDS, SET_AGENT_TGID, SET_STACKS = 0, 1, 2
 STACKS_NATIVE, STACKS_PYTHON = 1, 2
 STAT_NAMES = ("gpu_ringbuf_full", "gpu_nested_calls", "gpu_returns_without_entry", "gpu_python_stack_truncated")
 OP_EXEC, OP_EXIT = 0, 255
-FLAG_USDT, FLAG_ENTRY, FLAG_RETURN = 1, 2, 4
+FLAG_USDT, FLAG_ENTRY, FLAG_RETURN, FLAG_NAME = 1, 2, 4, 8
+KERNEL_NAME_LEN = 1024  # gpu_trace.c's: bytes of a kernel name a return record carries, NUL included
 SYMBOL_PATTERN = "^(%s)$" % "|".join(FUNCTION_SYMBOLS)
 # x86-64 register names (64/32/16/8-bit) -> the index gpu_trace.c's reg_value() reads
 _REGISTERS = {
@@ -78,7 +79,7 @@ _REGISTERS = {
 
 _HEADER = struct.Struct("<QQIIIiIi")  # ts, duration, pid, tid, op, ret, flags, user_len
 _ARGS = struct.Struct("<7QQ")  # args[7], out
-_OUT = struct.Struct("<Q")  # struct gpu_return: the header, then out
+_OUT = struct.Struct("<Q")  # struct gpu_return: the header, then out (gpu_named_return: then the name)
 _PY_HEADER = struct.Struct("<II")  # depth, status
 _PY_FRAME = struct.Struct("<QQQ")  # code, instr, flags: struct py_frame of python_stack.h
 
@@ -321,6 +322,7 @@ class CallReturn:
     ret: int
     duration_ns: int
     out: int
+    name: str = ""  # the kernel name the call was given (FLAG_NAME)
 
 
 def decode(raw: bytes, clock_offset_ns: int, py_frames: int) -> GpuCall | CallReturn | ProcessEvent | None:
@@ -331,11 +333,11 @@ def decode(raw: bytes, clock_offset_ns: int, py_frames: int) -> GpuCall | CallRe
     ts, duration, pid, tid, op, ret, flags, user_len = _HEADER.unpack_from(raw)
     ts += clock_offset_ns
     if flags & FLAG_RETURN:
-        return (
-            CallReturn(ts, pid, tid, op, ret, duration, _OUT.unpack_from(raw, _HEADER.size)[0])
-            if len(raw) >= _HEADER.size + _OUT.size
-            else None
-        )
+        if len(raw) < _HEADER.size + _OUT.size:
+            return None
+        name = raw[_HEADER.size + _OUT.size :].split(b"\0", 1)[0] if flags & FLAG_NAME else b""
+        out = _OUT.unpack_from(raw, _HEADER.size)[0]
+        return CallReturn(ts, pid, tid, op, ret, duration, out, name.decode(errors="replace"))
     if op in (OP_EXEC, OP_EXIT):
         return ProcessEvent(ts, pid, op == OP_EXIT)
     if len(raw) < event_size(0):
@@ -375,7 +377,7 @@ class CallPairing:
         if call is None:
             self.returns_unpaired += 1
             return None
-        return dataclasses.replace(call, ret=ret.ret, duration_ns=ret.duration_ns, out=ret.out)
+        return dataclasses.replace(call, ret=ret.ret, duration_ns=ret.duration_ns, out=ret.out, name=ret.name)
 
 
 # ---- the probe ---------------------------------------------------------------------------------
@@ -442,6 +444,7 @@ class GpuProbe:
         cflags = [
             f"-DRINGBUF_PAGES={pages}",
             f"-DUSER_FRAMES={USER_FRAMES}",
+            f"-DKERNEL_NAME_LEN={KERNEL_NAME_LEN}",
             f"-DMAX_TARGETS={self.max_targets}",
             "-Wno-macro-redefined",
             *pid_namespace_flags(),
@@ -733,6 +736,7 @@ class GpuMonitor:
                     exited.append(event.pid)
                 else:  # a new image: what we knew of the pid is stale
                     self._forget(event.pid)
+                    self.views.image_replaced(event.pid)
                 continue
             calls += 1
             self.views.handle(event)

@@ -1,5 +1,5 @@
 """Builds the stand-in CUDA driver, runtime and NCCL libraries (and kernels' host stubs) from the
-C and C++ sources beside this file.
+C and C++ sources beside this file, and the native programs that call them.
 
 The stand-ins carry the real sonames (``libcuda.so.1``, ``libcudart.so.12``, ``libnccl.so.2``) and
 symbol names, so the agent discovers and hooks them exactly as it would the real ones. Builds are
@@ -45,12 +45,16 @@ LIBRARIES = {  # soname -> (source, extra link arguments)
     "libstandin_kernels.so": ("kernels.cpp", []),  # C++: the host stubs carry mangled names
     "libnvidia-ml.so.1": ("nvml.c", []),
 }
+# native programs -> (source, link arguments): linked against the stand-ins in the same folder
+PROGRAMS = {
+    "launch_ledger": ("launch_ledger.cpp", ["-L{out}", "-l:libcudart.so.12", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"]),
+}
+PROGRAM_CFLAGS = [flag for flag in CFLAGS if flag not in ("-fPIC", "-shared")]
 
 
 def _digest() -> str:
     h = hashlib.sha256(" ".join(CFLAGS).encode())
-    for name in sorted(LIBRARIES):
-        source, extra = LIBRARIES[name]
+    for name, (source, extra) in sorted({**LIBRARIES, **PROGRAMS}.items()):
         h.update(name.encode() + b"\0" + (HERE / source).read_bytes() + " ".join(extra).encode())
     h.update((HERE / "sdt.h").read_bytes())
     return h.hexdigest()[:16]
@@ -59,7 +63,7 @@ def _digest() -> str:
 def build(out: Path | None = None) -> Path:
     """The folder holding the built stand-ins (built now unless already there)."""
     out = out or Path(tempfile.gettempdir()) / f"otel-ebpf-gpu-standin-{_digest()}"
-    if all((out / name).exists() for name in LIBRARIES):
+    if all((out / name).exists() for name in (*LIBRARIES, *PROGRAMS)):
         return out
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out))  # concurrent builders must not see half-written files
@@ -71,7 +75,15 @@ def build(out: Path | None = None) -> Path:
             capture_output=True,
             text=True,
         )
-    for name in LIBRARIES:
+    for name, (source, extra) in PROGRAMS.items():  # after the libraries they link
+        link = [arg.format(out=staging) for arg in extra]
+        subprocess.run(
+            ["gcc", *PROGRAM_CFLAGS, "-o", str(staging / name), str(HERE / source), *link],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    for name in (*LIBRARIES, *PROGRAMS):
         os.replace(staging / name, out / name)
     staging.rmdir()
     return out

@@ -45,6 +45,7 @@ typedef struct {                  // cuda.h: CUmemAllocationProp
 #define CAPACITY (1ULL << 32)
 
 static volatile unsigned long launches;  // observable side effect, so calls are not optimised out
+int standin_capture_launch(CUstream stream);  // below, with stream capture
 
 CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
 
@@ -132,9 +133,10 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
                         void **extra) { REAL_PROLOGUE;
-    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)stream;
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared;
     (void)params; (void)extra;
-    launches++;
+    if (!standin_capture_launch(stream))
+        launches++;
     return CUDA_SUCCESS;
 }
 
@@ -142,7 +144,8 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **par
     if (!config)
         return CUDA_ERROR_INVALID_VALUE;
     (void)f; (void)params; (void)extra;
-    launches++;
+    if (!standin_capture_launch(config->hStream))
+        launches++;
     return CUDA_SUCCESS;
 }
 
@@ -206,4 +209,173 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
                    -1, 0);
     return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+// Kernels by name: a handle is a copy of the name it was asked for (a distinct pointer per call,
+// as the driver's handles are distinct objects). cuKernelGetFunction gives a CUfunction of its own.
+#define CUDA_ERROR_NOT_FOUND 500
+typedef void *CUmodule;
+typedef void *CUlibrary;
+typedef void *CUkernel;
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    REAL_PROLOGUE;
+    (void)hmod;
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!*name)
+        return CUDA_ERROR_NOT_FOUND;
+    *hfunc = strdup(name);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    REAL_PROLOGUE;
+    return cuModuleGetFunction(pKernel, library, name);
+}
+
+CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    REAL_PROLOGUE;
+    if (!pFunc || !kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pFunc = strdup((const char *)kernel);
+    return CUDA_SUCCESS;
+}
+
+// Graphs: a graph counts its kernel nodes (a child graph's included), an instantiated graph runs
+// that many launches. Stream capture records the kernels launched on the capturing stream into a
+// graph made inside the driver (not through the exported cuGraphCreate, as in the real driver).
+typedef struct { unsigned long kernels; } *CUgraph;
+typedef struct { unsigned long kernels; } *CUgraphExec;
+typedef unsigned long CUgraphNode;
+
+static CUgraph new_graph(void) { return calloc(1, sizeof(*(CUgraph)0)); }
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    REAL_PROLOGUE;
+    if (!phGraph || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = new_graph();
+    return *phGraph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult add_node(CUgraphNode *node, CUgraph graph, unsigned long kernels) {
+    static unsigned long nodes;
+    if (!node || !graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    graph->kernels += kernels;
+    *node = ++nodes;
+    return CUDA_SUCCESS;
+}
+
+// cuGraphAddKernelNode(_v2)(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode
+// *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                 size_t numDependencies, const void *nodeParams) {
+    REAL_PROLOGUE;
+    (void)dependencies; (void)numDependencies;
+    return nodeParams ? add_node(phGraphNode, hGraph, 1) : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                              size_t numDependencies, const void *nodeParams) {
+    REAL_PROLOGUE;
+    return cuGraphAddKernelNode_v2(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUgraph childGraph) {
+    REAL_PROLOGUE;
+    (void)dependencies; (void)numDependencies;
+    return childGraph ? add_node(phGraphNode, hGraph, childGraph->kernels) : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    REAL_PROLOGUE;
+    (void)flags;
+    if (!phGraphExec || !hGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraphExec = calloc(1, sizeof(**phGraphExec));
+    if (!*phGraphExec)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    (*phGraphExec)->kernels = hGraph->kernels;
+    return CUDA_SUCCESS;
+}
+
+// CUDA 11's form (CUDA 12 headers map cuGraphInstantiate to cuGraphInstantiateWithFlags)
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize) {
+    REAL_PROLOGUE;
+    (void)phErrorNode; (void)logBuffer; (void)bufferSize;
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams) {
+    REAL_PROLOGUE;
+    (void)instantiateParams;
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+// The generic node (CUDA 12.2+): CUgraphNodeParams begins with its CUgraphNodeType (kernel = 0).
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, const int *nodeParams) {
+    REAL_PROLOGUE;
+    (void)dependencies; (void)numDependencies;
+    return nodeParams ? add_node(phGraphNode, hGraph, *nodeParams == 0) : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const void *dependencyData, size_t numDependencies, const int *nodeParams) {
+    REAL_PROLOGUE;
+    (void)dependencyData;
+    return cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    REAL_PROLOGUE;
+    (void)hStream;
+    if (!hGraphExec)
+        return CUDA_ERROR_INVALID_VALUE;
+    launches += hGraphExec->kernels;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) { REAL_PROLOGUE; free(hGraph); return CUDA_SUCCESS; }
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { REAL_PROLOGUE; free(hGraphExec); return CUDA_SUCCESS; }
+
+static __thread CUstream capturing;  // one capture per thread, enough for the stand-in
+static __thread CUgraph captured;
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
+    REAL_PROLOGUE;
+    (void)mode;
+    if (!hStream || captured)
+        return CUDA_ERROR_INVALID_VALUE;
+    captured = new_graph();
+    capturing = hStream;
+    return captured ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+// CUDA 10.0's form, without a mode (global)
+CUresult cuStreamBeginCapture(CUstream hStream) {
+    REAL_PROLOGUE;
+    return cuStreamBeginCapture_v2(hStream, 0);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    REAL_PROLOGUE;
+    if (!phGraph || !captured || hStream != capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = captured;
+    captured = 0;
+    capturing = 0;
+    return CUDA_SUCCESS;
+}
+
+// What a launch on stream does: run now, or be recorded into the graph being captured.
+int standin_capture_launch(CUstream stream) {
+    if (!captured || stream != capturing)
+        return 0;
+    captured->kernels++;
+    return 1;
 }

@@ -130,3 +130,83 @@ static void wait_a_while(void) {
 cudaError_t cudaDeviceSynchronize(void) { wait_a_while(); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) { (void)stream; wait_a_while(); return cudaSuccess; }
 const char *cudaGetErrorString(cudaError_t error) { return error ? "stand-in error" : "no error"; }
+
+// Graphs, over the driver's as in the real runtime (cudaGraphLaunch calls cuGraphLaunch, ...).
+typedef void *cudaGraph_t;
+typedef void *cudaGraphExec_t;
+typedef unsigned long cudaGraphNode_t;
+typedef struct {                  // driver_types.h: cudaKernelNodeParams
+    void *func;
+    dim3 gridDim, blockDim;
+    unsigned int sharedMemBytes;
+    void **kernelParams, **extra;
+} cudaKernelNodeParams;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                             cudaStreamCaptureModeRelaxed };
+
+extern int cuGraphCreate(void **graph, unsigned int flags);
+extern int cuGraphAddKernelNode_v2(cudaGraphNode_t *node, void *graph, const cudaGraphNode_t *dependencies,
+                                   size_t numDependencies, const void *params);
+extern int cuGraphAddChildGraphNode(cudaGraphNode_t *node, void *graph, const cudaGraphNode_t *dependencies,
+                                    size_t numDependencies, void *child);
+extern int cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags);
+extern int cuGraphLaunch(void *exec, void *stream);
+extern int cuGraphInstantiateWithParams(void **exec, void *graph, void *params);
+extern int cuGraphAddNode(cudaGraphNode_t *node, void *graph, const cudaGraphNode_t *dependencies,
+                          size_t numDependencies, const void *params);
+extern int cuGraphDestroy(void *graph);
+extern int cuGraphExecDestroy(void *exec);
+extern int cuStreamBeginCapture_v2(void *stream, int mode);
+extern int cuStreamEndCapture(void *stream, void **graph);
+
+cudaError_t cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags) { return cuGraphCreate(pGraph, flags); }
+
+cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                   const cudaGraphNode_t *pDependencies, size_t numDependencies,
+                                   const cudaKernelNodeParams *pNodeParams) {
+    if (!pNodeParams || !pNodeParams->func)
+        return cudaErrorInvalidValue;
+    return cuGraphAddKernelNode_v2(pGraphNode, graph, pDependencies, numDependencies, pNodeParams);
+}
+
+cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                       const cudaGraphNode_t *pDependencies, size_t numDependencies,
+                                       cudaGraph_t childGraph) {
+    return cuGraphAddChildGraphNode(pGraphNode, graph, pDependencies, numDependencies, childGraph);
+}
+
+// CUDA 12's signature (CUDA 11's took an error node and a log buffer instead of the flags)
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(pGraphExec, graph, flags);
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(pGraphExec, graph, flags);
+}
+
+cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, void *instantiateParams) {
+    return cuGraphInstantiateWithParams(pGraphExec, graph, instantiateParams);
+}
+
+// CUDA 12.2's generic node: cudaGraphNodeParams begins with its cudaGraphNodeType
+cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph, const cudaGraphNode_t *pDependencies,
+                             size_t numDependencies, const void *nodeParams) {
+    return cuGraphAddNode(pGraphNode, graph, pDependencies, numDependencies, nodeParams);
+}
+
+// CUDA 12.3's, with edge data
+cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t *pGraphNode, cudaGraph_t graph, const cudaGraphNode_t *pDependencies,
+                                const void *dependencyData, size_t numDependencies, const void *nodeParams) {
+    (void)dependencyData;
+    return cudaGraphAddNode(pGraphNode, graph, pDependencies, numDependencies, nodeParams);
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) { return cuGraphLaunch(graphExec, stream); }
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) { return cuGraphDestroy(graph); }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) { return cuGraphExecDestroy(graphExec); }
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    return cuStreamBeginCapture_v2(stream, mode);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) { return cuStreamEndCapture(stream, pGraph); }
