@@ -287,7 +287,12 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, in
         size = sizeof(*e);
     if (gpu_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) != 0) {
         count(STAT_RINGBUF_FULL);
-        return 0;  /* no entry, no return record either */
+        /* No entry, no return record either, and so no return to release the thread's outer
+         * mark: release it here, or every later call at this depth would look nested in it. */
+        struct outer_call *mine = outer.lookup(&tid);
+        if (mine && mine->sp == sp)
+            mine->sp = 0;
+        return 0;
     }
     u64 outp = ret_mode == RET_OUT_2ND ? e->args[1] : e->args[0];
     struct inflight *slot = calls.lookup(&key);
