@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     advise.add_argument("--llm-model", metavar="NAME", default="default", help="model to ask (default: default)")
     advise.add_argument("--llm-top", type=int, metavar="N", default=3, help="findings to explain (default 3)")
+    advise.add_argument(
+        "--peak-bandwidth",
+        type=float,
+        metavar="GB/S",
+        help="the GPU's peak memory bandwidth, for the MBU estimate (default: from a table by the device's name)",
+    )
     return parser
 
 
@@ -210,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "advise":
             from .advise.command import main as advise_main  # noqa: PLC0415
 
-            return advise_main(args.directory, args.json, args.llm, args.llm_model, args.llm_top)
+            return advise_main(args.directory, args.json, args.llm, args.llm_model, args.llm_top, args.peak_bandwidth)
         return _cmd_replay(args)
     except StartupError as exc:
         print(f"otel-ebpf: {exc}", file=sys.stderr)

@@ -11,9 +11,12 @@ from .advisor import advise
 from .evidence import EvidenceError, read_directory
 from .explain import ExplainError, explain
 from .findings import report_document, to_text
+from .rules import rules_with
 
 
-def main(directory: str, as_json: bool, llm_url: str | None, llm_model: str, llm_top: int) -> int:
+def main(
+    directory: str, as_json: bool, llm_url: str | None, llm_model: str, llm_top: int, peak_gb_s: float | None = None
+) -> int:
     try:
         evidence = read_directory(Path(directory))
     except (OSError, EvidenceError) as exc:
@@ -26,7 +29,10 @@ def main(directory: str, as_json: bool, llm_url: str | None, llm_model: str, llm
             file=sys.stderr,
         )
         return 1
-    report = advise(evidence)
+    if peak_gb_s is not None and peak_gb_s <= 0:
+        print("otel-ebpf advise: --peak-bandwidth: expected a positive number of GB/s", file=sys.stderr)
+        return 2
+    report = advise(evidence, rules_with(peak_gb_s * 1e9 if peak_gb_s else None))
     explanation, failed = None, False
     if llm_url and report.findings:
         try:

@@ -14,10 +14,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import ClassVar
 
+from otel_ebpf.gpu.bandwidth import peak_bandwidth
 from otel_ebpf.gpu.views import format_stack
 from otel_ebpf.profiles.model import Stack
 
-from .evidence import Evidence, MetricPoint, process_key, process_label
+from .evidence import Attributes, Evidence, MetricPoint, SpanEntry, process_key, process_label
 from .findings import Finding, Severity
 from .stacks import (
     ProcessKey,
@@ -435,6 +436,131 @@ class QueueingTtft(Rule):
         return findings
 
 
+class LowBandwidthUtilisation(Rule):
+    """Decoding that uses little of the device's memory bandwidth (MBU far below peak). A decode
+    step reads the weights and the KV cache in use once; so MBU ~ bytes the serving process holds
+    on the device x decode steps per second (1 / TPOT) / the device's peak bandwidth. The bytes are
+    an upper bound of what a step reads (allocator caches, activations and workspaces count too),
+    so the estimate is an upper bound too: a low one is low for sure."""
+
+    rule_id = "mbu-low"
+    ADVICE = (
+        "decode steps are not bound by memory bandwidth, so something else sets their pace: too few sequences per "
+        "step (raise the engine's batch: vLLM --max-num-seqs, TGI --max-batch-total-tokens, and send more requests "
+        "concurrently), time on the CPU between steps (sampling, detokenisation, scheduling: a CPU profile of the "
+        "server shows it; vLLM's CUDA graphs, i.e. no --enforce-eager, remove launch overhead), or a quantised or "
+        "sparse model whose kernels do not stream the weights at full speed."
+    )
+
+    def __init__(self, max_mbu: float = 0.3, min_requests: int = 5, peak_bytes_per_s: float | None = None) -> None:
+        self.max_mbu = max_mbu  # decode that is bandwidth-bound reaches 0.5-0.8
+        self.min_requests = min_requests
+        self.peak_bytes_per_s = peak_bytes_per_s  # the user's figure (--peak-bandwidth), over the table's
+
+    def evaluate(self, evidence: Evidence) -> list[Finding]:
+        served = _served_models(evidence)
+        if not served:
+            return []
+        held = _device_bytes(evidence)
+        names = _device_names(evidence)
+        findings = []
+        for (process, model), (resource, tpots, output_tokens, window_s) in sorted(served.items()):
+            if len(tpots) < self.min_requests or not held.get(process):
+                continue
+            peak, device = self._peak(names)
+            if peak is None:
+                continue
+            tpot = statistics.median(tpots)
+            bytes_per_step = held[process]
+            mbu = bytes_per_step / tpot / peak
+            if mbu > self.max_mbu:
+                continue
+            tokens_per_s = output_tokens / window_s if window_s > 0 else 0.0
+            findings.append(
+                Finding(
+                    self.rule_id,
+                    Severity.MEDIUM,
+                    f"Decoding {model or '(no model named)'} uses at most {mbu:.0%} of the memory bandwidth",
+                    process_label(resource),
+                    (
+                        f"{len(tpots)} streamed requests, TPOT median {fmt_seconds(tpot)}: about {1 / tpot:.0f} "
+                        f"decode steps/s; {output_tokens} output tokens in {window_s:.1f} s ({tokens_per_s:.0f}/s)",
+                        f"the process holds {fmt_bytes(bytes_per_step)} of device memory (weights, KV cache and "
+                        f"what else it allocated): at most {fmt_bytes(bytes_per_step / tpot)}/s read by decoding",
+                        f"{device}: {peak / 1e9:.0f} GB/s peak; MBU at most {mbu:.1%}",
+                    ),
+                    self.ADVICE,
+                    (),
+                    {
+                        "mbu": mbu,
+                        "tpot_s": tpot,
+                        "device_bytes": bytes_per_step,
+                        "peak_bytes_per_s": peak,
+                        "output_tokens_per_s": tokens_per_s,
+                        "requests": len(tpots),
+                    },
+                    1 - mbu,
+                )
+            )
+        return findings
+
+    def _peak(self, names: set[str]) -> tuple[float | None, str]:
+        """The peak bandwidth and what it is of: the user's figure, else the table's for the node's
+        one kind of device (a node of mixed devices cannot tell which one a process used)."""
+        if self.peak_bytes_per_s is not None:
+            return self.peak_bytes_per_s, "the given peak bandwidth"
+        if len(names) != 1:
+            return None, ""
+        (name,) = names
+        return peak_bandwidth(name), name
+
+
+def _served_models(evidence: Evidence) -> dict[tuple[ProcessKey, str], tuple[Attributes, list[float], int, float]]:
+    """Per serving process and model, from its streamed GenAI SERVER spans: the resource, the
+    TPOTs, the output tokens and the seconds from the first request's start to the last's end."""
+    spans: dict[tuple[ProcessKey, str], list[SpanEntry]] = defaultdict(list)
+    for span in evidence.spans:
+        if span.kind == "SERVER" and span.attributes.get("otel_ebpf.gen_ai.time_per_output_token"):
+            spans[(process_key(span.resource), str(span.attributes.get("gen_ai.request.model", "")))].append(span)
+    return {
+        key: (
+            group[0].resource,
+            [float(s.attributes["otel_ebpf.gen_ai.time_per_output_token"]) for s in group],
+            sum(int(s.attributes.get("gen_ai.usage.output_tokens", 0)) for s in group),
+            (max(s.end_ns for s in group) - min(s.start_ns for s in group)) / 1e9,
+        )
+        for key, group in spans.items()
+    }
+
+
+def _latest(points: Sequence[MetricPoint]) -> dict[tuple, MetricPoint]:
+    """Each series' latest point, by (process, its attributes)."""
+    latest: dict[tuple, MetricPoint] = {}
+    for p in points:
+        series = (process_key(p.resource), tuple(sorted(p.attributes.items())))
+        if series not in latest or p.time_ns >= latest[series].time_ns:
+            latest[series] = p
+    return latest
+
+
+def _device_bytes(evidence: Evidence) -> dict[ProcessKey, float]:
+    """Device memory each process holds at the end: what the CUDA hooks saw allocated and not freed
+    (``cuda.memory.in_use``, kind ``device``), else what NVML says the process holds."""
+    held: dict[ProcessKey, float] = defaultdict(float)
+    for (process, attributes), p in _latest(evidence.points("cuda.memory.in_use")).items():
+        if dict(attributes).get("cuda.memory.kind", "device") == "device":
+            held[process] += p.value or 0
+    for (process, _), p in _latest(evidence.points("otel_ebpf.gpu.process.memory.usage")).items():
+        if process not in held:
+            held[process] += p.value or 0
+    return {process: n for process, n in held.items() if n > 0}
+
+
+def _device_names(evidence: Evidence) -> set[str]:
+    """The kinds of device the node has (NVML's ``hw.name`` on the device series)."""
+    return {str(p.attributes["hw.name"]) for p in evidence.metrics if "hw.name" in p.attributes}
+
+
 # In this order within a severity: a leak ends the job, a wait or a queue costs every step.
 DEFAULT_RULES: tuple[Rule, ...] = (
     GrowingInUse(),
@@ -442,10 +568,23 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     QueueingTtft(),
     TinyKernels(),
     PageableHostToDevice(),
+    LowBandwidthUtilisation(),
 )
+
+
+def rules_with(peak_bytes_per_s: float | None) -> tuple[Rule, ...]:
+    """The default rules, the MBU one with the user's peak bandwidth (None: the table's)."""
+    if peak_bytes_per_s is None:
+        return DEFAULT_RULES
+    return tuple(
+        LowBandwidthUtilisation(peak_bytes_per_s=peak_bytes_per_s)
+        if isinstance(rule, LowBandwidthUtilisation)
+        else rule
+        for rule in DEFAULT_RULES
+    )
+
 
 NOT_CHECKED = (
     "data-loader bound steps (CPU busy while the GPU waits): the agent does not see when the GPU is idle for a "
     "process (NVML's utilisation is per device and sampled), so this cannot be told honestly yet",
-    "MBU (model bandwidth utilisation) far below peak: the agent does not estimate MBU yet",
 )
