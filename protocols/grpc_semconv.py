@@ -220,7 +220,8 @@ def status_name(code: int) -> str:
     return STATUS_NAMES[code] if code < len(STATUS_NAMES) else str(code)
 
 
-def _error_type(call: GrpcCall, is_server: bool) -> str | None:
+def error_type(call: GrpcCall, is_server: bool) -> str | None:
+    """``error.type`` of a call, as the side that saw it judges its status."""
     status = call.status
     if status is None:
         return call.error
@@ -229,16 +230,18 @@ def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     return None
 
 
+def server_endpoint(call: GrpcCall, conn: ConnectionInfo) -> tuple[str | None, int | None]:
+    """(``server.address``, ``server.port``): the call's ``:authority``, else the connection's server."""
+    if call.authority:
+        return split_authority(call.authority, conn.scheme)
+    server = conn.server
+    return (server.address, server.port) if server is not None else (None, None)
+
+
 def _put_endpoints(
     attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool
 ) -> None:
-    server = conn.server
-    address: str | None = None
-    port: int | None = None
-    if call.authority:
-        address, port = split_authority(call.authority, conn.scheme)
-    elif server is not None:
-        address, port = server.address, server.port
+    address, port = server_endpoint(call, conn)
     if address:
         attributes["server.address"] = address
     if port is not None:
@@ -256,7 +259,7 @@ def describe_span(
     is_server = conn.role is Role.SERVER
     service, method = _split(call.path)
     recognised = call.status != UNIMPLEMENTED
-    error_type = _error_type(call, is_server)
+    error = error_type(call, is_server)
     attributes: dict[str, AttributeValue] = {}
     if semconv is not Semconv.NEW:  # the old set, alone or with the new
         attributes["rpc.system"] = SYSTEM
@@ -291,8 +294,8 @@ def describe_span(
             attributes[f"otel_ebpf.rpc.{side}.message_count"] = count
         if compressed:
             attributes[f"otel_ebpf.rpc.{side}.compressed"] = True
-    if error_type is not None:
-        attributes["error.type"] = error_type
+    if error is not None:
+        attributes["error.type"] = error
     if capture_metadata:
         for prefix_old, prefix_new, metadata in (
             ("rpc.grpc.request.metadata.", "rpc.request.metadata.", call.request_metadata),
@@ -308,7 +311,7 @@ def describe_span(
     else:
         name = f"{service}/{method}" if service is not None else SYSTEM
     kind = SpanKind.SERVER if is_server else SpanKind.CLIENT
-    if error_type is None:
+    if error is None:
         return SpanDescription(name, kind, call.start_ns, call.end_ns, attributes)
     return SpanDescription(name, kind, call.start_ns, call.end_ns, attributes, StatusCode.ERROR, call.message)
 
@@ -318,7 +321,7 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
     is_server = conn.role is Role.SERVER
     side = "server" if is_server else "client"
     service, method = _split(call.path)
-    error_type = _error_type(call, is_server)
+    error = error_type(call, is_server)
     endpoints: dict[str, AttributeValue] = {}
     if not is_server:
         _put_endpoints(endpoints, call, conn, is_server)
@@ -330,8 +333,8 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
             attributes["rpc.service"] = service
         if call.status is not None:
             attributes["rpc.grpc.status_code"] = call.status
-        if error_type is not None:
-            attributes["error.type"] = error_type
+        if error is not None:
+            attributes["error.type"] = error
         attributes.update(endpoints)
         points.append(MetricPoint(f"rpc.{side}.duration", seconds * 1e3, attributes))
         if call.request_messages is not None:
@@ -343,8 +346,8 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
         attributes = {"rpc.system.name": SYSTEM, "rpc.method": f"{service}/{method}" if recognised else OTHER_METHOD}
         if call.status is not None:
             attributes["rpc.response.status_code"] = status_name(call.status)
-        if error_type is not None:
-            attributes["error.type"] = error_type
+        if error is not None:
+            attributes["error.type"] = error
         attributes.update(endpoints)
         points.append(MetricPoint(f"rpc.{side}.call.duration", seconds, attributes))
     return points
