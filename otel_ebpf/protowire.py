@@ -59,7 +59,11 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     bytes that are not a message do, at the first field that does not parse (groups included)."""
     pos, end = 0, len(buf)
     while pos < end:
-        key, pos = read_varint(buf, pos)
+        key = buf[pos]
+        if key < 0x80:  # the usual one-byte key (fields 1-15), without a call
+            pos += 1
+        else:
+            key, pos = read_varint(buf, pos)
         number, wire_type = key >> 3, key & 7
         if number == 0:
             raise ValueError("field number 0")
@@ -67,7 +71,11 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             value, pos = read_varint(buf, pos)
             yield number, wire_type, value
         elif wire_type == LEN:
-            length, pos = read_varint(buf, pos)
+            if pos < end and buf[pos] < 0x80:
+                length = buf[pos]
+                pos += 1
+            else:
+                length, pos = read_varint(buf, pos)
             if pos + length > end:
                 raise ValueError(f"field {number} runs past the message's end")
             yield number, wire_type, buf[pos : pos + length]
