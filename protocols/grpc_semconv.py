@@ -220,14 +220,18 @@ def status_name(code: int) -> str:
     return STATUS_NAMES[code] if code < len(STATUS_NAMES) else str(code)
 
 
-def error_type(call: GrpcCall, is_server: bool) -> str | None:
-    """``error.type`` of a call, as the side that saw it judges its status."""
+def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     status = call.status
     if status is None:
         return call.error
     if (status in _SERVER_ERRORS) if is_server else (status != OK):
         return status_name(status)
     return None
+
+
+def error_type(call: GrpcCall, conn: ConnectionInfo) -> str | None:
+    """The call's ``error.type``, as the side that saw it judges its status."""
+    return _error_type(call, conn.role is Role.SERVER)
 
 
 def server_endpoint(call: GrpcCall, conn: ConnectionInfo) -> tuple[str | None, int | None]:
@@ -259,7 +263,7 @@ def describe_span(
     is_server = conn.role is Role.SERVER
     service, method = _split(call.path)
     recognised = call.status != UNIMPLEMENTED
-    error = error_type(call, is_server)
+    error_type = _error_type(call, is_server)
     attributes: dict[str, AttributeValue] = {}
     if semconv is not Semconv.NEW:  # the old set, alone or with the new
         attributes["rpc.system"] = SYSTEM
@@ -294,8 +298,8 @@ def describe_span(
             attributes[f"otel_ebpf.rpc.{side}.message_count"] = count
         if compressed:
             attributes[f"otel_ebpf.rpc.{side}.compressed"] = True
-    if error is not None:
-        attributes["error.type"] = error
+    if error_type is not None:
+        attributes["error.type"] = error_type
     if capture_metadata:
         for prefix_old, prefix_new, metadata in (
             ("rpc.grpc.request.metadata.", "rpc.request.metadata.", call.request_metadata),
@@ -311,7 +315,7 @@ def describe_span(
     else:
         name = f"{service}/{method}" if service is not None else SYSTEM
     kind = SpanKind.SERVER if is_server else SpanKind.CLIENT
-    if error is None:
+    if error_type is None:
         return SpanDescription(name, kind, call.start_ns, call.end_ns, attributes)
     return SpanDescription(name, kind, call.start_ns, call.end_ns, attributes, StatusCode.ERROR, call.message)
 
@@ -321,7 +325,7 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
     is_server = conn.role is Role.SERVER
     side = "server" if is_server else "client"
     service, method = _split(call.path)
-    error = error_type(call, is_server)
+    error_type = _error_type(call, is_server)
     endpoints: dict[str, AttributeValue] = {}
     if not is_server:
         _put_endpoints(endpoints, call, conn, is_server)
@@ -333,8 +337,8 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
             attributes["rpc.service"] = service
         if call.status is not None:
             attributes["rpc.grpc.status_code"] = call.status
-        if error is not None:
-            attributes["error.type"] = error
+        if error_type is not None:
+            attributes["error.type"] = error_type
         attributes.update(endpoints)
         points.append(MetricPoint(f"rpc.{side}.duration", seconds * 1e3, attributes))
         if call.request_messages is not None:
@@ -346,8 +350,8 @@ def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> lis
         attributes = {"rpc.system.name": SYSTEM, "rpc.method": f"{service}/{method}" if recognised else OTHER_METHOD}
         if call.status is not None:
             attributes["rpc.response.status_code"] = status_name(call.status)
-        if error is not None:
-            attributes["error.type"] = error
+        if error_type is not None:
+            attributes["error.type"] = error_type
         attributes.update(endpoints)
         points.append(MetricPoint(f"rpc.{side}.call.duration", seconds, attributes))
     return points

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from otel_ebpf.protocol import ConnectionInfo, Direction, Exchange, Message, MetricPoint, Role, SpanDescription
+from otel_ebpf.protocol import ConnectionInfo, Direction, Exchange, Message, MetricPoint, SpanDescription
 
 from .. import grpc_semconv, http_semconv
 from ..genai import GenAICall, GenAIRequest, GenAIResponse
@@ -168,8 +168,8 @@ class HTTP2Exchange(Exchange):
         request = self.request.genai
         call = None
         if request is not None:
-            span: GrpcCall | HttpTransaction = tx if tx is not None else self._call  # type: ignore[assignment]
-            call = GenAICall(request, self.response.genai if self.response else None, span.start_ns, span.end_ns)
+            timed: GrpcCall | HttpTransaction = tx if tx is not None else self._call  # type: ignore[assignment]
+            call = GenAICall(request, self.response.genai if self.response else None, timed.start_ns, timed.end_ns)
         object.__setattr__(self, "_genai", call)
 
     @property
@@ -190,17 +190,18 @@ class HTTP2Exchange(Exchange):
         return span if self._genai is None else self._genai.describe(span, self.settings.content_chars)
 
     def metric_points(self, conn: ConnectionInfo) -> list[MetricPoint]:
-        call = self._call
+        call, genai = self._call, self._genai
         if call is not None:
             points = grpc_semconv.metric_points(call, conn, self.settings.semconv)
-            server = grpc_semconv.server_endpoint(call, conn)
-            error = grpc_semconv.error_type(call, conn.role is Role.SERVER)
-        else:
-            tx: HttpTransaction = self._transaction  # type: ignore[assignment]
-            points = http_semconv.metric_points(tx, conn)
+            if genai is not None:
+                server, error = grpc_semconv.server_endpoint(call, conn), grpc_semconv.error_type(call, conn)
+                points += genai.metric_points(conn, server, error)
+            return points
+        tx: HttpTransaction = self._transaction  # type: ignore[assignment]
+        points = http_semconv.metric_points(tx, conn)
+        if genai is not None:
             server, error = http_semconv.server_endpoint(tx, conn), http_semconv.error_type(tx, conn)
-        if self._genai is not None:
-            points += self._genai.metric_points(conn, server, error)
+            points += genai.metric_points(conn, server, error)
         return points
 
     def _to_transaction(self) -> HttpTransaction:

@@ -127,7 +127,9 @@ def test_unary_model_infer_is_a_genai_span_on_the_grpc_one(role: Role) -> None:
     answer.outputs.add(name="finish_reason", datatype="BYTES", shape=[1])
     answer.raw_output_contents.append(_bytes_tensor(b"length"))
     exchange = _exchange(grpc_exchange(INFER, [request], [answer.SerializeToString()]), role)
-    span = _span(grpc_exchange(INFER, [request], [answer.SerializeToString()]), role)
+    conn = SERVER if role is Role.SERVER else CLIENT
+    described = exchange.span(conn)
+    span = {"name": described.name, "status": described.status, **described.attributes}
     assert span["name"] == "text_completion llama-3-8b"
     assert span["gen_ai.operation.name"] == "text_completion" and span["gen_ai.provider.name"] == "triton"
     assert span["gen_ai.request.model"] == span["gen_ai.response.model"] == "llama-3-8b"
@@ -142,7 +144,7 @@ def test_unary_model_infer_is_a_genai_span_on_the_grpc_one(role: Role) -> None:
     # the gRPC conventions still describe the call
     assert span["rpc.system"] == "grpc" and span["rpc.method"] == "ModelInfer" and span["rpc.grpc.status_code"] == 0
     assert span["status"] is StatusCode.UNSET
-    points = {p.instrument: p for p in exchange.metric_points(SERVER if role is Role.SERVER else CLIENT)}
+    points = {p.instrument: p for p in exchange.metric_points(conn)}
     side = "server" if role is Role.SERVER else "client"
     assert f"rpc.{side}.duration" in points
     if role is Role.SERVER:
@@ -180,7 +182,8 @@ def test_counts_the_responses_carry_are_exact_and_an_empty_final_response_is_no_
 def test_a_stream_response_with_an_error_message_is_the_calls_error() -> None:
     responses = [*_tokens(3), stream_response(error="model crashed: out of KV cache blocks")]
     exchange = _exchange(grpc_exchange(STREAM, [infer_request("llama-fails")], responses))
-    span = _span(grpc_exchange(STREAM, [infer_request("llama-fails")], responses))
+    described = exchange.span(SERVER)
+    span = {"status": described.status, "description": described.status_description, **described.attributes}
     assert span["status"] is StatusCode.ERROR and span["error.type"] == "inference_error"
     assert span["description"] == "model crashed: out of KV cache blocks"
     assert span["rpc.grpc.status_code"] == 0  # the stream itself ended well: the error is in-band
