@@ -239,6 +239,29 @@ def test_vllm_sampling_parameters_give_max_tokens() -> None:
     assert _span(grpc_exchange(STREAM, [request], _tokens(2)))["gen_ai.request.max_tokens"] == 33
 
 
+def test_a_stream_that_carries_two_requests_is_one_call_read_from_the_first() -> None:
+    chunks = grpc_exchange(STREAM, [infer_request("first"), infer_request("second")], _tokens(3) + _tokens(2))
+    span = _span(chunks)
+    assert span["name"] == "text_completion first"
+    assert span["otel_ebpf.rpc.request.message_count"] == 2
+    assert span["otel_ebpf.gen_ai.output_chunks"] == 5
+
+
+def test_every_gap_in_the_responses_keeps_the_call_and_what_came_before_it() -> None:
+    chunks = grpc_exchange(STREAM, [infer_request()], STREAMED)
+    for index in range(2, len(chunks) - 1):  # each response's write, cut at every byte
+        chunk = chunks[index]
+        before = index - 2  # the responses written before it
+        for at in range(len(chunk.data)):
+            lost = Chunk(chunk.direction, chunk.t_ns, chunk.data[:at], len(chunk.data) - at)
+            span = _span([*chunks[:index], lost, *chunks[index + 1 :]])
+            assert span["name"] == "text_completion llama", (index, at)
+            # a gap that hides a DATA frame's header hides where the messages after it start
+            assert before <= span["otel_ebpf.gen_ai.output_chunks"] <= 5, (index, at)
+            if at >= 9 + 5:  # the frame's and the message's prefixes came: only this message is lost
+                assert span["otel_ebpf.gen_ai.output_chunks"] == 4, (index, at)  # its text comes last
+
+
 def _figures(span: dict[str, Any]) -> tuple:
     keys = (
         "name",
