@@ -229,16 +229,23 @@ def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     return None
 
 
+def error_type(call: GrpcCall, conn: ConnectionInfo) -> str | None:
+    """The call's ``error.type``, as the side that saw it judges its status."""
+    return _error_type(call, conn.role is Role.SERVER)
+
+
+def server_endpoint(call: GrpcCall, conn: ConnectionInfo) -> tuple[str | None, int | None]:
+    """(``server.address``, ``server.port``): the call's ``:authority``, else the connection's server."""
+    if call.authority:
+        return split_authority(call.authority, conn.scheme)
+    server = conn.server
+    return (server.address, server.port) if server is not None else (None, None)
+
+
 def _put_endpoints(
     attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool
 ) -> None:
-    server = conn.server
-    address: str | None = None
-    port: int | None = None
-    if call.authority:
-        address, port = split_authority(call.authority, conn.scheme)
-    elif server is not None:
-        address, port = server.address, server.port
+    address, port = server_endpoint(call, conn)
     if address:
         attributes["server.address"] = address
     if port is not None:

@@ -1,7 +1,8 @@
 """LLM calls seen from the wire: a layer the HTTP plugins feed, not a protocol of its own.
 
 An OpenAI-compatible (Chat Completions, Responses), Anthropic Messages, Ollama or TGI call is an
-HTTP exchange whose bodies say more than HTTP does. The HTTP/1 and HTTP/2 parsers ask
+HTTP exchange whose bodies say more than HTTP does; a Triton / KServe v2 ``ModelInfer`` or
+``ModelStreamInfer`` a gRPC call whose messages do (:mod:`.triton`). The HTTP/1 and HTTP/2 parsers ask
 :class:`GenAIOptions` whether a request head names an LLM API (:mod:`.routes`); for those only,
 they feed the request's and the response's content bytes, with the timestamp of the syscall that
 moved them, to body taps (:mod:`.body`), which decode streamed events incrementally
@@ -16,7 +17,8 @@ Options (the ``genai`` key of ``protocols.http1`` and ``protocols.http2``):
     Extra paths, for gateways that mount an API elsewhere: ``{path: api}`` or
     ``{path: {api: ..., provider: ...}}``, with ``api`` one of ``openai_chat``,
     ``openai_completions``, ``openai_embeddings``, ``openai_responses``, ``anthropic_messages``,
-    ``ollama_generate``, ``ollama_chat``, ``ollama_embed``, ``tgi_generate``, ``tgi_generate_stream``.
+    ``ollama_generate``, ``ollama_chat``, ``ollama_embed``, ``tgi_generate``, ``tgi_generate_stream``,
+    ``triton_infer``, ``triton_stream_infer``.
 ``capture_content``
     Export prompts (``gen_ai.input.messages``) and output text (``gen_ai.output.messages``), at
     most ``max_content_chars`` characters each, with credentials redacted (default ``false``:
@@ -32,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .body import RequestBody, ResponseBody
-from .routes import Api, Recognizer, Route, parse_routes
+from .routes import GRPC_APIS, Api, Recognizer, Route, parse_routes
 from .semconv import GENAI_INSTRUMENTS, GenAICall
+from .triton import TritonRequestBody, TritonResponseBody
 from .types import GenAIRequest, GenAIResponse
 
 __all__ = [
@@ -47,6 +50,8 @@ __all__ = [
     "RequestBody",
     "ResponseBody",
     "Route",
+    "TritonRequestBody",
+    "TritonResponseBody",
     "genai_option",
 ]
 
@@ -69,10 +74,14 @@ class GenAIOptions:
     def request_body(self, method: str, target: str) -> RequestBody | None:
         """A tap for a request head that names an LLM API; ``None`` for every other request."""
         route = self.recognizer.match(method, target)
-        return RequestBody(route, self.capture_content) if route is not None else None
+        if route is None:
+            return None
+        tap = TritonRequestBody if route.api in GRPC_APIS else RequestBody
+        return tap(route, self.capture_content)
 
     def response_body(self, route: Route, headers: Any) -> ResponseBody:
-        return ResponseBody(route, headers, self.capture_content, self.max_content_chars)
+        tap = TritonResponseBody if route.api in GRPC_APIS else ResponseBody
+        return tap(route, headers, self.capture_content, self.max_content_chars)
 
 
 def genai_option(value: Any, key: str = "genai") -> GenAIOptions | None:

@@ -13,7 +13,6 @@ import json
 import re
 from array import array
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any, ClassVar
 
 from .framing import NDJSONDecoder, SSEDecoder, StreamDecoder, WholeBody
@@ -91,7 +90,7 @@ class RequestBody:
             self._truncated = True
         self._buf += data[: max(room, 0)]
 
-    def gap(self, length: int) -> None:
+    def gap(self, length: int | None) -> None:
         self._truncated = True
 
     def finish(self) -> GenAIRequest | None:
@@ -201,8 +200,9 @@ class ResponseBody:
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.error_type: str | None = None
+        self.error_message: str | None = None
+        self.model_version: str | None = None
         self.finished = False
-        self._read: Callable[[dict], str | None] = partial(self._READERS[route.api], self)
 
     @property
     def errors(self) -> int:
@@ -212,7 +212,7 @@ class ResponseBody:
         for ts, payload in self._decoder.feed(data, timestamp_ns):
             self._event(payload, ts)
 
-    def gap(self, length: int) -> None:
+    def gap(self, length: int | None) -> None:
         self._decoder.gap()
 
     def finish(self) -> GenAIResponse:
@@ -236,6 +236,8 @@ class ResponseBody:
             finished=self.finished,
             decode_errors=self.errors,
             output_text="".join(self._text) if self._text is not None else None,
+            model_version=self.model_version,
+            error_message=self.error_message,
         )
 
     # -- one event --------------------------------------------------------------------------------
@@ -256,7 +258,7 @@ class ResponseBody:
         if not isinstance(event, dict):
             self.decode_errors += 1
             return
-        text = self._read(event)
+        text = self._READERS[self.route.api](self, event)
         error = event.get("error")
         if error is not None:
             self.error_type = _error_type(error)

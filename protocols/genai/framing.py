@@ -1,4 +1,4 @@
-"""Incremental, sans-I/O decoders for streamed LLM responses: Server-Sent Events and NDJSON.
+"""Incremental, sans-I/O decoders for streamed LLM responses: Server-Sent Events, NDJSON and gRPC.
 
 They are fed the content bytes of a response body (HTTP/1.1 chunk framing or HTTP/2 DATA framing
 already removed) in whatever pieces the syscalls moved, and return each complete event with the
@@ -112,3 +112,90 @@ class WholeBody:
 
     def finish(self) -> list[Event]:
         return [(self._last_ns, bytes(self._buf))] if self._buf else []
+
+
+GRPC_PREFIX = 5  # 1-byte compressed flag, 4-byte big-endian length
+GrpcMessage = tuple[int, bytes, bool]  # (timestamp, payload, whether the payload is the whole message)
+
+
+class GrpcMessageDecoder:
+    """gRPC's length-prefixed messages in one direction of a call, from DATA payloads cut anywhere.
+
+    A message comes out with the timestamp of the piece that completed it: whole, or, when it is
+    longer than ``MAX_EVENT`` or a capture gap of known length fell inside it, as its captured
+    bytes (``whole`` false; protobuf writes fields in number order, so the first ones still
+    read). A gap of unknown length, or one that runs past a message's end, hides where the next
+    message starts: the message it cut comes out as far as it came, and the framing is lost for
+    the rest of the call (counted once in ``errors``).
+    A compressed message cannot be read: counted in ``compressed`` and skipped. Never raises.
+    """
+
+    __slots__ = ("errors", "compressed", "_lost", "_prefix", "_remaining", "_body", "_cut", "_skip", "_last_ns")
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self.compressed = 0
+        self._lost = False
+        self._prefix: bytes | None = b""  # the prefix read so far; None inside a message's body
+        self._remaining = 0  # body bytes of the current message still to come
+        self._body = bytearray()
+        self._cut = False  # the current message lost bytes (a gap, or past MAX_EVENT)
+        self._skip = False  # the current message is compressed
+        self._last_ns = 0
+
+    def feed(self, data: bytes, timestamp_ns: int) -> list[GrpcMessage]:
+        self._last_ns = timestamp_ns
+        out: list[GrpcMessage] = []
+        if self._lost:
+            return out
+        pos, end = 0, len(data)
+        while True:
+            if self._prefix is None:  # inside a body
+                take = min(self._remaining, end - pos)
+                room = MAX_EVENT - len(self._body)
+                if not (self._skip or self._cut):  # bytes after a cut would not follow on from it
+                    if take > room:
+                        self._cut = True
+                    self._body += data[pos : pos + min(take, room)]
+                self._remaining -= take
+                pos += take
+                if self._remaining:
+                    return out
+                self._end(timestamp_ns, out)
+                continue
+            if pos >= end:
+                return out
+            need = GRPC_PREFIX - len(self._prefix)
+            prefix = self._prefix + data[pos : pos + need]
+            pos += need
+            if len(prefix) < GRPC_PREFIX:
+                self._prefix = prefix
+                return out
+            self._prefix = None
+            self._skip = bool(prefix[0] & 1)
+            self.compressed += self._skip
+            self._remaining = int.from_bytes(prefix[1:], "big")
+
+    def gap(self, length: int | None) -> list[GrpcMessage]:
+        """``length`` bytes went uncaptured (``None``: an unknown number); a message they ended
+        comes out with the last timestamp seen."""
+        out: list[GrpcMessage] = []
+        if self._lost or length == 0:
+            return out
+        if length is None or self._prefix is not None or length > self._remaining:
+            self._lost = True
+            self.errors += 1
+            if self._prefix is None and self._body:  # the message it cut: what came of it
+                self._cut = True
+                self._end(self._last_ns, out)
+            return out
+        self._remaining -= length
+        self._cut = True
+        if not self._remaining:
+            self._end(self._last_ns, out)
+        return out
+
+    def _end(self, timestamp_ns: int, out: list[GrpcMessage]) -> None:
+        if not self._skip:
+            out.append((timestamp_ns, bytes(self._body), not self._cut))
+        self._prefix, self._body, self._cut = b"", bytearray(), False

@@ -3,7 +3,8 @@
 Recognition has two stages. Here, a request head is matched by method and path (cheap, memoised),
 so that only candidate requests have their bodies looked at; then :mod:`.body` confirms the match
 from the JSON body (a ``/generate`` route that does not receive ``{"inputs": ...}`` stays plain
-HTTP).
+HTTP), or for a gRPC dialect from the request message (:mod:`.triton`: a ``ModelInfer`` of an
+image classifier stays a plain gRPC call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Api(enum.Enum):
     OLLAMA_EMBED = "ollama_embed"  # POST /api/embed, /api/embeddings
     TGI_GENERATE = "tgi_generate"  # POST /generate
     TGI_STREAM = "tgi_generate_stream"  # POST /generate_stream (SSE)
+    TRITON_INFER = "triton_infer"  # gRPC inference.GRPCInferenceService/ModelInfer (KServe v2)
+    TRITON_STREAM = "triton_stream_infer"  # gRPC …/ModelStreamInfer (Triton's streaming extension)
 
     @property
     def operation(self) -> str:
@@ -52,10 +55,20 @@ _OPERATIONS = {
     Api.OLLAMA_EMBED: "embeddings",
     Api.TGI_GENERATE: "text_completion",
     Api.TGI_STREAM: "text_completion",
+    Api.TRITON_INFER: "text_completion",
+    Api.TRITON_STREAM: "text_completion",
 }
 # "openai" names the API dialect of OpenAI-compatible servers too, as the conventions use it; a
-# gateway that knows better says so with a route's ``provider``.
-_PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "ollama": "ollama", "tgi": "huggingface.tgi"}
+# gateway that knows better says so with a route's ``provider``. KServe v2 servers (KServe, MLServer,
+# OpenVINO) answer ModelInfer exactly as Triton does: "triton" names the dialect, not the server.
+_PROVIDERS = {
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "ollama": "ollama",
+    "tgi": "huggingface.tgi",
+    "triton": "triton",
+}
+GRPC_APIS = frozenset((Api.TRITON_INFER, Api.TRITON_STREAM))  # read from gRPC messages, not JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +92,8 @@ _BUILT_IN_PATHS: dict[str, Api] = {
     "/api/embeddings": Api.OLLAMA_EMBED,
     "/generate": Api.TGI_GENERATE,
     "/generate_stream": Api.TGI_STREAM,
+    "/inference.GRPCInferenceService/ModelInfer": Api.TRITON_INFER,
+    "/inference.GRPCInferenceService/ModelStreamInfer": Api.TRITON_STREAM,
 }
 
 

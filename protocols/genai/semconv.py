@@ -14,9 +14,12 @@ attributes. Choices made here:
   ``otel_ebpf.gen_ai.time_per_output_token`` on the span, ``gen_ai.server.time_per_output_token``
   on the serving side; the calling side records every gap between content events in
   ``gen_ai.client.operation.time_per_output_chunk``.
-* Token counts come from the response's usage report. Without one, output tokens are the number
-  of content events (one token each for these servers) and input tokens the prompt's characters
-  / 4; both are then listed in ``otel_ebpf.gen_ai.usage.approximate``.
+* Token counts come from the response's usage report (input tokens also from the token ids a
+  request sent, for the gRPC dialects). Without one, output tokens are the number of content
+  events (one token each for these servers) and input tokens the prompt's characters / 4; both
+  are then listed in ``otel_ebpf.gen_ai.usage.approximate``.
+* TTFT of a gRPC streaming call starts at its first request message, not at the stream's opening
+  (a client may open the stream long before it sends a request on it).
 * The server metrics that the conventions define for successful responses (TTFT, TPOT) are only
   recorded for those.
 """
@@ -108,13 +111,16 @@ class GenAICall:
             output = response.chunks
             approximate.append("output_tokens")
         inputs = response.input_tokens if response is not None else None
+        if inputs is None:
+            inputs = request.input_tokens
         if inputs is None and request.input_chars:
             inputs = -(-request.input_chars // CHARS_PER_TOKEN)
             approximate.append("input_tokens")
         self.output_tokens, self.input_tokens, self.approximate = output, inputs, tuple(approximate)
         streamed = response is not None and response.streamed
         first = response.first_ns if streamed else None  # type: ignore[union-attr]
-        self.ttft_s = (first - start_ns) / 1e9 if first is not None else None
+        sent = request.sent_ns if request.sent_ns is not None else start_ns
+        self.ttft_s = (first - sent) / 1e9 if first is not None else None
         self.tpot_s = None
         if first is not None and output is not None and output > 1:
             self.tpot_s = (response.last_ns - first) / 1e9 / (output - 1)  # type: ignore[union-attr,operator]
@@ -148,10 +154,14 @@ class GenAICall:
         attributes.update(self._common())
         if request.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = request.max_tokens
+        if request.model_version:
+            attributes["otel_ebpf.gen_ai.request.model_version"] = request.model_version
         attributes["otel_ebpf.gen_ai.stream"] = request.stream
         if response is not None:
             if response.response_id:
                 attributes["gen_ai.response.id"] = response.response_id
+            if response.model_version:
+                attributes["otel_ebpf.gen_ai.response.model_version"] = response.model_version
             if response.finish_reasons:
                 attributes["gen_ai.response.finish_reasons"] = response.finish_reasons
             if response.streamed:
@@ -176,7 +186,8 @@ class GenAICall:
         status, description = http_span.status, http_span.status_description
         if self.stream_error is not None and "error.type" not in attributes:
             attributes["error.type"] = self.stream_error
-            status, description = StatusCode.ERROR, "the LLM response reported an error"
+            status = StatusCode.ERROR
+            description = response.error_message or "the LLM response reported an error"  # type: ignore[union-attr]
         name = f"{self.operation} {request.model}" if request.model else self.operation
         return replace(http_span, name=name, attributes=attributes, status=status, status_description=description)
 

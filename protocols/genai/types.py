@@ -13,7 +13,10 @@ class GenAIRequest:
 
     ``input_chars`` counts the prompt's characters when the whole body was captured; it backs an
     approximate input-token count when the response reports no usage. ``input_text`` is the prompt
-    as JSON, only when content capture is enabled.
+    as JSON, only when content capture is enabled. The gRPC dialects (:mod:`.triton`) also tell
+    the model's version, the input tokens the request itself counts (token ids sent), and
+    ``sent_ns``: when the first request message was complete, where time to first token starts
+    (a streaming call may be opened long before it is used).
     """
 
     route: Route
@@ -24,6 +27,9 @@ class GenAIRequest:
     input_chars: int | None
     truncated: bool  # the capture held only part of the body
     input_text: str | None = None
+    model_version: str | None = None
+    input_tokens: int | None = None
+    sent_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,8 @@ class GenAIResponse:
     finished: bool  # the stream's own end marker was seen ([DONE], "done": true, TGI details)
     decode_errors: int
     output_text: str | None = None
+    model_version: str | None = None
+    error_message: str | None = None  # what an error response said, for the span's status (cut)
 
     @property
     def reached_end(self) -> bool:

@@ -343,7 +343,7 @@ class HTTP2Session(Session):
             if half.counter is not None:
                 half.counter.skip(length)
             if half.tap is not None:
-                half.tap.gap(length or 0)
+                half.tap.gap(length)
             half.end_ns = timestamp_ns
 
     def on_end_stream(self, stream_id: int, timestamp_ns: int) -> None:
@@ -372,7 +372,7 @@ class HTTP2Session(Session):
                 if half.counter is not None:
                     half.counter.lost = True
                 if half.tap is not None:
-                    half.tap.gap(0)
+                    half.tap.gap(None)
                 half.lost_ns = timestamp_ns
 
     # -- header blocks ------------------------------------------------------------------------------

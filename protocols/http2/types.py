@@ -1,7 +1,8 @@
 """HTTP/2 messages (one per stream and direction) and the exchange a stream forms.
 
 An exchange is described with the HTTP conventions (:mod:`..http_semconv`) or, for a gRPC call,
-the RPC ones (:mod:`..grpc_semconv`). What the capture could not tell stays unknown: a request
+the RPC ones (:mod:`..grpc_semconv`); an LLM call (:mod:`..genai`, over HTTP or gRPC) adds the
+GenAI ones on top. What the capture could not tell stays unknown: a request
 whose ``:method`` or ``:path`` was compressed against header state from before the capture has
 ``UNKNOWN_METHOD`` / ``UNKNOWN_TARGET``, a response without a known ``:status``
 ``UNKNOWN_STATUS``, and ``unknown`` counts the fields left out.
@@ -166,8 +167,9 @@ class HTTP2Exchange(Exchange):
         object.__setattr__(self, "_transaction", tx)
         request = self.request.genai
         call = None
-        if tx is not None and request is not None:
-            call = GenAICall(request, self.response.genai if self.response else None, tx.start_ns, tx.end_ns)
+        if request is not None:
+            timed: GrpcCall | HttpTransaction = tx if tx is not None else self._call  # type: ignore[assignment]
+            call = GenAICall(request, self.response.genai if self.response else None, timed.start_ns, timed.end_ns)
         object.__setattr__(self, "_genai", call)
 
     @property
@@ -182,18 +184,24 @@ class HTTP2Exchange(Exchange):
 
     def span(self, conn: ConnectionInfo) -> SpanDescription:
         if self._call is not None:
-            return grpc_semconv.describe_span(self._call, conn, self.settings.semconv, self.settings.capture_headers)
-        span = http_semconv.describe_span(self._transaction, conn, self.settings.capture_headers)  # type: ignore[arg-type]
+            span = grpc_semconv.describe_span(self._call, conn, self.settings.semconv, self.settings.capture_headers)
+        else:
+            span = http_semconv.describe_span(self._transaction, conn, self.settings.capture_headers)  # type: ignore[arg-type]
         return span if self._genai is None else self._genai.describe(span, self.settings.content_chars)
 
     def metric_points(self, conn: ConnectionInfo) -> list[MetricPoint]:
-        if self._call is not None:
-            return grpc_semconv.metric_points(self._call, conn, self.settings.semconv)
+        call, genai = self._call, self._genai
+        if call is not None:
+            points = grpc_semconv.metric_points(call, conn, self.settings.semconv)
+            if genai is not None:
+                server, error = grpc_semconv.server_endpoint(call, conn), grpc_semconv.error_type(call, conn)
+                points += genai.metric_points(conn, server, error)
+            return points
         tx: HttpTransaction = self._transaction  # type: ignore[assignment]
         points = http_semconv.metric_points(tx, conn)
-        if self._genai is not None:
+        if genai is not None:
             server, error = http_semconv.server_endpoint(tx, conn), http_semconv.error_type(tx, conn)
-            points += self._genai.metric_points(conn, server, error)
+            points += genai.metric_points(conn, server, error)
         return points
 
     def _to_transaction(self) -> HttpTransaction:
