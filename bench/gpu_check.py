@@ -21,10 +21,17 @@ caching allocator grows segments through the driver's virtual memory API (``cuMe
 7. physical memory in use at layer ``vmm`` at least the leaked bytes, and as much mapped;
 8. the leak reported, naming ``leaky_cache`` (the chunks were created under it).
 
+Then a CUDA graph (``torch.cuda.CUDAGraph``) captured after the agent attached, of ``GRAPH_OPS``
+elementwise kernels, replayed ``GRAPH_REPLAYS`` times; the agent has to show:
+
+9. the captured kernels as launches labelled ``cuda.launch.kind = captured`` (at least one per op);
+10. the replays as ``cuda.graph.launches``, none of them counted as a kernel launch, with the
+    graph's kernel count (``cuda.graph.kernel_nodes``) learnt from the capture.
+
 Prints one line per check (``ok`` / ``FAIL`` / ``n/a`` with the figures) and exits 0 only when every
 applicable check passed. Without a GPU, PyTorch or root it says which and exits 2.
 
-Usage: ``sudo .venv/bin/python bench/gpu_check.py [--keep DIR] [--only classic|expandable]``
+Usage: ``sudo .venv/bin/python bench/gpu_check.py [--keep DIR] [--only classic|expandable|graph]``
 """
 
 from __future__ import annotations
@@ -86,6 +93,39 @@ sys.stdin.readline()
 """
 
 
+GRAPH_OPS = 50
+GRAPH_REPLAYS = 20
+
+GRAPH_PROGRAM = r"""
+import json, os, sys
+import torch
+
+OPS, REPLAYS = (int(a) for a in sys.argv[1:3])
+dev = torch.device("cuda")
+x = torch.ones(1 << 20, device=dev)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # warm-up before capture, on a side stream (torch.cuda.graphs' advice)
+    for _ in range(3):
+        y = x * 1.0001
+torch.cuda.current_stream().wait_stream(side)
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):  # captured now, with the agent attached
+    y = x
+    for _ in range(OPS):
+        y = y * 1.0001
+for _ in range(REPLAYS):
+    graph.replay()
+torch.cuda.synchronize()
+print(json.dumps({"pid": os.getpid(), "ops": OPS, "replays": REPLAYS, "torch": torch.__version__,
+                  "cuda": torch.version.cuda}), flush=True)
+sys.stdin.readline()
+"""
+
+
 def _preflight() -> tuple[str, str] | None:
     """Why this machine cannot run the check, or None."""
     if os.geteuid() != 0:
@@ -109,9 +149,10 @@ def _wait(path: Path, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.1)
 
 
-CONFIGURATIONS = {  # name -> PYTORCH_CUDA_ALLOC_CONF
-    "classic": "",
-    "expandable": "expandable_segments:True",
+CONFIGURATIONS = {  # name -> (program and its arguments, PYTORCH_CUDA_ALLOC_CONF)
+    "classic": ((PROGRAM, LEAK_MB, LEAKS, OPS, COPY_MB), ""),
+    "expandable": ((PROGRAM, LEAK_MB, LEAKS, OPS, COPY_MB), "expandable_segments:True"),
+    "graph": ((GRAPH_PROGRAM, GRAPH_OPS, GRAPH_REPLAYS), ""),
 }
 Result = tuple[str, bool | None, str]  # check, passed (None: not applicable), figures
 
@@ -154,11 +195,12 @@ def main() -> int:
         return 2
     keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     failed = 0
-    for name, alloc_conf in CONFIGURATIONS.items():
+    checks = {"classic": _classic_checks, "expandable": _expandable_checks, "graph": _graph_checks}
+    for name, (program, alloc_conf) in CONFIGURATIONS.items():
         if args.only and name != args.only:
             continue
-        run = _run(keep / name, alloc_conf)
-        results = _classic_checks(run) if name == "classic" else _expandable_checks(run)
+        run = _run(keep / name, program, alloc_conf)
+        results = checks[name](run)
         print(
             f"gpu_check [{name}: PYTORCH_CUDA_ALLOC_CONF={alloc_conf!r}]: torch {run.summary['torch']}, "
             f"CUDA {run.summary['cuda']}, agent output in {run.out}"
@@ -172,8 +214,9 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def _run(out: Path, alloc_conf: str) -> Run:
-    """The PyTorch program under ``alloc_conf``, traced by the agent (file exporter into ``out``)."""
+def _run(out: Path, program_and_args: tuple, alloc_conf: str) -> Run:
+    """A PyTorch program (its source, then its arguments) under ``alloc_conf``, traced by the
+    agent (file exporter into ``out``)."""
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
         ExportProfilesServiceRequest,
@@ -185,7 +228,7 @@ def _run(out: Path, alloc_conf: str) -> Run:
 
     out.mkdir(parents=True, exist_ok=True)
     program = subprocess.Popen(
-        [sys.executable, "-c", PROGRAM, str(LEAK_MB), str(LEAKS), str(OPS), str(COPY_MB)],
+        [sys.executable, "-c", *map(str, program_and_args)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -301,6 +344,23 @@ def _expandable_checks(run: Run) -> list[Result]:
         ("vmm physical memory in use", vmm >= leaked, f"{vmm:.0f} B >= {leaked}"),
         ("vmm mapped", mapped >= leaked, f"{mapped:.0f} B >= {leaked}; {reserved:.0f} B of addresses reserved"),
         ("leak reported", "leaky_cache" in named, f"reports name {sorted(set(named)) or 'nothing'}"),
+    ]
+
+
+def _graph_checks(run: Run) -> list[Result]:
+    """A graph captured with the agent attached: its kernels captured, its replays graph launches."""
+    ops, replays = run.summary["ops"], run.summary["replays"]
+    captured = run.final("cuda.kernel.launches", **{"cuda.launch.kind": "captured"})
+    graph_launches = run.final("cuda.graph.launches")
+    nodes = {
+        p["attributes"].get("cuda.graph.kernel_nodes")
+        for p in run.metrics.get("cuda.graph.launches", [])
+        if p["resource"].get("process.pid") == run.summary["pid"]
+    }
+    return [
+        ("captured kernels", captured >= ops, f"{captured:.0f} launches labelled captured, >= {ops} expected"),
+        ("graph launches", graph_launches >= replays, f"{graph_launches:.0f} seen, >= {replays} replays"),
+        ("graph kernel count", any(n is not None and n >= ops for n in nodes), f"cuda.graph.kernel_nodes {nodes}"),
     ]
 
 
