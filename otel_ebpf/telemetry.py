@@ -8,6 +8,7 @@ produces the very same telemetry (docs/architecture.md, "Deterministic after the
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import unquote
 
@@ -59,6 +60,9 @@ SDK_ATTRIBUTES = {
 }
 OVERFLOW_PID = -1
 EXITED_GRACE_NS = 5_000_000_000
+# Processes forgotten after their grace, kept so that kernel counts read even later (a loaded
+# agent, the final read at stop) still land on their own resource, not on the overflow one.
+FORGOTTEN_MAX = 256
 # instruments whose points come from the kernel's counts, by protocol, when it counts
 _KERNEL_COUNTED = {"http1": frozenset({"http.server.request.duration", "http.client.request.duration"})}
 _PLAIN_STATUS = {code: Status(sdk_code) for code, sdk_code in _STATUS.items()}
@@ -130,6 +134,7 @@ class Telemetry:
         self._delta_kinds = delta_kinds
         self._processes: dict[int, ProcessMetrics] = {}
         self._exited: dict[int, int] = {}  # pid -> when it exited (event time)
+        self._forgotten: OrderedDict[int, ProcessMetrics] = OrderedDict()  # oldest first, FORGOTTEN_MAX
         # last points of images replaced by exec (or of a reused pid), for the next collection
         self._retired: list[ResourceMetrics] = []
         self._pending_spans: list[ReadableSpan] = []
@@ -141,8 +146,7 @@ class Telemetry:
 
     def process_info(self, info: ProcessInfo) -> None:
         """A process (or a new image of it, after exec) gets its own resource from now on."""
-        tracked = len(self._processes) - (OVERFLOW_PID in self._processes)  # the overflow resource takes no slot
-        if info.pid not in self._processes and tracked >= self._max_processes:
+        if info.pid not in self._processes and self._full():
             self._selfmetrics.add("otel_ebpf.resources.overflow")
             return
         attributes = {**self._extra, **process_resource_attributes(info, self._host_name), **SDK_ATTRIBUTES}
@@ -154,6 +158,7 @@ class Telemetry:
             self._selfmetrics.add("otel_ebpf.metrics.overflow", previous.overflowed)
         self._processes[info.pid] = ProcessMetrics(Resource(attributes), self._specs)
         self._exited.pop(info.pid, None)
+        self._forgotten.pop(info.pid, None)  # a reused pid: not that process
 
     def process_exit(self, pid: int, timestamp_ns: int) -> None:
         """Keep the process until its last metrics were collected, then forget it: at the first
@@ -162,8 +167,16 @@ class Telemetry:
         if pid in self._processes:
             self._exited[pid] = timestamp_ns
 
+    def _full(self) -> bool:
+        """Every slot taken (the overflow resource takes none)."""
+        return len(self._processes) - (OVERFLOW_PID in self._processes) >= self._max_processes
+
     def _process(self, pid: int) -> ProcessMetrics:
         process = self._processes.get(pid)
+        if process is None and pid in self._forgotten and not self._full():
+            # counts of an exited process read after its grace: back for one more collection
+            process = self._processes[pid] = self._forgotten.pop(pid)
+            self._exited[pid] = 0
         if process is None:
             # No identity event (lost, or past max_processes): fold into one overflow resource.
             process = self._processes.get(OVERFLOW_PID)
@@ -292,6 +305,8 @@ class Telemetry:
             self._selfmetrics.add("otel_ebpf.metrics.overflow", process.overflowed)
             process.overflowed = 0
             if pid in self._exited and now_ns - self._exited[pid] >= EXITED_GRACE_NS:
-                del self._processes[pid]
+                self._forgotten[pid] = self._processes.pop(pid)
                 del self._exited[pid]
+                if len(self._forgotten) > FORGOTTEN_MAX:
+                    self._forgotten.popitem(last=False)
         return resource_metrics

@@ -937,6 +937,19 @@ def test_the_overflow_resource_takes_no_process_slot() -> None:
     assert run.total("otel_ebpf.resources.overflow") == 0
 
 
+def test_kernel_counts_of_a_process_forgotten_after_its_grace_come_back_to_its_resource() -> None:
+    """On a loaded agent, or at the final read when it stops, the kernel's last counts of a process
+    can come after its grace: they land on its own resource (its series go on), collected once
+    more, not on the overflow resource."""
+    run = Run(kernel_http_metrics=True)
+    run.feed([info(1, "/bin/a"), ProcessExit(at(3), 1)])
+    run.telemetry.collect_metrics(at(3) + EXITED_GRACE_NS)  # forgotten
+    run.feed([counts(4, 1, Role.SERVER, 200, 1, 2.0, (1,) + (0,) * 14)])
+    (late,) = run.telemetry.collect_metrics(at(3) + EXITED_GRACE_NS + 1000 * MS)
+    assert late.resource.attributes["service.name"] == "a"
+    assert run.telemetry.collect_metrics(at(3) + EXITED_GRACE_NS + 2000 * MS) == []  # and forgotten again
+
+
 def test_exited_processes_are_forgotten_at_the_first_collection_past_the_grace() -> None:
     run = Run(max_processes=1)
     run.feed([info(1, "/bin/a"), data(1, 1, 7, IN, get("/")), data(2, 1, 7, OUT, ok()), ProcessExit(at(3), 1)])
