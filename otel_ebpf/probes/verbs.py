@@ -319,10 +319,12 @@ class VerbsMonitor:
         return self.views.collect_metrics(now_ns)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Take what the kernel still holds, export the last records, detach."""
+        """Take what the kernel still holds (the data path's counts: for the agent's last metrics,
+        collected after this), export the last records, detach."""
         try:
             if self.probe.started:
                 self.poll(0)
+                self.views.record_data(self.probe.read_data(), time.time_ns())
         finally:
             self.probe.close()
             self._log_sink.shutdown(timeout_s)
