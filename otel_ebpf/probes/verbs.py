@@ -37,7 +37,7 @@ from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
 from .loading import close_program, compile_program, inline_headers, pid_namespace_flags, write_settings
 from .tables import CumulativeTable
-from .tls import mapped_files
+from .tls import mapped_files, seen_by
 
 log = logging.getLogger(__name__)
 
@@ -209,24 +209,25 @@ class VerbsProbe:
         if place is None:
             log.warning("RDMA: provider %s of process %d at %#x is in no file; not hooked", function, pid, address)
             return
+        path = seen_by(pid, place.path)  # the process's own file, in a container too
         try:
-            st = os.stat(place.path)
+            st = os.stat(path)
         except OSError:
             return
-        elf_address = virtual_address(place.path, place.offset)
+        elf_address = virtual_address(path, place.offset)
         if elf_address is None or (st.st_dev, st.st_ino, elf_address) in self._provider_places:
             return
         self._provider_places.add((st.st_dev, st.st_ino, elf_address))
         enter, leave = PROVIDER_PROGRAMS[function]
         try:
             if leave is not None:  # the return first: an entry seen is then always followed by its return
-                self._bpf.attach_uretprobe(name=place.path, addr=elf_address, fn_name=leave)
-            self._bpf.attach_uprobe(name=place.path, addr=elf_address, fn_name=enter)
+                self._bpf.attach_uretprobe(name=path, addr=elf_address, fn_name=leave)
+            self._bpf.attach_uprobe(name=path, addr=elf_address, fn_name=enter)
         except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
             log.warning("RDMA: cannot hook provider %s in %s: %s", function, place.path, exc)
             return
         self.providers[f"{place.path}+{elf_address:#x}"] = function
-        log.info("RDMA: hooked provider %s at %s+%#x", function, place.path, elf_address)
+        log.info("RDMA: hooked provider %s at %s+%#x (process %d)", function, place.path, elf_address, pid)
 
     def read_data(self) -> list[DataCounts]:
         """What the data-path programs counted since the last read."""
