@@ -17,7 +17,12 @@
  * count their depth. An inner call enters microseconds after the outer one, at the same stack
  * depth or deeper; an entry older than NEST_WINDOW_NS is not taken for an outer call (its return
  * was never seen), so a lost return cannot swallow the thread's later calls.
- * Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS.
+ * The data path (below the control path): verbs.h's ibv_post_send, ibv_post_recv and ibv_poll_cq
+ * are inline and call the provider's functions through ctx->ops; the records above carry those
+ * addresses and user space hooks them (otel_ebpf/probes/verbs.py). Work requests and completions
+ * are many: they are counted here, in per-CPU tables user space reads each metrics interval, and
+ * never sent one by one.
+ * Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS, MAX_SERIES, MAX_PENDING.
  */
 #include <uapi/linux/ptrace.h>
 #include "current_task.h"
@@ -49,6 +54,8 @@
 #define ATTR_AH_IS_GLOBAL 85    /*   ah_attr.is_global */
 #define ATTR_AH_PORT_NUM 86     /*   ah_attr.port_num */
 #define ATTR_PORT_NUM 129       /* port_num */
+#define CTX_POLL_CQ 96          /* struct ibv_context: ops (struct ibv_context_ops at 8): poll_cq */
+#define CTX_POST_SEND 208       /*   ops.post_send, followed by ops.post_recv */
 
 /* What the first argument is, for the device name: */
 #define ARG_NONE 0              /* nothing with a device (ibv_get_device_list) */
@@ -63,6 +70,7 @@
 #define READ_NEW_QP 3           /* return: qp->qp_num, qp_type, state */
 #define READ_QP 4               /* entry: qp->qp_num, qp_type, state */
 #define READ_QP_ATTR 5          /* entry: the qp, and the attributes ibv_modify_qp sets */
+#define READ_NEW_CONTEXT 6      /* return: the new context's provider functions */
 
 #define SET_FILTER_PIDS 0       /* settings[]: 1: only tgids in targets[] */
 #define SET_AGENT_TGID 1
@@ -70,7 +78,13 @@
 
 #define STAT_RINGBUF_FULL 0     /* stats[], mirrored by STAT_NAMES in otel_ebpf/probes/verbs.py */
 #define STAT_NO_ENTRY 1         /* returns whose entry was not kept (attached mid-call, table full) */
-#define STAT_COUNT 2
+#define STAT_DATA_TABLE_FULL 2  /* work requests or completions not counted: no room for their series */
+#define STAT_PENDING_FULL 3     /* work requests whose completion latency is not measured: pending full */
+#define STAT_UNMATCHED 4        /* completions of no pending work request (posted before attach, unsignaled) */
+#define STAT_WR_LIST_CUT 5      /* work requests past MAX_WRS in one post: not seen */
+#define STAT_SGE_LIST_CUT 6     /* work requests with more than MAX_SGES elements: bytes counted in part */
+#define STAT_WC_ARRAY_CUT 7     /* completions past MAX_WCS in one poll: not seen */
+#define STAT_COUNT 8
 
 struct verbs_call {
     u64 ts;             /* entry, CLOCK_MONOTONIC ns */
@@ -79,6 +93,9 @@ struct verbs_call {
     u64 ret;            /* the return value: a pointer, or an int in the low 32 bits */
     u64 object;         /* the first argument: the device, context, pd, mr, cq or qp */
     u64 length;         /* bytes registered / deregistered */
+    u64 poll_cq;        /* the context's provider functions (ibv_context.ops), where it has a context */
+    u64 post_send;
+    u64 post_recv;
     u32 pid;
     u32 tid;
     u16 op;             /* OPS of otel_ebpf/rdma/calls.py */
@@ -145,6 +162,13 @@ static __always_inline void read_attr(struct verbs_call *c, u64 attr) {
     bpf_probe_read_user(&c->port_num, 1, (void *)(attr + ATTR_PORT_NUM));
 }
 
+static __always_inline void read_ops(struct verbs_call *c, u64 context) {
+    if (!context)
+        return;
+    bpf_probe_read_user(&c->poll_cq, sizeof(c->poll_cq), (void *)(context + CTX_POLL_CQ));
+    bpf_probe_read_user(&c->post_send, 2 * sizeof(u64), (void *)(context + CTX_POST_SEND));
+}
+
 static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, int arg, int what) {
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
@@ -170,13 +194,17 @@ static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, i
     c->op = op;
     c->depth = 1;
     c->object = PT_REGS_PARM1(ctx);
-    u64 device = 0;
+    u64 context = 0, device = 0;
     if (arg == ARG_DEVICE)
         device = c->object;
     else if (arg == ARG_CONTEXT)
-        device = read_pointer(c->object + OBJECT_CONTEXT);
+        context = c->object;
     else if (arg == ARG_CHILD)
-        device = read_pointer(read_pointer(c->object + OBJECT_CONTEXT) + OBJECT_CONTEXT);
+        context = read_pointer(c->object + OBJECT_CONTEXT);
+    if (context) {  /* its provider functions too: a context opened before the agent attached */
+        device = read_pointer(context + OBJECT_CONTEXT);
+        read_ops(c, context);
+    }
     if (device)
         bpf_probe_read_user_str(c->device, sizeof(c->device), (void *)(device + DEVICE_NAME));
     if (what == READ_LENGTH_ARG)
@@ -209,6 +237,8 @@ static __always_inline int verb_return(struct pt_regs *ctx, u16 family, int what
     c->ret = PT_REGS_RC(ctx);
     if (c->ret && what == READ_NEW_QP)
         read_qp(c, c->ret);
+    else if (what == READ_NEW_CONTEXT)
+        read_ops(c, c->ret);
     if (verbs_events.ringbuf_output(c, sizeof(*c), 0))
         count(STAT_RINGBUF_FULL);
     return 0;
@@ -220,7 +250,7 @@ static __always_inline int verb_return(struct pt_regs *ctx, u16 family, int what
     int return_##name(struct pt_regs *ctx) { return verb_return(ctx, family, what); }
 
 VERB(ibv_get_device_list, 0, 0, ARG_NONE, READ_NONE)
-VERB(ibv_open_device, 1, 1, ARG_DEVICE, READ_NONE)
+VERB(ibv_open_device, 1, 1, ARG_DEVICE, READ_NEW_CONTEXT)
 VERB(ibv_close_device, 2, 2, ARG_CONTEXT, READ_NONE)
 VERB(ibv_alloc_pd, 3, 3, ARG_CONTEXT, READ_NONE)
 VERB(ibv_dealloc_pd, 4, 4, ARG_CHILD, READ_NONE)
@@ -234,3 +264,222 @@ VERB(ibv_destroy_cq, 11, 11, ARG_CHILD, READ_NONE)
 VERB(ibv_create_qp, 12, 12, ARG_CHILD, READ_NEW_QP)
 VERB(ibv_modify_qp, 13, 13, ARG_CHILD, READ_QP_ATTR)
 VERB(ibv_destroy_qp, 14, 14, ARG_CHILD, READ_QP)
+
+/* ---- the data path: the provider's post_send, post_recv (entry) and poll_cq (entry and return) */
+#ifndef MAX_SERIES
+#define MAX_SERIES 4096
+#endif
+#ifndef MAX_PENDING
+#define MAX_PENDING 16384
+#endif
+#define MAX_WRS 32              /* work requests read per post (a list: wr->next) */
+#define MAX_SGES 8              /* scatter/gather elements read per work request */
+#define MAX_WCS 32              /* completions read per poll */
+#define LATENCY_SLOTS 25        /* slot i: up to 1024 ns << i; the last, the rest (otel_ebpf/rdma/datapath.py) */
+#define SGE_LENGTH 8            /* struct ibv_sge: addr, length, lkey (16 bytes) */
+#define SGE_SIZE 16
+#define SEND_WR_HEAD 36         /* struct ibv_send_wr: wr_id, next, sg_list, num_sge, opcode, send_flags */
+#define RECV_WR_HEAD 28         /* struct ibv_recv_wr: wr_id, next, sg_list, num_sge */
+#define WC_SIZE 48              /* struct ibv_wc: wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, ... */
+#define SEND_SIGNALED 2         /* IBV_SEND_SIGNALED: the send queue completes this one */
+#define OPCODE_RECV 128         /* IBV_WC_RECV; the posted-receive series */
+#define OPCODE_NONE 0xffff      /* an error completion's opcode is not defined (verbs.h) */
+
+struct wr_head {
+    u64 wr_id;
+    u64 next;
+    u64 sg_list;
+    s32 num_sge;
+    u32 opcode;
+    u32 send_flags;
+};
+
+struct wc_head {
+    u64 wr_id;
+    u32 status;
+    u32 opcode;
+    u32 vendor_err;
+    u32 byte_len;
+    u32 imm_data;
+    u32 qp_num;
+};
+
+struct data_key {
+    u32 pid;
+    u32 qp_num;
+    u32 opcode;         /* enum ibv_wr_opcode (posted), OPCODE_RECV; enum ibv_wc_opcode (completed) */
+    u32 status;         /* enum ibv_wc_status (completed); 0 (posted) */
+};
+
+struct data_counts {
+    u64 count;
+    u64 bytes;
+};
+
+struct pending_key {
+    u32 pid;
+    u32 qp_num;
+    u64 wr_id;
+    u32 receive;        /* a receive queue's wr_id is the application's too: the queues are apart */
+    u32 _pad;
+};
+
+struct qp_key {
+    u32 pid;
+    u32 qp_num;
+};
+
+struct latency {
+    u64 sum_ns;
+    u64 min_ns;
+    u64 max_ns;
+    u64 slots[LATENCY_SLOTS];
+};
+
+BPF_PERCPU_HASH(posted, struct data_key, struct data_counts, MAX_SERIES);
+BPF_PERCPU_HASH(completed, struct data_key, struct data_counts, MAX_SERIES);
+BPF_PERCPU_HASH(latencies, struct qp_key, struct latency, MAX_SERIES);
+BPF_HASH(pending, struct pending_key, u64, MAX_PENDING);  /* -> when posted; user space empties an exited process's */
+BPF_HASH(polls, u32, u64, MAX_CALLS);                      /* tid -> the ibv_wc array of its poll in flight */
+
+static __always_inline void add(struct data_counts *counts, u64 bytes) {
+    if (!counts) {
+        count(STAT_DATA_TABLE_FULL);
+        return;
+    }
+    counts->count++;
+    counts->bytes += bytes;
+}
+
+static __always_inline u64 sge_bytes(u64 sg_list, s32 num_sge) {
+    u64 bytes = 0;
+    for (int i = 0; i < MAX_SGES; i++) {
+        if (i >= num_sge)
+            break;
+        u32 length = 0;
+        bpf_probe_read_user(&length, sizeof(length), (void *)(sg_list + i * SGE_SIZE + SGE_LENGTH));
+        bytes += length;
+    }
+    if (num_sge > MAX_SGES)
+        count(STAT_SGE_LIST_CUT);
+    return bytes;
+}
+
+/* ibv_post_send(qp, wr, bad_wr) / ibv_post_recv(qp, wr, bad_wr): count each work request of the
+ * list and remember when it was posted. Counted at entry: a post the provider refuses is counted. */
+static __always_inline int post(struct pt_regs *ctx, u32 receive) {
+    u64 id = current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    struct data_key key = {.pid = id >> 32, .opcode = OPCODE_RECV};
+    bpf_probe_read_user(&key.qp_num, sizeof(key.qp_num), (void *)(PT_REGS_PARM1(ctx) + QP_NUM));
+    struct pending_key pend = {.pid = key.pid, .qp_num = key.qp_num, .receive = receive};
+    u64 now = bpf_ktime_get_ns();
+    u64 wr = PT_REGS_PARM2(ctx);
+    for (int i = 0; i < MAX_WRS && wr; i++) {
+        struct wr_head head = {};
+        if (receive)
+            bpf_probe_read_user(&head, RECV_WR_HEAD, (void *)wr);
+        else
+            bpf_probe_read_user(&head, SEND_WR_HEAD, (void *)wr);
+        if (!receive)
+            key.opcode = head.opcode;
+        struct data_counts zero_counts = {};
+        add(posted.lookup_or_try_init(&key, &zero_counts), sge_bytes(head.sg_list, head.num_sge));
+        /* an unsignaled send has no completion of its own (unless the QP signals all: then its
+         * completion finds nothing pending, and is counted unmatched) */
+        if (receive || head.send_flags & SEND_SIGNALED) {
+            pend.wr_id = head.wr_id;
+            if (pending.update(&pend, &now))
+                count(STAT_PENDING_FULL);
+        }
+        wr = head.next;
+    }
+    if (wr)
+        count(STAT_WR_LIST_CUT);
+    return 0;
+}
+
+int enter_post_send(struct pt_regs *ctx) { return post(ctx, 0); }
+int enter_post_recv(struct pt_regs *ctx) { return post(ctx, 1); }
+
+/* ibv_poll_cq(cq, num_entries, wc) */
+int enter_poll_cq(struct pt_regs *ctx) {
+    u64 id = current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u32 tid = id;
+    u64 wc = PT_REGS_PARM3(ctx);
+    polls.update(&tid, &wc);
+    return 0;
+}
+
+static __always_inline void time_completion(struct pending_key *pend, u64 now) {
+    u64 *posted_at = pending.lookup(pend);
+    if (!posted_at) {
+        count(STAT_UNMATCHED);
+        return;
+    }
+    u64 ns = now - *posted_at;
+    pending.delete(pend);
+    struct qp_key key = {.pid = pend->pid, .qp_num = pend->qp_num};
+    struct latency zero_latency = {};
+    struct latency *l = latencies.lookup_or_try_init(&key, &zero_latency);
+    if (!l) {
+        count(STAT_DATA_TABLE_FULL);
+        return;
+    }
+    u64 slot = 0;  /* 64 bits: a 32-bit index is widened again after the check, unbounded to the verifier */
+    if (ns > 1024)
+        slot = bpf_log2l(ns - 1) - 10;  /* bpf_log2l(v) is floor(log2(v)) + 1 */
+    if (slot > LATENCY_SLOTS - 1)
+        slot = LATENCY_SLOTS - 1;
+    l->slots[slot]++;
+    l->sum_ns += ns;
+    if (!l->min_ns || ns < l->min_ns)
+        l->min_ns = ns;
+    if (ns > l->max_ns)
+        l->max_ns = ns;
+}
+
+int return_poll_cq(struct pt_regs *ctx) {
+    u64 id = current_pid_tgid();
+    if (!is_target(id >> 32))
+        return 0;
+    u32 tid = id;
+    u64 *array = polls.lookup(&tid);
+    if (!array) {
+        count(STAT_NO_ENTRY);
+        return 0;
+    }
+    u64 wc = *array;
+    polls.delete(&tid);
+    int n = PT_REGS_RC(ctx);  /* completions written; negative: an error */
+    if (n <= 0)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    struct pending_key pend = {.pid = id >> 32};
+    for (int i = 0; i < MAX_WCS; i++) {
+        if (i >= n)
+            break;
+        struct wc_head head = {};
+        bpf_probe_read_user(&head, sizeof(head), (void *)(wc + i * WC_SIZE));
+        struct data_key key = {.pid = pend.pid, .qp_num = head.qp_num, .opcode = head.opcode, .status = head.status};
+        pend.qp_num = head.qp_num;
+        pend.wr_id = head.wr_id;
+        if (head.status) {  /* failed: only wr_id, status, qp_num and vendor_err are defined */
+            key.opcode = OPCODE_NONE;
+            pend.receive = 0;
+            if (!pending.lookup(&pend))
+                pend.receive = 1;
+        } else {
+            pend.receive = (head.opcode & OPCODE_RECV) != 0;
+        }
+        struct data_counts zero_counts = {};
+        add(completed.lookup_or_try_init(&key, &zero_counts), head.status ? 0 : head.byte_len);
+        time_completion(&pend, now);
+    }
+    if (n > MAX_WCS)
+        count(STAT_WC_ARRAY_CUT);
+    return 0;
+}

@@ -146,6 +146,11 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.gpu.leaks.unreported": ("{report}", "Leak reports past the per-check cap, not emitted", False),
     "otel_ebpf.rdma.calls": ("{call}", "RDMA verbs calls decoded from the kernel (libibverbs control path)", False),
     "otel_ebpf.rdma.libraries": ("{file}", "libibverbs files hooked", True),
+    "otel_ebpf.rdma.provider_functions": (
+        "{function}",
+        "RDMA provider data-path functions hooked (post_send, post_recv, poll_cq of each provider file)",
+        True,
+    ),
     "otel_ebpf.rdma.objects.untracked": (
         "{object}",
         "Verbs objects not followed, by reason: destroyed but made before the agent attached "

@@ -9,7 +9,7 @@ quiet), which keeps room for new ones; a full table's misses are counted as kern
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -18,6 +18,7 @@ from ..protocol import InstrumentKind
 from ..rocev2 import SYNDROMES, Flow, FlowCounts, OpcodeCounts, RoceMetrics, address
 from ..selfmetrics import SelfMetrics
 from .loading import close_program, compile_program
+from .tables import CumulativeTable
 from .tc import TcAttachment
 
 IDLE_EVICT_S = 300.0
@@ -25,37 +26,6 @@ OPS_PER_QP = 8  # roce_ops entries per roce_qps entry: the opcodes a queue pair'
 PENDING_PER_QP = 16  # roce_pending entries (requests awaiting their ACK, LRU) per roce_qps entry
 SERIES_PER_QP = 32  # user-space series per queue-pair flow (packets and bytes by opcode, ACK/NAK codes, ...)
 _DROP_REASONS = ("roce_opcode_table_full", "roce_qp_table_full")  # bpf/roce.c, DROP_*
-
-
-class _CumulativeTable:
-    """Growth per key of a kernel table of running totals; keys idle too long are deleted (a
-    packet counted between their last read and the delete is lost: after 5 idle minutes)."""
-
-    def __init__(self, table: Any, totals_of: Callable[[Any], tuple[int, ...]], clock: Callable[[], float]) -> None:
-        self._table = table
-        self._totals_of = totals_of
-        self._clock = clock
-        self._seen: dict[bytes, tuple[tuple[int, ...], float]] = {}  # key -> totals, when they last grew
-        self.evicted: list[Any] = []  # the keys the last read deleted
-
-    def read(self) -> Iterator[tuple[Any, Any, tuple[int, ...]]]:
-        """(key, value, growth) of each key whose totals grew."""
-        now = self._clock()
-        idle = []
-        for key, value in self._table.items():
-            raw = bytes(key)
-            totals = self._totals_of(value)
-            # a key first seen with nothing counted (a flow without ACKs or marks) still ages
-            before, grew_at = self._seen.setdefault(raw, ((0,) * len(totals), now))
-            if totals != before:
-                yield key, value, tuple(t - b for t, b in zip(totals, before, strict=True))
-                self._seen[raw] = (totals, now)
-            elif now - grew_at >= IDLE_EVICT_S:
-                idle.append(key)
-        for key in idle:
-            del self._table[key]
-            self._seen.pop(bytes(key), None)
-        self.evicted = idle
 
 
 class RoceProbe:
@@ -95,8 +65,8 @@ class RoceProbe:
             raise RuntimeError(f"the kernel refused the RoCEv2 classifier (bpf/roce.c): {exc}") from exc
         for name in self._interfaces.values():
             self._tc.attach(name, programs)
-        self._ops = _CumulativeTable(self._bpf["roce_ops"], _opcode_totals, self._clock)
-        self._qps = _CumulativeTable(self._bpf["roce_qps"], _flow_totals, self._clock)
+        self._ops = CumulativeTable(self._bpf["roce_ops"], _opcode_totals, self._clock, IDLE_EVICT_S)
+        self._qps = CumulativeTable(self._bpf["roce_qps"], _flow_totals, self._clock, IDLE_EVICT_S)
 
     def program_fds(self) -> dict[str, int]:
         """The loaded classifiers' file descriptors by function name (their run-time statistics

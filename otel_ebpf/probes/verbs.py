@@ -8,6 +8,11 @@ twice: the current ABI (``ibv_create_qp@@IBVERBS_1.1``) and the 1.0 compatibilit
 default versions are hooked, by address: the structs read are those of the current ABI.
 Processes load the library late (an MPI or NCCL plugin dlopens it), so maps are rescanned every
 :data:`RESCAN_S`.
+
+The data path: a record of a call with a context names the provider's ``poll_cq``, ``post_send``
+and ``post_recv`` (the context's ops table, read in the kernel); each address is placed in its
+file through the process's maps and hooked there once (:mod:`otel_ebpf.rdma.providers`). What
+those programs count is read from the kernel's tables once per metrics interval.
 """
 
 from __future__ import annotations
@@ -24,19 +29,38 @@ from typing import Any
 from .. import procfs
 from ..config import AgentConfig
 from ..containers import ContainerResolver
-from ..rdma.calls import FUNCTIONS, VerbsCall, decode
+from ..rdma.calls import FUNCTIONS, PROVIDER_FUNCTIONS, VerbsCall, decode
+from ..rdma.datapath import Completions, DataCounts, Latencies, WorkRequests
+from ..rdma.providers import place_of, virtual_address
 from ..rdma.views import VerbsViews
 from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
 from .loading import close_program, compile_program, inline_headers, pid_namespace_flags, write_settings
-from .tls import mapped_files
+from .tables import CumulativeTable
+from .tls import mapped_files, seen_by
 
 log = logging.getLogger(__name__)
 
 RESCAN_S = 1.0
 RING_BUFFER_PAGES = 64  # 256 KiB: control-path calls are few, but a job's start makes thousands at once
 SET_FILTER_PIDS, SET_AGENT_TGID = 0, 1
-STAT_NAMES = ("verbs_ringbuf_full", "verbs_returns_without_entry")  # bpf/verbs_trace.c, STAT_*
+STAT_NAMES = (  # bpf/verbs_trace.c, STAT_*
+    "verbs_ringbuf_full",
+    "verbs_returns_without_entry",
+    "verbs_data_table_full",
+    "verbs_pending_table_full",
+    "verbs_completions_unmatched",
+    "verbs_wr_list_cut",
+    "verbs_sge_list_cut",
+    "verbs_wc_array_cut",
+)
+IDLE_EVICT_S = 300.0  # a data-path series that has not grown this long leaves the kernel's table
+# the program each provider function gets: (entry, return or None)
+PROVIDER_PROGRAMS = {
+    "poll_cq": ("enter_poll_cq", "return_poll_cq"),
+    "post_send": ("enter_post_send", None),
+    "post_recv": ("enter_post_recv", None),
+}
 _HIDDEN_VERSION = 0x8000  # .gnu.version: a symbol version that is not the default (name@VER, not name@@VER)
 
 
@@ -91,6 +115,10 @@ class VerbsProbe:
         self._in_targets: set[int] = set()  # pids in the kernel's targets table
         self._calls: list[VerbsCall] = []
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.providers: dict[str, str] = {}  # "path+0xaddress" -> the provider function hooked there
+        self._provider_places: set[tuple[int, int, int]] = set()  # (device, inode, address) hooked
+        self._addresses_seen: set[tuple[int, int]] = set()  # (pid, address) placed already
+        self._tables: tuple[CumulativeTable, ...] = ()
 
     def start(self) -> None:
         """Compile, configure, hook what target processes map now. Raises RuntimeError."""
@@ -99,6 +127,10 @@ class VerbsProbe:
         self._bpf = compile_program(source, cflags, "RDMA verbs probe (bpf/verbs_trace.c)")
         write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self._targets.selects_processes})
         self._bpf["verbs_events"].open_ring_buffer(self._on_event)
+        tables = (("posted", _count_totals), ("completed", _count_totals), ("latencies", _latency_totals))
+        self._tables = tuple(
+            CumulativeTable(self._bpf[name], totals, time.monotonic, IDLE_EVICT_S) for name, totals in tables
+        )
         self.scan()
 
     def scan(self) -> set[int]:
@@ -120,6 +152,7 @@ class VerbsProbe:
             if libraries:
                 mapping.add(pid)
         self.pids = mapping
+        self._addresses_seen = {seen for seen in self._addresses_seen if seen[0] in mapping}
         return mapping
 
     def _target_pids(self) -> set[int]:
@@ -159,7 +192,61 @@ class VerbsProbe:
         self._bpf.ring_buffer_poll(timeout_ms)
         self._bpf.ring_buffer_consume()
         calls, self._calls = self._calls, []
+        for call in calls:
+            for function, address in zip(PROVIDER_FUNCTIONS, call.providers, strict=True):
+                if address and (call.pid, address) not in self._addresses_seen:
+                    self._addresses_seen.add((call.pid, address))
+                    self._hook_provider(call.pid, function, address)
         return calls
+
+    def _hook_provider(self, pid: int, function: str, address: int) -> None:
+        """Hook the provider function at ``address`` in ``pid`` where its file holds it, unless hooked."""
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                place = place_of(f.read(), address)
+        except OSError:
+            return  # exited
+        if place is None:
+            log.warning("RDMA: provider %s of process %d at %#x is in no file; not hooked", function, pid, address)
+            return
+        path = seen_by(pid, place.path)  # the process's own file, in a container too
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        elf_address = virtual_address(path, place.offset)
+        if elf_address is None or (st.st_dev, st.st_ino, elf_address) in self._provider_places:
+            return
+        self._provider_places.add((st.st_dev, st.st_ino, elf_address))
+        enter, leave = PROVIDER_PROGRAMS[function]
+        try:
+            if leave is not None:  # the return first: an entry seen is then always followed by its return
+                self._bpf.attach_uretprobe(name=path, addr=elf_address, fn_name=leave)
+            self._bpf.attach_uprobe(name=path, addr=elf_address, fn_name=enter)
+        except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception naming the failure
+            log.warning("RDMA: cannot hook provider %s in %s: %s", function, place.path, exc)
+            return
+        self.providers[f"{place.path}+{elf_address:#x}"] = function
+        log.info("RDMA: hooked provider %s at %s+%#x (process %d)", function, place.path, elf_address, pid)
+
+    def read_data(self) -> list[DataCounts]:
+        """What the data-path programs counted since the last read."""
+        posted, completed, latencies = self._tables
+        counts: list[DataCounts] = []
+        for key, _, (count, size) in posted.read():
+            counts.append(WorkRequests(key.pid, key.qp_num, key.opcode, count, size))
+        for key, _, (count, size) in completed.read():
+            counts.append(Completions(key.pid, key.qp_num, key.opcode, key.status, count, size))
+        for key, per_cpu, (total, *buckets) in latencies.read():
+            low = min((v.min_ns for v in per_cpu if v.min_ns), default=0)
+            counts.append(Latencies(key.pid, key.qp_num, tuple(buckets), total, low, max(v.max_ns for v in per_cpu)))
+        return counts
+
+    def forget_processes(self, pids: set[int]) -> None:
+        """The work requests of exited processes will not complete: out of the pending table."""
+        pending = self._bpf["pending"]
+        for key in [key for key in pending.keys() if key.pid in pids]:
+            pending.pop(key, None)
 
     def _on_event(self, _ctx: int, data: int, size: int) -> None:
         call = decode(ctypes.string_at(data, size), self.clock_offset_ns)
@@ -174,6 +261,15 @@ class VerbsProbe:
         if self._bpf is not None:
             close_program(self._bpf)
             self._bpf = None
+
+
+def _count_totals(per_cpu: Any) -> tuple[int, ...]:
+    return sum(v.count for v in per_cpu), sum(v.bytes for v in per_cpu)
+
+
+def _latency_totals(per_cpu: Any) -> tuple[int, ...]:
+    """The sum, then the count of each bucket."""
+    return sum(v.sum_ns for v in per_cpu), *(sum(v.slots[i] for v in per_cpu) for i in range(len(per_cpu[0].slots)))
 
 
 class VerbsMonitor:
@@ -211,20 +307,25 @@ class VerbsMonitor:
             gone = {pid for pid in gone if not os.path.exists(f"/proc/{pid}")}
             if gone:
                 self.views.processes_exited(gone)
+                self.probe.forget_processes(gone)
                 for pid in gone:
                     self._resources.pop(pid)
             self._selfmetrics.set("otel_ebpf.rdma.libraries", len(self.probe.hooked))
+            self._selfmetrics.set("otel_ebpf.rdma.provider_functions", len(self.probe.providers))
             for reason, total in self.probe.kernel_stats().items():
                 self._selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
 
     def collect_metrics(self, now_ns: int) -> list:
+        self.views.record_data(self.probe.read_data(), now_ns)
         return self.views.collect_metrics(now_ns)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Take what the kernel still holds, export the last records, detach."""
+        """Take what the kernel still holds (the data path's counts: for the agent's last metrics,
+        collected after this), export the last records, detach."""
         try:
             if self.probe.started:
                 self.poll(0)
+                self.views.record_data(self.probe.read_data(), time.time_ns())
         finally:
             self.probe.close()
             self._log_sink.shutdown(timeout_s)

@@ -1,8 +1,10 @@
 """The libibverbs functions ``bpf/verbs_trace.c`` hooks, and how one call's record decodes.
 
 One record per call, sent at its return: what the call was about (read at entry, while the
-objects it names are valid) and what it made. Only the stable, exported API is hooked: the data
-path (``ibv_post_send``, ``ibv_poll_cq``) is inline in verbs.h and calls the provider directly.
+objects it names are valid) and what it made. Only the stable, exported API is hooked here: the
+data path (``ibv_post_send``, ``ibv_poll_cq``) is inline in verbs.h and calls the provider
+directly; a record names the provider's functions (its context's ops table), which
+:mod:`.datapath` counts once hooked.
 """
 
 from __future__ import annotations
@@ -66,10 +68,13 @@ ATTR_PORT = 1 << 5
 ATTR_AV = 1 << 7
 ATTR_DEST_QPN = 1 << 20
 
-# struct verbs_call: ts, duration, sp, ret, object, length; pid, tid; op, depth; qp_num, qp_type,
-# qp_state, attr_mask, attr_qp_state, dest_qp_num; dlid, is_global, ah_port_num, sgid_index,
-# port_num, padding; dgid; device
-RECORD = struct.Struct("<6QIIHH6IHBBBB2x16s64s")
+# The provider functions a context's ops table names (struct ibv_context_ops), as a record carries them.
+PROVIDER_FUNCTIONS = ("poll_cq", "post_send", "post_recv")
+
+# struct verbs_call: ts, duration, sp, ret, object, length, poll_cq, post_send, post_recv; pid,
+# tid; op, depth; qp_num, qp_type, qp_state, attr_mask, attr_qp_state, dest_qp_num; dlid,
+# is_global, ah_port_num, sgid_index, port_num, padding; dgid; device
+RECORD = struct.Struct("<9QIIHH6IHBBBB2x16s64s")
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class VerbsCall:
     sgid_index: int = 0
     port_num: int = 0
     dgid: bytes = bytes(16)
+    providers: tuple[int, ...] = (0, 0, 0)  # the addresses of PROVIDER_FUNCTIONS in the process; 0: unknown
 
     @property
     def failed(self) -> bool:
@@ -126,6 +132,9 @@ def decode(raw: bytes, clock_offset_ns: int) -> VerbsCall | None:
         ret,
         obj,
         length,
+        poll_cq,
+        post_send,
+        post_recv,
         pid,
         tid,
         op,
@@ -168,6 +177,7 @@ def decode(raw: bytes, clock_offset_ns: int) -> VerbsCall | None:
         sgid_index,
         port_num,
         dgid,
+        (poll_cq, post_send, post_recv),
     )
 
 

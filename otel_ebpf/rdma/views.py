@@ -8,6 +8,10 @@ log record carrying the pair: local (process, device, port, QP number, GID) and 
 LID, QP number). The agent on the other node emits the mirror image, so a backend joins the two
 halves on ``rdma.local.gid`` = ``rdma.remote.gid`` and ``rdma.qp.num`` = ``rdma.remote.qp.num``.
 
+The data path's counts (:mod:`.datapath`) are recorded per queue pair with the same attributes
+(the pair, where its ``ibv_modify_qp`` calls were seen), so work requests, completions, their
+errors and latencies join the pair's log records.
+
 Pure: calls in, OTLP data classes out; the sysfs root is only read for the local GID and LID.
 """
 
@@ -29,6 +33,7 @@ from .. import __version__
 from ..metrics import ProcessMetrics
 from ..protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
+from . import datapath
 from .calls import (
     ATTR_AV,
     ATTR_DEST_QPN,
@@ -53,6 +58,7 @@ INSTRUMENTS = {
         InstrumentSpec("rdma.memory.deregistered", _C, "By", "Memory deregistered (ibv_dereg_mr)"),
         InstrumentSpec("rdma.objects", _U, "{object}", "Verbs objects the process holds, of those made while traced"),
         InstrumentSpec("rdma.qp.transitions", _C, "{transition}", "Queue pair state changes (ibv_modify_qp)"),
+        *datapath.INSTRUMENTS,
     )
 }
 # function -> the kind of object it makes (from its return) or destroys (its first argument)
@@ -218,11 +224,41 @@ class VerbsViews:
             SeverityNumber.WARN if qp.state == QpState.ERR else SeverityNumber.INFO,
         )
 
-    def _record(self, call: VerbsCall, instrument: str, value: int, attributes: Mapping[str, AttributeValue]) -> None:
-        metrics = self._metrics.get(call.pid)
+    def record_data(self, counts: Iterable[datapath.DataCounts], now_ns: int) -> None:
+        """What the kernel counted on the data path since the last read, per queue pair: with the
+        pair's attributes where its calls were seen, its number alone otherwise."""
+        by_number = {(pid, qp.num): qp for (pid, _), qp in self._qps.items()}
+        for item in counts:
+            qp = by_number.get((item.pid, item.qp_num))
+            where: dict[str, AttributeValue] = qp.attributes() if qp is not None else {"rdma.qp.num": item.qp_num}
+            metrics = self._metrics_of(item.pid)
+            if isinstance(item, datapath.Latencies):
+                metrics.merge_histogram(
+                    SCOPE,
+                    "rdma.completion.latency",
+                    where,
+                    sum(item.buckets),
+                    item.sum_ns / 1e9,
+                    item.buckets,
+                    item.min_ns / 1e9,
+                    item.max_ns / 1e9,
+                    now_ns,
+                )
+                continue
+            name = "rdma.work_requests" if isinstance(item, datapath.WorkRequests) else "rdma.completions"
+            attributes = {**where, **item.attributes()}
+            metrics.record(SCOPE, MetricPoint(name, item.count, attributes), now_ns)
+            if item.bytes:
+                metrics.record(SCOPE, MetricPoint(f"{name}.bytes", item.bytes, attributes), now_ns)
+
+    def _metrics_of(self, pid: int) -> ProcessMetrics:
+        metrics = self._metrics.get(pid)
         if metrics is None:
-            metrics = self._metrics[call.pid] = ProcessMetrics(Resource(dict(self._resource_of(call.pid))), INSTRUMENTS)
-        metrics.record(SCOPE, MetricPoint(instrument, value, attributes), call.ts_ns)
+            metrics = self._metrics[pid] = ProcessMetrics(Resource(dict(self._resource_of(pid))), INSTRUMENTS)
+        return metrics
+
+    def _record(self, call: VerbsCall, instrument: str, value: int, attributes: Mapping[str, AttributeValue]) -> None:
+        self._metrics_of(call.pid).record(SCOPE, MetricPoint(instrument, value, attributes), call.ts_ns)
 
     def _log(
         self,

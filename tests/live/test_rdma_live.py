@@ -81,9 +81,13 @@ def _last(metrics: dict[str, list[dict[str, Any]]], name: str, pid: int | None =
     return {key: point["value"] for key, point in latest.items()}
 
 
-def _driver(program: str, *args: str) -> subprocess.Popen:
+def _driver(program: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     driver = subprocess.Popen(
-        [str(build.build() / program), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [str(build.build() / program), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     assert driver.stdout.readline() == "ready\n"  # the library is mapped before the agent starts
     return driver

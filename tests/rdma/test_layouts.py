@@ -22,21 +22,35 @@ from otel_ebpf.rdma.calls import RECORD
 from tests.rdma.standin.build import HERE, VERBS_HEADER
 
 BPF_SOURCE = Path(__file__).resolve().parents[2] / "bpf" / "verbs_trace.c"
-# bpf/verbs_trace.c's offset -> the member of verbs.h it stands for
+# bpf/verbs_trace.c's offset or size -> what of verbs.h it stands for (a C expression)
 OFFSETS = {
-    "DEVICE_NAME": "struct ibv_device, name",
-    "MR_LENGTH": "struct ibv_mr, length",
-    "QP_NUM": "struct ibv_qp, qp_num",
-    "QP_STATE": "struct ibv_qp, state",
-    "QP_TYPE": "struct ibv_qp, qp_type",
-    "ATTR_QP_STATE": "struct ibv_qp_attr, qp_state",
-    "ATTR_DEST_QP_NUM": "struct ibv_qp_attr, dest_qp_num",
-    "ATTR_AH_DGID": "struct ibv_qp_attr, ah_attr.grh.dgid",
-    "ATTR_AH_SGID_INDEX": "struct ibv_qp_attr, ah_attr.grh.sgid_index",
-    "ATTR_AH_DLID": "struct ibv_qp_attr, ah_attr.dlid",
-    "ATTR_AH_IS_GLOBAL": "struct ibv_qp_attr, ah_attr.is_global",
-    "ATTR_AH_PORT_NUM": "struct ibv_qp_attr, ah_attr.port_num",
-    "ATTR_PORT_NUM": "struct ibv_qp_attr, port_num",
+    "DEVICE_NAME": "offsetof(struct ibv_device, name)",
+    "MR_LENGTH": "offsetof(struct ibv_mr, length)",
+    "QP_NUM": "offsetof(struct ibv_qp, qp_num)",
+    "QP_STATE": "offsetof(struct ibv_qp, state)",
+    "QP_TYPE": "offsetof(struct ibv_qp, qp_type)",
+    "ATTR_QP_STATE": "offsetof(struct ibv_qp_attr, qp_state)",
+    "ATTR_DEST_QP_NUM": "offsetof(struct ibv_qp_attr, dest_qp_num)",
+    "ATTR_AH_DGID": "offsetof(struct ibv_qp_attr, ah_attr.grh.dgid)",
+    "ATTR_AH_SGID_INDEX": "offsetof(struct ibv_qp_attr, ah_attr.grh.sgid_index)",
+    "ATTR_AH_DLID": "offsetof(struct ibv_qp_attr, ah_attr.dlid)",
+    "ATTR_AH_IS_GLOBAL": "offsetof(struct ibv_qp_attr, ah_attr.is_global)",
+    "ATTR_AH_PORT_NUM": "offsetof(struct ibv_qp_attr, ah_attr.port_num)",
+    "ATTR_PORT_NUM": "offsetof(struct ibv_qp_attr, port_num)",
+    "CTX_POLL_CQ": "offsetof(struct ibv_context, ops.poll_cq)",
+    "CTX_POST_SEND": "offsetof(struct ibv_context, ops.post_send)",
+    "SGE_LENGTH": "offsetof(struct ibv_sge, length)",
+    "SGE_SIZE": "sizeof(struct ibv_sge)",
+    "SEND_WR_HEAD": "offsetof(struct ibv_send_wr, send_flags) + 4",
+    "RECV_WR_HEAD": "offsetof(struct ibv_recv_wr, num_sge) + 4",
+    "WC_SIZE": "sizeof(struct ibv_wc)",
+    "SEND_SIGNALED": "IBV_SEND_SIGNALED",
+    "OPCODE_RECV": "IBV_WC_RECV",
+}
+# the kernel's views of a work request and a completion: member -> verbs.h's
+HEADS = {
+    "wr_head": ("struct ibv_send_wr", ("wr_id", "next", "sg_list", "num_sge", "opcode", "send_flags")),
+    "wc_head": ("struct ibv_wc", ("wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num")),
 }
 _CONTEXT_FIRST = ("struct ibv_context, device", "struct ibv_pd, context", "struct ibv_mr, context")
 _BLOCK = re.compile(r"^(struct|union) (ibv_\w+) \{(.*?)^\};", re.MULTILINE | re.DOTALL)
@@ -55,14 +69,15 @@ def _run(program: str, tmp_path: Path) -> list[str]:
 
 
 def test_the_probes_offsets_are_the_headers(tmp_path: Path) -> None:
-    defines = dict(re.findall(r"^#define (\w+) (\d+)", BPF_SOURCE.read_text(), re.MULTILINE))
-    members = [*OFFSETS.values(), *_CONTEXT_FIRST]
-    prints = "".join(f'    printf("%zu\\n", offsetof({member}));\n' for member in members)
+    found_defines = re.findall(r"^#define (\w+) (0x[\da-f]+|\d+)", BPF_SOURCE.read_text(), re.MULTILINE)
+    defines = {name: int(value, 0) for name, value in found_defines}
+    members = [*OFFSETS.values(), *(f"offsetof({member})" for member in _CONTEXT_FIRST)]
+    prints = "".join(f'    printf("%zu\\n", (size_t)({member}));\n' for member in members)
     found = _run(
         f"#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\nint main(void) {{\n{prints}}}\n",
         tmp_path,
     )
-    assert {name: int(defines[name]) for name in OFFSETS} == dict(zip(OFFSETS, map(int, found), strict=False))
+    assert {name: defines[name] for name in OFFSETS} == dict(zip(OFFSETS, map(int, found), strict=False))
     assert found[len(OFFSETS) :] == ["0"] * len(_CONTEXT_FIRST)  # OBJECT_CONTEXT
 
 
@@ -98,6 +113,31 @@ def test_the_standins_structs_are_the_headers(tmp_path: Path) -> None:
     lines = _run(program, tmp_path)
     rows = [lines[i : i + 3] for i in range(0, len(lines), 3)]
     assert len(rows) > 60
+    assert [row for row in rows if row[1] != row[2]] == []
+
+
+def test_the_kernels_work_request_and_completion_heads_are_the_headers(tmp_path: Path) -> None:
+    source = BPF_SOURCE.read_text()
+    stubs = "typedef unsigned int u32; typedef int s32; typedef unsigned long long u64;\n"
+    checks = []
+    for head, (header_struct, members) in HEADS.items():
+        body = re.search(rf"^struct {head} \{{(.*?)^\}};", source, re.MULTILINE | re.DOTALL)
+        assert body is not None, head
+        stubs += f"struct {head} {{{body.group(1)}}};\n"
+        checks += [
+            f'    printf("{head}.{m} %zu %zu\\n", offsetof(struct {head}, {m}), offsetof({header_struct}, {m}));'
+            for m in members
+        ]
+    lines = _run(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n"
+        + stubs
+        + "int main(void) {\n"
+        + "\n".join(checks)
+        + "\n}\n",
+        tmp_path,
+    )
+    rows = [lines[i : i + 3] for i in range(0, len(lines), 3)]
+    assert len(rows) == sum(len(members) for _, members in HEADS.values())
     assert [row for row in rows if row[1] != row[2]] == []
 
 

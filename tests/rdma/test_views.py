@@ -190,7 +190,9 @@ def test_an_exited_process_is_collected_once_more_then_forgotten(tmp_path: Path)
 
 def test_decode_reads_what_the_kernel_wrote() -> None:
     call = _modify(0xA0, 0x123456, QpState.INIT, QpState.RTR, ATTR_STATE | ATTR_AV, dgid=GID_1, dlid=3, sgid_index=3)
-    call = dataclasses.replace(call, is_global=True, ah_port_num=1, port_num=2, dest_qp_num=0xABCDEF)
+    call = dataclasses.replace(
+        call, is_global=True, ah_port_num=1, port_num=2, dest_qp_num=0xABCDEF, providers=(0x7F10, 0x7F20, 0x7F30)
+    )
     values = dataclasses.astuple(call)
     raw = RECORD.pack(
         call.ts_ns,
@@ -199,6 +201,7 @@ def test_decode_reads_what_the_kernel_wrote() -> None:
         call.ret,
         call.object,
         call.length,
+        *call.providers,
         call.pid,
         call.tid,
         FUNCTIONS.index(call.function),
@@ -215,7 +218,7 @@ def test_decode_reads_what_the_kernel_wrote() -> None:
     assert decode(raw + bytes(4), 0) == call  # the C struct is padded to 8 bytes
     assert decode(raw[:-1], 0) is None
     unknown = bytearray(raw)
-    unknown[56:58] = len(FUNCTIONS).to_bytes(2, "little")
+    unknown[80:82] = len(FUNCTIONS).to_bytes(2, "little")  # op
     assert decode(bytes(unknown), 0) is None
 
 

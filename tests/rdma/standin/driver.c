@@ -9,6 +9,12 @@
 //                   ledger of what it did as one JSON line; then waits for a line before exiting.
 //   driver list N   prints "ready", waits for a line, calls ibv_get_device_list N times (no device:
 //                   an empty list or NULL), prints {"pid": ..., "calls": N, "devices": n}, waits.
+//   driver data     the data path (run with STANDIN_COMPLETION_DELAY_US): prints "ready", waits for a
+//                   line, connects two RC queue pairs across the devices (and a third to a queue
+//                   pair that does not exist), prints {"connected": true}, waits for a line, then
+//                   posts receives and work requests of each opcode through verbs.h's inline
+//                   ibv_post_recv / ibv_post_send, polls every completion with ibv_poll_cq, and
+//                   prints the ledger of what it posted and what the polls returned; waits.
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +228,144 @@ static int run_ledger(void) {
     return 0;
 }
 
+static const char *WR_OPCODES[] = {"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
+                                   "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"};
+
+static const char *wc_opcode_name(enum ibv_wc_opcode opcode) {
+    switch (opcode) {
+    case IBV_WC_SEND: return "SEND";
+    case IBV_WC_RDMA_WRITE: return "RDMA_WRITE";
+    case IBV_WC_RDMA_READ: return "RDMA_READ";
+    case IBV_WC_COMP_SWAP: return "COMP_SWAP";
+    case IBV_WC_FETCH_ADD: return "FETCH_ADD";
+    case IBV_WC_RECV: return "RECV";
+    case IBV_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
+    default: return "?";
+    }
+}
+
+static const char *wc_status_name(enum ibv_wc_status status) {
+    switch (status) {
+    case IBV_WC_SUCCESS: return "SUCCESS";
+    case IBV_WC_RETRY_EXC_ERR: return "RETRY_EXC_ERR";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR_RETRY_EXC_ERR";
+    default: return "?";
+    }
+}
+
+static char qpn_text[3][16];
+
+// one list of work requests, one of each opcode, on qp; `sges` elements each but the atomics' one
+static void post_each_opcode(struct ibv_qp *qp, int round, const char *qpn) {
+    static char buffer[1 << 16];
+    struct ibv_sge sges[7][3];
+    struct ibv_send_wr wrs[7];
+    memset(wrs, 0, sizeof(wrs));
+    for (int op = 0; op < 7; op++) {
+        int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+        int count = atomic ? 1 : 1 + (op + round) % 3;
+        uint32_t bytes = 0;
+        for (int i = 0; i < count; i++) {
+            sges[op][i] = (struct ibv_sge){.addr = (uintptr_t)buffer, .length = atomic ? 8 : 1000 * (op + 1) + i, .lkey = 1};
+            bytes += sges[op][i].length;
+        }
+        wrs[op] = (struct ibv_send_wr){.wr_id = (uint64_t)round << 8 | op, .next = op < 6 ? &wrs[op + 1] : NULL,
+                                       .sg_list = sges[op], .num_sge = count, .opcode = op,
+                                       .send_flags = IBV_SEND_SIGNALED};
+        add(1, "posted %s %s", qpn, WR_OPCODES[op]);
+        add(bytes, "posted_bytes %s %s", qpn, WR_OPCODES[op]);
+    }
+    struct ibv_send_wr *bad = NULL;
+    if (ibv_post_send(qp, wrs, &bad))
+        exit(10);
+}
+
+// poll cq in batches of 4 until `expected` completions came; each into the ledger
+static void poll_all(struct ibv_cq *cq, int expected) {
+    struct ibv_wc wc[4];
+    for (int seen = 0, spins = 0; seen < expected; spins++) {
+        if (spins > 2000000)
+            exit(11);
+        int n = ibv_poll_cq(cq, 4, wc);
+        if (n < 0)
+            exit(12);
+        if (!n)
+            usleep(200);
+        for (int i = 0; i < n; i++, seen++) {
+            char what[96], qpn[16];
+            snprintf(qpn, sizeof(qpn), "%u", wc[i].qp_num);
+            if (wc[i].status == IBV_WC_SUCCESS) {
+                snprintf(what, sizeof(what), "%s %s", wc_opcode_name(wc[i].opcode), "SUCCESS");
+                add(wc[i].byte_len, "completed_bytes %s %s", qpn, what);
+            } else {
+                snprintf(what, sizeof(what), "- %s", wc_status_name(wc[i].status));
+            }
+            add(1, "completed %s %s", qpn, what);
+        }
+    }
+}
+
+static int run_data(void) {
+    int n = 0;
+    struct ibv_device **devices = ibv_get_device_list(&n);
+    if (!devices || n != 2)
+        return 5;
+    struct ibv_context *c0 = ibv_open_device(devices[0]), *c1 = ibv_open_device(devices[1]);
+    ibv_free_device_list(devices);
+    struct ibv_pd *pd0 = ibv_alloc_pd(c0), *pd1 = ibv_alloc_pd(c1);
+    struct ibv_cq *cq0 = ibv_create_cq(c0, 64, NULL, NULL, 0), *cq1 = ibv_create_cq(c1, 64, NULL, NULL, 0);
+    if (!pd0 || !pd1 || !cq0 || !cq1)
+        return 6;
+    struct ibv_qp *rc0 = create_qp(pd0, cq0, IBV_QPT_RC), *rc1 = create_qp(pd1, cq1, IBV_QPT_RC);
+    struct ibv_qp *lost = create_qp(pd0, cq0, IBV_QPT_RC);
+    static const uint8_t gid0[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1};
+    static const uint8_t gid1[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+    to_init(rc0, 1);
+    to_init(rc1, 1);
+    to_init(lost, 1);
+    connect_rc(rc0, rc1->qp_num, gid1, 3);
+    connect_rc(rc1, rc0->qp_num, gid0, 3);
+    connect_rc(lost, 0xdead, gid1, 3);  // nobody there: its work requests exhaust their retries
+    printf("{\"connected\": true}\n");
+    wait_line();
+
+    entries = 0;  // the ledger: the data path only
+    snprintf(qpn_text[0], 16, "%u", rc0->qp_num);
+    snprintf(qpn_text[1], 16, "%u", rc1->qp_num);
+    snprintf(qpn_text[2], 16, "%u", lost->qp_num);
+    // six receives: three rounds of (SEND, SEND_WITH_IMM, RDMA_WRITE_WITH_IMM) need nine, the
+    // last round's three find none and fail (RNR)
+    struct ibv_sge rsge = {.addr = 0, .length = 1 << 16, .lkey = 1};
+    struct ibv_recv_wr receives[6];
+    for (int i = 0; i < 6; i++) {
+        receives[i] = (struct ibv_recv_wr){.wr_id = 0x100 + i, .next = i < 5 ? &receives[i + 1] : NULL,
+                                           .sg_list = &rsge, .num_sge = 1};
+        add(1, "posted %s %s", qpn_text[1], "RECV");
+        add(rsge.length, "posted_bytes %s %s", qpn_text[1], "RECV");
+    }
+    struct ibv_recv_wr *bad_recv = NULL;
+    if (ibv_post_recv(rc1, receives, &bad_recv))
+        return 13;
+    for (int round = 0; round < 3; round++)
+        post_each_opcode(rc0, round, qpn_text[0]);
+    for (int i = 0; i < 2; i++) {
+        struct ibv_sge sge = {.length = 512, .lkey = 1};
+        struct ibv_send_wr wr = {.wr_id = 0x200 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                                 .send_flags = IBV_SEND_SIGNALED}, *bad = NULL;
+        if (ibv_post_send(lost, &wr, &bad))
+            return 14;
+        add(1, "posted %s %s", qpn_text[2], "SEND");
+        add(512, "posted_bytes %s %s", qpn_text[2], "SEND");
+    }
+    poll_all(cq0, 3 * 7 + 2);  // rc0's 21 (3 of them RNR errors) and lost's 2
+    poll_all(cq1, 6);          // rc1's receives
+    char extra[64];
+    snprintf(extra, sizeof(extra), ", \"rc0\": %u, \"rc1\": %u, \"lost\": %u", rc0->qp_num, rc1->qp_num,
+             lost->qp_num);
+    print_ledger(extra);
+    return 0;
+}
+
 static int run_list(int times) {
     int n = -1;
     for (int i = 0; i < times; i++) {
@@ -241,7 +385,9 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ready\n");
     wait_line();
-    int status = argc == 3 && !strcmp(argv[1], "list") ? run_list(atoi(argv[2])) : run_ledger();
+    int status = argc == 3 && !strcmp(argv[1], "list") ? run_list(atoi(argv[2]))
+                 : argc == 2 && !strcmp(argv[1], "data")  ? run_data()
+                                                          : run_ledger();
     if (status)
         return status;
     wait_line();
