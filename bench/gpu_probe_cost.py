@@ -49,7 +49,7 @@ from tests.gpu.standin.build import build  # noqa: E402
 from tests.otlp_receiver import load_file_metrics  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
-from harness import print_columns, timed_bursts  # noqa: E402
+from harness import kernel_drops, print_columns, timed_bursts  # noqa: E402
 from results import write_result  # noqa: E402
 
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
@@ -216,11 +216,7 @@ def _row(
         proc.stdin.close()
         proc.wait(timeout=10)
     metrics = load_file_metrics(out / "metrics.jsonl")
-    drops = {
-        p["attributes"]["reason"]: p["value"]
-        for p in metrics.get("otel_ebpf.kernel.drops", [])
-        if p["attributes"]["reason"].startswith("gpu_")
-    }
+    drops = kernel_drops(metrics, "gpu_")
     calls = max((p["value"] for p in metrics.get("otel_ebpf.gpu.calls", [])), default=0)
     if statistics.median(bare) > 3 * min(bare):
         print(

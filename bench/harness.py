@@ -409,3 +409,12 @@ def print_columns(rows: list[list[str]]) -> None:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             )
         )
+
+
+def kernel_drops(metrics: dict[str, list[dict[str, Any]]], prefix: str) -> dict[str, float]:
+    """``otel_ebpf.kernel.drops`` by reason, for the reasons of one probe (``gpu_``, ``verbs_``)."""
+    return {
+        p["attributes"]["reason"]: p["value"]
+        for p in metrics.get("otel_ebpf.kernel.drops", [])
+        if p["attributes"]["reason"].startswith(prefix)
+    }

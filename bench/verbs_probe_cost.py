@@ -52,7 +52,7 @@ from tests.otlp_receiver import load_file_metrics  # noqa: E402
 from tests.rdma.standin import build  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
-from harness import print_columns, timed_bursts  # noqa: E402
+from harness import kernel_drops, print_columns, timed_bursts  # noqa: E402
 from results import write_result  # noqa: E402
 
 AGENT = [sys.executable, "-m", "otel_ebpf.cli"]
@@ -186,11 +186,7 @@ def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int)
         proc.stdin.close()
         proc.wait(timeout=10)
     metrics = load_file_metrics(out / "metrics.jsonl")
-    drops = {
-        p["attributes"]["reason"]: p["value"]
-        for p in metrics.get("otel_ebpf.kernel.drops", [])
-        if p["attributes"]["reason"].startswith("verbs_")
-    }
+    drops = kernel_drops(metrics, "verbs_")
     per_call_bare, per_call_traced = min(bare) / per, min(traced) / per
     if what in DATA_PATH:  # work requests counted / posted in the measured bursts (and the warm-ups hooked)
         posted = bursts * burst * per if what != "poll0" else 0
