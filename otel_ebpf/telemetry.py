@@ -206,9 +206,11 @@ class Telemetry:
         ):
             self._selfmetrics.add("otel_ebpf.spans.shed", 1, {"reason": "sampled"})
         elif context.emit:
-            attributes = description.attributes
+            attributes, status_description = description.attributes, description.status_description
             if self._content_filter is not None:
                 attributes = filter_content(attributes, self._content_filter)
+                if status_description:  # a server's error message may quote what it was sent
+                    status_description = self._content_filter(status_description)
             self._pending_spans.append(
                 ReadableSpan(
                     name=description.name,
@@ -218,7 +220,7 @@ class Telemetry:
                     attributes=attributes,
                     links=context.links,
                     kind=_KINDS[description.kind],
-                    status=_status(description.status, description.status_description),
+                    status=_status(description.status, status_description),
                     start_time=description.start_ns,
                     end_time=description.end_ns,
                     instrumentation_scope=scope,
