@@ -4,8 +4,8 @@
 // kernel ABI only").
 //
 // How a syscall's bytes are tied to a TCP connection, all on one thread:
-//   sys_enter_write(fd, buf)          remember fd and the user buffer           (active_io[tid])
-//   sock:sock_send_length(sk, ...)    the fd is an inet socket; here is its sk  (active_io[tid].sk)
+//   sys_enter_write(fd, buf)          remember fd and the user buffer           (the thread's active_io)
+//   sock:sock_send_length(sk, ...)    the fd is an inet socket; here is its sk  (active_io.sk)
 //   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
 // sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
 //
@@ -51,7 +51,7 @@
 
 // stats[] slots (per-CPU counters read by user space).
 #define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
-#define STAT_ACTIVE_FULL 1   // syscalls not tracked because active_io was full
+#define STAT_ACTIVE_FULL 1   // syscalls not tracked: no active_io slot for the thread (table full, no memory)
 #define STAT_IOV_BYTES 2     // bytes in iovecs past MAX_IOV, reported as a gap, not copied
 #define STAT_MMSG_CALLS 3    // sendmmsg/recvmmsg messages past MAX_MMSG in one call, not copied
 #define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
@@ -227,7 +227,48 @@ struct active_io {
 };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_HASH(active_io, u32, struct active_io, 65536);  // one per thread of the traced processes
+// The syscall in flight of each thread of the traced processes: written at every enter, read at
+// every exit, so its lookup is on every traced syscall's path twice.
+#ifdef FD_TRACKING
+// Kernels before 6.3 may predate task storage (5.11): a hash keyed by thread id.
+BPF_HASH(active_io, u32, struct active_io, 65536);
+
+static __always_inline struct active_io *current_io(void) {
+    u32 tid = current_pid_tgid();
+    return active_io.lookup(&tid);
+}
+
+static __always_inline int set_current_io(struct active_io *io) {
+    u32 tid = current_pid_tgid();
+    return active_io.update(&tid, io);
+}
+
+static __always_inline void forget_current_io(void) {
+    u32 tid = current_pid_tgid();
+    active_io.delete(&tid);
+}
+#else
+// Task storage: the slot hangs off the task itself, so reaching it costs a pointer walk where a
+// hash costs hashing, a bucket lock and (on update) an element swap: about half the time of both
+// programs of a syscall (bench/kernel_cost.py). It is freed with the task, and a thread outside the
+// traced processes never gets one, so a miss on an exit is as cheap as it gets.
+BPF_TASK_STORAGE(active_io, struct active_io);
+
+static __always_inline struct active_io *current_io(void) {
+    return active_io.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+}
+
+static __always_inline int set_current_io(struct active_io *io) {
+    struct active_io *slot =
+        active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!slot)  // no memory for a new slot (GFP_ATOMIC)
+        return -1;
+    *slot = *io;
+    return 0;
+}
+
+static __always_inline void forget_current_io(void) {}  // the kernel frees it with the task
+#endif
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
 // The socket each thread last read, and when: TLS over memory BIOs (Python asyncio) decrypts what
 // the thread read from that socket just before, with no syscall inside SSL_read (tls_trace.c).
@@ -422,8 +463,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         // A loopback handshake completes inside connect(), in the connecting thread's context.
         // The destination must match: another connection's handshake may complete in softirq
         // while this thread happens to be in connect().
-        u32 tid = current_pid_tgid();
-        struct active_io *io = active_io.lookup(&tid);
+        struct active_io *io = current_io();
         if (io && io->kind == IO_CONNECT && !io->conn.lport && io->conn.rport == t.rport &&
             same_addr(io->conn.raddr, t.raddr))
             io->conn = t;
@@ -501,13 +541,12 @@ static __always_inline void enter_conn_call(s32 fd, const void *uaddr, u32 kind)
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return;
-    u32 tid = id;
     struct active_io io = {.buf = (u64)uaddr, .fd = fd, .kind = kind};
 #ifdef FD_TRACKING
     if (kind == IO_CONNECT)  // the destination, which the handshake's tuple must match
         read_peer((const struct usockaddr *)uaddr, &io.conn);
 #endif
-    if (active_io.update(&tid, &io))
+    if (set_current_io(&io))
         count(STAT_ACTIVE_FULL, 1);
 }
 
@@ -530,8 +569,7 @@ static __always_inline void remember_local_end(u64 id, struct active_io *io) {
 // ret: the new fd for accept, 0 / -EINPROGRESS for a connect that goes ahead.
 static __always_inline void exit_conn_call(long ret, u32 kind) {
     u64 id = current_pid_tgid();
-    u32 tid = id;
-    struct active_io *io = active_io.lookup(&tid);
+    struct active_io *io = current_io();
     if (!io)
         return;
     if (io->kind == kind && kind == IO_ACCEPT && ret >= 0)
@@ -610,7 +648,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = current_pid_tgid();
     u32 tgid = id >> 32, tid = id;
-    active_io.delete(&tid);
+    forget_current_io();
     if (tid != tgid) {  // a thread, not the process: sched_process_fork entered its id too
         targets.delete(&tid);
         return 0;
@@ -636,7 +674,7 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
         ssl->fd = fd;
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
                            .enter_ns = bpf_ktime_get_ns(), .name = (u64)name, .kind = kind};
-    if (active_io.update(&tid, &io))
+    if (set_current_io(&io))
         count(STAT_ACTIVE_FULL, 1);
 }
 
@@ -663,8 +701,7 @@ static __always_inline void on_sock_io(u16 family, u16 protocol, const void *sk)
         }
         return;
     }
-    u32 tid = id;
-    struct active_io *io = active_io.lookup(&tid);
+    struct active_io *io = current_io();
     if (io) {
         io->sk = (u64)sk;
         io->udp = protocol == IPPROTO_UDP_;
@@ -885,7 +922,7 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
     u64 id = current_pid_tgid();
     u32 tid = id;
-    struct active_io *iop = active_io.lookup(&tid);
+    struct active_io *iop = current_io();
     if (!iop)
         return;
     struct active_io io = *iop;

@@ -125,9 +125,9 @@ def test_pii_in_headers_and_llm_bodies_never_leaves(tmp_path: Path) -> None:
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * REQUESTS and bool(r.metrics()), timeout=10)
             spans, metrics = receiver.spans(), receiver.metrics()
             payloads = [
-                r.SerializeToString()
+                (f"OTLP {signal} request {i}", r.SerializeToString())
                 for signal in ("traces", "metrics", "logs", "profiles")
-                for r in receiver.requests(signal)
+                for i, r in enumerate(receiver.requests(signal))
             ]
     finally:
         server.kill()
@@ -137,13 +137,16 @@ def test_pii_in_headers_and_llm_bodies_never_leaves(tmp_path: Path) -> None:
     assert sorted(s["kind"] for s in llm) == ["CLIENT"] * REQUESTS + ["SERVER"] * REQUESTS
     assert all("<email>" in s["attributes"]["gen_ai.output.messages"] for s in llm)
     assert all(s["attributes"]["http.request.header.x-user-email"] == ["<email>"] for s in llm)
-    files = [p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    files = [(str(p), p.read_bytes()) for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert files
+    # Where each leak was found, with the bytes around it, so that a failure says which signal,
+    # span or file carried it.
     leaked = [
-        (kind, value)
+        (kind, where, blob[max(0, at - 200) : at + 200])
         for kind, values in CORPUS.items()
         for value in values
-        if any(secret_part(kind, value).encode() in blob for blob in payloads + files)
+        for where, blob in payloads + files
+        if (at := blob.find(secret_part(kind, value).encode())) >= 0
     ]
     assert not leaked
     for kind, values in CORPUS.items():
