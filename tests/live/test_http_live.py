@@ -187,11 +187,17 @@ def test_timing_order_client_encloses_server(live: tuple) -> None:
         assert any(c["start_ns"] <= s["start_ns"] <= s["end_ns"] <= c["end_ns"] for s in candidates), c
 
 
+def _identity(resource: dict) -> str:
+    """A resource's ``service.instance.id``; the overflow resource (counts of a process the agent
+    could not name) has none, and is shown whole so that a failure says what it holds."""
+    return resource.get("service.instance.id") or f"no identity: {resource}"
+
+
 def _latest_points(points: list[dict]) -> list[dict]:
     """Cumulative points arrive once per collection: keep each series' last one."""
     latest: dict[tuple, dict] = {}
     for p in points:
-        series = (p["resource"]["service.instance.id"], tuple(sorted(p["attributes"].items())))
+        series = (_identity(p["resource"]), tuple(sorted(p["attributes"].items())))
         if series not in latest or p["time_ns"] >= latest[series]["time_ns"]:
             latest[series] = p
     return list(latest.values())
@@ -207,8 +213,8 @@ def test_duration_histograms_count_every_request(live: tuple) -> None:
         per_process = Counter(s["resource"]["service.instance.id"] for s in _by_kind(spans, kind))
         counted = Counter()
         for p in points:
-            counted[p["resource"]["service.instance.id"]] += p["count"]
-        assert counted.keys() == per_process.keys()
+            counted[_identity(p["resource"])] += p["count"]
+        assert counted.keys() == per_process.keys(), [p for p in points if "service.instance.id" not in p["resource"]]
         for process, n in per_process.items():
             pipelined = sum(
                 1
