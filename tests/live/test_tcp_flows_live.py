@@ -12,6 +12,7 @@ handshake's, which the kernel handles on the server's listening socket (nobody's
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.cgroups import cgroup2_mount
+from otel_ebpf.probes.cgroup_link import CGROUP_INET_EGRESS, CGROUP_INET_INGRESS
 from tests.live.file_agent import start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics
 
@@ -214,3 +216,38 @@ def test_the_flow_table_overflow_counter_is_exported(flows: dict) -> None:
     reasons = {p["attributes"].get("reason") for p in flows["metrics"].get("otel_ebpf.kernel.drops", [])}
     assert "tcp_flows_full" in reasons
     assert latest_total(flows["metrics"], "otel_ebpf.kernel.drops", reason="tcp_flows_full") == 0
+
+
+def _attached(cgroup_dir: Path, attach_type: int) -> int:
+    """How many programs the cgroup itself has for ``attach_type`` (``BPF_PROG_QUERY``, x86-64)."""
+    attr = ctypes.create_string_buffer(64)  # target_fd, attach_type, query_flags, attach_flags, prog_ids, prog_cnt
+    fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        attr[0:8] = fd.to_bytes(4, "little") + attach_type.to_bytes(4, "little")
+        assert ctypes.CDLL(None, use_errno=True).syscall(321, 16, attr, 64) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    return int.from_bytes(attr[24:28], "little")
+
+
+def test_a_killed_agent_leaves_no_program_on_the_cgroup(tmp_path: Path) -> None:
+    """The flow programs hang on BPF links, which the kernel drops with the agent's last file
+    descriptor: SIGKILL, no clean-up, and the root cgroup has what it had before."""
+    root = cgroup2_mount()
+    hooks = (CGROUP_INET_INGRESS, CGROUP_INET_EGRESS)
+    before = [_attached(root, hook) for hook in hooks]
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        agent = start_file_agent(tmp_path, sleeper.pid, "capture:\n  tcp_flows: true\n")
+        try:
+            assert [_attached(root, hook) for hook in hooks] == [n + 1 for n in before]
+        finally:
+            agent.kill()
+            agent.wait()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    deadline = time.monotonic() + 10
+    while [_attached(root, hook) for hook in hooks] != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [_attached(root, hook) for hook in hooks] == before
