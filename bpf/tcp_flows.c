@@ -22,6 +22,7 @@
 // (tcp_flows_owned). Past that, the entry goes at the socket's next packet (an untraced server).
 
 #define TCP_FLOW_PENDING_NS 2000000000ULL
+#define IPPROTO_HOPOPTS_ 0
 
 struct tcp_flow_key {
     struct tcp_series_key series;
@@ -103,19 +104,30 @@ static __always_inline void tcp_flows_destroyed(u64 sk) {
 }
 
 // A GSO (sent) or GRO (received) packet stands for segs segments, each with the headers of the
-// first on the wire: they are counted once per segment, their length read from the packet (IPv6
-// extension headers are not counted again).
+// first on the wire: they are counted once per segment, their length read from the packet. An
+// IPv6 packet over 64 KiB (BIG TCP) carries a hop-by-hop jumbo option that no segment on the
+// wire has: not counted. With other IPv6 extension headers the headers are counted once.
 static __always_inline u64 tcp_flow_bytes(struct __sk_buff *skb, u32 segs) {
     u64 bytes = skb->len;
     if (segs < 2)
         return bytes;
-    u8 first = 0, doff = 0;
-    if (bpf_skb_load_bytes(skb, 0, &first, 1))
+    u8 ip_header[10] = {}, doff = 0;
+    if (bpf_skb_load_bytes(skb, 0, ip_header, sizeof(ip_header)))
         return bytes;
-    u32 ip = (first >> 4) == 6 ? 40 : (first & 0xf) * 4;
-    if (bpf_skb_load_bytes(skb, ip + 12, &doff, 1))
+    int v6 = (ip_header[0] >> 4) == 6;
+    u32 ip = v6 ? 40 : (ip_header[0] & 0xf) * 4;
+    u8 transport = v6 ? ip_header[6] : ip_header[9];  // next header, protocol
+    u32 jumbo = 0;
+    if (v6 && transport == IPPROTO_HOPOPTS_) {
+        u8 hop[2] = {};  // next header, length in 8 bytes past the first 8
+        if (bpf_skb_load_bytes(skb, 40, hop, 2))
+            return bytes;
+        transport = hop[0];
+        jumbo = (hop[1] + 1) * 8;
+    }
+    if (transport != IPPROTO_TCP_ || bpf_skb_load_bytes(skb, ip + jumbo + 12, &doff, 1))
         return bytes;
-    return bytes + (u64)(segs - 1) * (ip + (doff >> 4) * 4);
+    return bytes - jumbo + (u64)(segs - 1) * (ip + (doff >> 4) * 4);
 }
 
 static __always_inline int tcp_flow_count(struct __sk_buff *skb, int received) {
