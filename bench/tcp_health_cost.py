@@ -11,10 +11,14 @@ segments (each segment received runs ``tcp:tcp_probe``). Arms, rotated each roun
   copied to the ring buffer, which this benchmark reads and drops;
 - ``traced``: the same with TCP health: every segment counted.
 
+With ``--flows``, the arms are ``untraced`` and ``traced`` as above, each also with
+``capture.tcp_flows`` (``flows-untraced``, ``flows-traced``: bpf/tcp_flows.c's cgroup programs
+on every packet of the node), and the result goes to ``tcp_flows_cost``.
+
 Reported: the stream's MB/s per arm (median over rounds, and each round's), and from ``kernel.bpf_stats_enabled``
 (switched on for the run, restored after) the tcp programs' runs per second and ns per run.
 
-Usage: ``python bench/tcp_health_cost.py [--duration S] [--rounds R] [--chunk BYTES] [--quick]``
+Usage: ``python bench/tcp_health_cost.py [--duration S] [--rounds R] [--chunk BYTES] [--flows] [--quick]``
 (as root)
 """
 
@@ -60,6 +64,7 @@ for line in sys.stdin:
     print((received[0] - before) / (time.perf_counter() - start), flush=True)
 """
 ARMS = ("off", "untraced", "traced-off", "traced")
+FLOW_ARMS = ("untraced", "flows-untraced", "traced", "flows-traced")
 
 
 class Stream:
@@ -77,10 +82,10 @@ class Stream:
 
 
 def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
-    """(run_time_ns, run_cnt) of each tcp program the probe loaded."""
+    """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded."""
     stats = {}
     for name, function in probe._bpf.funcs.items():  # noqa: SLF001 — the bench reads BCC's programs
-        if name.startswith(b"tracepoint__tcp__"):
+        if name.startswith((b"tracepoint__tcp__", b"tcp_flow_")):
             fields = dict(
                 line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines()
             )
@@ -93,8 +98,9 @@ def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
 
 def _arm(arm: str, stream: Stream, idle_pid: int, seconds: float) -> dict[str, Any]:
     base = load_config({}, {})
-    capture = CaptureConfig(**{**base.capture.__dict__, "tcp_health": not arm.endswith("off")})
-    target = stream.proc.pid if arm.startswith("traced") else idle_pid
+    switches = {"tcp_health": not arm.endswith("off"), "tcp_flows": arm.startswith("flows-")}
+    capture = CaptureConfig(**{**base.capture.__dict__, **switches})
+    target = stream.proc.pid if arm.removeprefix("flows-").startswith("traced") else idle_pid
     targets = load_config({"pid": [target]}, {}).targets
     probe = SocketProbe(capture, targets, ContainerResolver("/"))
     probe.start()
@@ -119,15 +125,17 @@ def _arm(arm: str, stream: Stream, idle_pid: int, seconds: float) -> dict[str, A
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunk", type=int, default=1024, help="bytes per send (TCP_NODELAY)")
+    parser.add_argument("--flows", action="store_true", help="the cost of capture.tcp_flows instead")
     args = parse_live_args(parser, duration=5, rounds=5, quick=(2, 1), tools=())
+    arms = FLOW_ARMS if args.flows else ARMS
     stats_before = BPF_STATS.read_text().strip()
     BPF_STATS.write_text("1")
     idle = subprocess.Popen(["sleep", "infinity"])
     stream = Stream(args.chunk)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     try:
         for round_ in range(args.rounds):
-            for arm in ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]:
+            for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
                 runs[arm].append(_arm(arm, stream, idle.pid, args.duration))
     finally:
         BPF_STATS.write_text(stats_before)
@@ -135,7 +143,7 @@ def main() -> int:
         kill(idle)
     rows = {}
     print(f"loopback stream, {args.chunk} B sends, {args.rounds} rounds of {args.duration:g} s")
-    for arm in ARMS:
+    for arm in arms:
         rate = statistics.median(r["bytes_per_s"] for r in runs[arm])
         names = sorted({name for r in runs[arm] for name in r["programs"]})
         programs = {
@@ -149,8 +157,12 @@ def main() -> int:
         rows[arm] = {"mb_per_s": rate / 1e6, "mb_per_s_rounds": each, "programs": programs}
         shown = ", ".join(f"{n} {p['ns_per_run']:.0f} ns/run x {p['runs_per_s']:.0f}/s" for n, p in programs.items())
         print(f"{arm:10s} {rate / 1e6:8.1f} MB/s (rounds: {each})  {shown}")
+    if args.flows:
+        for traced in ("untraced", "traced"):
+            ratio = rows[f"flows-{traced}"]["mb_per_s"] / rows[traced]["mb_per_s"]
+            print(f"{traced}: MB/s with / without tcp_flows: {ratio:.2f}")
     write_result(
-        "tcp_health_cost",
+        "tcp_flows_cost" if args.flows else "tcp_health_cost",
         None,
         {"parameters": {"rounds": args.rounds, "duration_s": args.duration, "chunk": args.chunk}, "arms": rows},
     )

@@ -20,7 +20,8 @@
 // retransmissions before its first read or write (SYN-ACK) are not counted; a socket whose
 // handshake the kernel never showed (older than the agent) has no peer in its key.
 //
-// Compile-time constants: MAX_CONNS, MAX_TCP_SERIES; TCP_DROPS and SKB_SK (below).
+// Compile-time constants: MAX_CONNS, MAX_TCP_SERIES; TCP_DROPS and SKB_SK (below); TCP_FLOWS
+// (bytes and packets, tcp_flows.c).
 
 #define TCP_RTT_NBUCKETS 21  // otel_ebpf/tcp_metrics.py RTT_BOUNDARIES_S (20 boundaries) and +Inf
 
@@ -49,7 +50,8 @@ struct tcp_series {
 #define TCP_STAT_SERIES_FULL 0  // events not counted: tcp_series was full
 #define TCP_STAT_OWNERS_FULL 1  // traced sockets not learnt: tcp_owners was full
 #define TCP_STAT_DROPS_FULL 2   // dropped packets not counted: tcp_drops was full
-#define TCP_NSTATS 3
+#define TCP_STAT_FLOWS_FULL 3   // packets not counted: tcp_flows was full (tcp_flows.c)
+#define TCP_NSTATS 4
 
 // A traced socket's owner: its series, and the traced connection (tgid << 32 | fd in conns) whose
 // own retransmission count its data events carry, for its exchanges' spans (0 until its first I/O).
@@ -68,10 +70,20 @@ static __always_inline void tcp_count(u32 slot) {
         *v += 1;
 }
 
+#ifdef TCP_FLOWS
+// Defined in tcp_flows.c, appended after this file.
+static __always_inline void tcp_flows_owned(u64 sk, struct tcp_series_key *series);
+#endif
+
 static __always_inline void tcp_own(u64 sk, struct tcp_series_key *key, u64 conn) {
     struct tcp_owner owner = {.series = *key, .conn = conn};
-    if (tcp_owners.update(&sk, &owner))
+    if (tcp_owners.update(&sk, &owner)) {
         tcp_count(TCP_STAT_OWNERS_FULL);
+        return;
+    }
+#ifdef TCP_FLOWS
+    tcp_flows_owned(sk, key);
+#endif
 }
 
 // A traced process connects (sock:inet_sock_set_state CLOSE -> SYN_SENT, in connect()); t: its
@@ -216,8 +228,16 @@ TRACEPOINT_PROBE(skb, kfree_skb) {
 }
 #endif
 
+#ifdef TCP_FLOWS
+// Defined in tcp_flows.c: forgets an accepted socket's counts kept for its owner's first I/O.
+static __always_inline void tcp_flows_destroyed(u64 sk);
+#endif
+
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock) {
     u64 sk = (u64)args->skaddr;
     tcp_owners.delete(&sk);
+#ifdef TCP_FLOWS
+    tcp_flows_destroyed(sk);
+#endif
     return 0;
 }

@@ -167,6 +167,9 @@ class CaptureConfig:
     kernel_http_metrics: bool = True
     # retransmissions, resets and RTT of traced processes' TCP connections, counted in the kernel (docs/network.md)
     tcp_health: bool = True
+    # bytes and packets of those connections, per series and cgroup: cgroup programs on every packet
+    # of the node (docs/network.md); needs tcp_health
+    tcp_flows: bool = False
     # share of one core the agent may spend on captured traffic; past it, new HTTP/1 exchanges are
     # shed (counted) instead
     cpu_budget: float = 0.5
@@ -600,6 +603,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.socket_mode", _choice("auto", "tracepoints", "fd-tracking"), env="OTEL_EBPF_SOCKET_MODE"),
     Setting("capture.kernel_http_metrics", _boolean, env="OTEL_EBPF_KERNEL_HTTP_METRICS"),
     Setting("capture.tcp_health", _boolean, env="OTEL_EBPF_TCP_HEALTH"),
+    Setting("capture.tcp_flows", _boolean, env="OTEL_EBPF_TCP_FLOWS"),
     Setting("capture.cpu_budget", _positive_number, env="OTEL_EBPF_CPU_BUDGET"),
     Setting("trace.instrumented_clients", _choice("skip", "child"), env="OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS"),
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),

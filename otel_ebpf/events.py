@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from .protocol import Direction, Endpoint, Role, Transport
 
@@ -148,13 +149,25 @@ class HttpRequestCounts:
     max_ns: int
 
 
+class TcpFlow(NamedTuple):
+    """Bytes (from the IP header on) and packets (segments) a series' sockets of one cgroup sent
+    and received (bpf/tcp_flows.c)."""
+
+    cgroup: str  # the sockets' cgroup v2 path ("/system.slice/x.service"); "" when it was gone
+    bytes_sent: int
+    bytes_received: int
+    packets_sent: int
+    packets_received: int
+
+
 @dataclass(slots=True)
 class TcpHealthCounts:
     """What the kernel counted for one series of a process's TCP connections (its role, the peer's
     address, the server port) since its previous report (bpf/tcp_health.c): retransmitted
     segments, resets each way, the smoothed RTT as it stood at each segment received, in buckets of
-    ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf), and packets
-    the kernel dropped, by its reason."""
+    ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf), packets
+    the kernel dropped, by its reason, and with ``capture.tcp_flows`` the bytes and packets moved,
+    by cgroup."""
 
     timestamp_ns: int
     pid: int
@@ -170,6 +183,7 @@ class TcpHealthCounts:
     rtt_min_us: int  # over the series' whole life
     rtt_max_us: int
     drops: tuple[tuple[str, int], ...] = ()  # (the kernel's drop reason, packets), by reason
+    flows: tuple[TcpFlow, ...] = ()  # by cgroup
 
 
 Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts | TcpHealthCounts

@@ -25,6 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.types import AnyValue
 
 from . import __version__
+from .cgroups import cgroup2_mount
 
 MAX_RULES = 16  # bpf/model_guard.c MAX_RULES: rule i is bit i of a u32
 EXTENSION_BYTES = 15  # EXT_LEN - 1: the key keeps a NUL
@@ -108,14 +109,6 @@ def executable_key(path: str) -> tuple[int, int]:
     """(inode, kernel dev) of an executable, as the kernel sees ``mm->exe_file``."""
     st = os.stat(path)
     return st.st_ino, kernel_dev(st.st_dev)
-
-
-def cgroup2_mount(mounts: str = "/proc/self/mounts") -> Path:
-    for line in Path(mounts).read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup2":
-            return Path(fields[1])
-    raise ValueError("no cgroup v2 hierarchy is mounted (allow_cgroups needs one)")
 
 
 def cgroup_id(path: str, root: Path | None = None) -> int:

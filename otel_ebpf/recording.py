@@ -23,6 +23,7 @@ from .events import (
     KernelLoss,
     ProcessExit,
     ProcessInfo,
+    TcpFlow,
     TcpHealthCounts,
 )
 from .protocol import Direction, Endpoint, Role, Transport
@@ -82,6 +83,8 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
             value = tuple(int(n) for n in value)
         elif f.name == "drops":
             value = tuple((str(reason), int(n)) for reason, n in value)
+        elif f.name == "flows":
+            value = tuple(TcpFlow(str(cgroup), *(int(n) for n in counts)) for cgroup, *counts in value)
         out[f.name] = value
     return out
 

@@ -14,6 +14,10 @@ RESETS = "otel_ebpf.tcp.resets"
 RTT = "otel_ebpf.tcp.rtt"
 DROPS = "otel_ebpf.tcp.drops"
 DROP_REASON = "otel_ebpf.tcp.drop_reason"  # the kernel's name: SKB_DROP_REASON_<name>
+# capture.tcp_flows (bpf/tcp_flows.c), named as system.network.io / system.network.packet.count
+IO = "otel_ebpf.tcp.io"
+PACKETS = "otel_ebpf.tcp.packet.count"
+CGROUP = "otel_ebpf.cgroup.path"  # the sockets' cgroup v2 path (not the process's: see docs/network.md)
 # bpf/tcp_health.c rtt_bucket(): 2^4 .. 2^23 microseconds (16 us .. 8.4 s), upper-inclusive
 RTT_BOUNDARIES_S = tuple((1 << i) / 1e6 for i in range(4, 24))
 
@@ -28,6 +32,8 @@ INSTRUMENTS = (
         RTT_BOUNDARIES_S,
     ),
     InstrumentSpec(DROPS, InstrumentKind.COUNTER, "{packet}", "Packets the kernel dropped, by its drop reason"),
+    InstrumentSpec(IO, InstrumentKind.COUNTER, "By", "Bytes of TCP packets, from the IP header on, sent or received"),
+    InstrumentSpec(PACKETS, InstrumentKind.COUNTER, "{packet}", "TCP packets (segments) sent or received"),
 )
 
 

@@ -271,6 +271,16 @@ class Telemetry:
         for reason, packets in counts.drops:
             point = MetricPoint(tcp_metrics.DROPS, packets, {**attributes, tcp_metrics.DROP_REASON: reason})
             process.record(scope, point, now)
+        for flow in counts.flows:
+            of_cgroup = {**attributes, tcp_metrics.CGROUP: flow.cgroup} if flow.cgroup else attributes
+            for direction, moved, packets in (
+                ("transmit", flow.bytes_sent, flow.packets_sent),
+                ("receive", flow.bytes_received, flow.packets_received),
+            ):
+                if packets:
+                    each_way = {**of_cgroup, "network.io.direction": direction}
+                    process.record(scope, MetricPoint(tcp_metrics.IO, moved, each_way), now)
+                    process.record(scope, MetricPoint(tcp_metrics.PACKETS, packets, each_way), now)
         if counts.rtt_count:
             process.merge_histogram(
                 scope,

@@ -230,6 +230,7 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         [("yaml", "", False, False), ("env", "OTEL_EBPF_KERNEL_HTTP_METRICS", "true", True)],
     ),
     "capture.tcp_health": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_TCP_HEALTH", "false", False)]),
+    "capture.tcp_flows": (False, [("yaml", "", True, True), ("env", "OTEL_EBPF_TCP_FLOWS", "true", True)]),
     "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
     "trace.instrumented_clients": (
         "skip",

@@ -102,10 +102,13 @@ def _members(body: str) -> list[tuple[str, str, str]]:
 
 
 @functools.cache
-def c_structs(source: str, defines: tuple[str, ...] = ()) -> dict[str, CStruct]:
-    """Every struct of ``bpf/<source>`` (and the headers it includes), compiled with ``defines``."""
+def c_structs(source: str | tuple[str, ...], defines: tuple[str, ...] = ()) -> dict[str, CStruct]:
+    """Every struct of ``bpf/<source>`` (and the headers it includes; several sources: one after
+    the other, as a probe appends them), compiled with ``defines``."""
     assert GCC is not None
-    text = re.sub(r"^#include <[^>]*>\s*$", "", (BPF / source).read_text(), flags=re.MULTILINE)
+    sources = (source,) if isinstance(source, str) else source
+    text = "".join((BPF / name).read_text() for name in sources)
+    text = re.sub(r"^#include <[^>]*>\s*$", "", text, flags=re.MULTILINE)
     flags = [f"-D{d}" for d in defines]
     expanded = subprocess.run(
         [GCC, "-E", "-P", "-I", str(BPF), *flags, "-x", "c", "-"],

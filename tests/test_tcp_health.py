@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.events import ProcessInfo, TcpHealthCounts
+from otel_ebpf.events import ProcessInfo, TcpFlow, TcpHealthCounts
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.probes.tcp_health import KFREE_SKB, TRACEPOINTS, TcpHealthReader, drop_reasons, missing_tracepoints
 from otel_ebpf.protocol import Role
@@ -87,6 +87,25 @@ class DropTable(Table):
         self._entries = {bytes(key): (key, values) for key, values in entries}
 
 
+class FlowKey(ctypes.Structure):
+    """Stands in for BCC's type of ``struct tcp_flow_key`` (bpf/tcp_flows.c)."""
+
+    _fields_ = [("series", Key), ("pad", ctypes.c_uint32), ("cgroup", ctypes.c_uint64)]
+
+
+class Flow(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64) for name in ("bytes_sent", "bytes_received", "packets_sent", "packets_received")
+    ]
+
+
+class FlowTable(Table):
+    """``tcp_flows``: a per-CPU hash of ``struct tcp_flow``."""
+
+    def __init__(self, *entries: tuple[FlowKey, list[Flow]]) -> None:
+        self._entries = {bytes(key): (key, values) for key, values in entries}
+
+
 def _key(pid: int, role: int, address: str, port: int) -> Key:
     addr = ipaddress.ip_address(address)
     raw = addr.packed.ljust(16, b"\0")
@@ -152,6 +171,34 @@ def test_drops_join_their_series_report_by_reason_and_only_what_grew() -> None:
     reader.process_exited(42)
     reader.read(3)
     assert not table and not drops
+
+
+def test_flows_join_their_series_by_cgroup_and_report_what_grew() -> None:
+    busy, quiet = _key(42, 2, "10.0.0.2", 8080), _key(42, 1, "10.0.0.3", 443)
+    table = Table((busy, [_series(retransmissions=1)]))
+    flows = FlowTable(
+        (FlowKey(busy, 0, 7), [Flow(1000, 200, 10, 4), Flow(500, 0, 5, 0)]),
+        (FlowKey(busy, 0, 9), [Flow(0, 60, 0, 1)]),
+        (FlowKey(quiet, 0, 404), [Flow(52, 0, 1, 0)]),  # a cgroup gone by the time it was read
+    )
+    paths = {7: "/kubepods.slice/pod-a", 9: "/system.slice/b.service"}
+    reader = TcpHealthReader(table, flows=flows, cgroup_path=lambda cgroup: paths.get(cgroup, ""))
+    first = {(r.server_port, r.retransmissions, r.flows) for r in reader.read(1)}
+    assert first == {
+        (
+            8080,
+            1,
+            (TcpFlow("/kubepods.slice/pod-a", 1500, 200, 15, 4), TcpFlow("/system.slice/b.service", 0, 60, 0, 1)),
+        ),
+        (443, 0, (TcpFlow("", 52, 0, 1, 0),)),  # flows only: nothing else of the series grew
+    }
+    flows[FlowKey(busy, 0, 7)] = [Flow(1000, 200, 10, 4), Flow(600, 52, 6, 1)]
+    (grown,) = reader.read(2)
+    assert (grown.server_port, grown.retransmissions, grown.flows) == (8080, 0, (TcpFlow(paths[7], 100, 52, 1, 1),))
+    assert reader.read(3) == []
+    reader.process_exited(42)
+    reader.read(4)
+    assert not table and not flows
 
 
 def test_drop_reasons_are_named_as_the_kernel_prints_them(tmp_path: Path) -> None:
@@ -241,11 +288,44 @@ def test_counts_become_the_process_metrics() -> None:
     assert rtt.bucket_counts[3] == 2 and RTT_BOUNDARIES_S[2] < 100e-6 <= RTT_BOUNDARIES_S[3]
 
 
+def test_flows_become_bytes_and_packets_each_way_by_cgroup() -> None:
+    telemetry = Telemetry([], "host", {}, SelfMetrics(), delta_kinds=DELTA_KINDS["cumulative"])
+    telemetry.process_info(ProcessInfo(1, 42, "/usr/bin/curl", "curl", {}))
+    telemetry.tcp_health(_counts(Role.CLIENT, flows=(TcpFlow("/a.slice", 1052, 0, 2, 0), TcpFlow("", 0, 104, 0, 2))))
+    telemetry.tcp_health(_counts(Role.CLIENT, flows=(TcpFlow("/a.slice", 552, 52, 1, 1),)))
+    (resource,) = telemetry.collect_metrics(10)
+    metrics = {m.name: m for scope in resource.scope_metrics for m in scope.metrics}
+    series = series_attributes(_counts(Role.CLIENT))
+    for name, unit, expected in (
+        (
+            "otel_ebpf.tcp.io",
+            "By",
+            {("/a.slice", "transmit"): 1604, ("/a.slice", "receive"): 52, (None, "receive"): 104},
+        ),
+        (
+            "otel_ebpf.tcp.packet.count",
+            "{packet}",
+            {("/a.slice", "transmit"): 3, ("/a.slice", "receive"): 1, (None, "receive"): 2},
+        ),
+    ):
+        points = metrics[name].data.data_points
+        assert metrics[name].unit == unit and metrics[name].data.is_monotonic
+        assert {
+            (p.attributes.get("otel_ebpf.cgroup.path"), p.attributes["network.io.direction"]): p.value for p in points
+        } == expected
+        for point in points:
+            assert {k: v for k, v in point.attributes.items() if k in series} == series
+
+
 def test_counts_survive_a_recording() -> None:
     counts = _counts(Role.SERVER, rtt_count=1, rtt_buckets=(1,) + (0,) * (NBUCKETS - 1), drops=(("NOMEM", 2),))
     assert decode_event(encode_event(counts)) == counts
     older = encode_event(_counts(Role.SERVER)).replace(',"drops":[]', "")  # a recording from before drops
     assert decode_event(older) == _counts(Role.SERVER)
+    flowing = _counts(Role.CLIENT, flows=(TcpFlow("/a.slice", 1052, 52, 2, 1), TcpFlow("", 0, 60, 0, 1)))
+    assert decode_event(encode_event(flowing)) == flowing
+    before_flows = encode_event(_counts(Role.CLIENT)).replace(',"flows":[]', "")
+    assert decode_event(before_flows) == _counts(Role.CLIENT)
 
 
 @pytest.mark.skipif(GCC is None, reason="gcc is not installed (scripts/bootstrap.sh)")
@@ -261,6 +341,12 @@ def test_the_kernel_structs_have_what_the_reader_reads() -> None:
     assert [(m.name, m.size) for m in drop_key.members] == [
         (name, ctypes.sizeof(typ)) for name, typ in DropKey._fields_
     ]
+    flows = c_structs(("tcp_health.c", "tcp_flows.c"), ("TCP_FLOWS",))
+    for struct, stand_in in (("tcp_flow_key", FlowKey), ("tcp_flow", Flow)):
+        assert [(m.name, m.offset, m.size) for m in flows[struct].members] == [
+            (name, getattr(stand_in, name).offset, ctypes.sizeof(typ)) for name, typ in stand_in._fields_
+        ]
+        assert flows[struct].size == ctypes.sizeof(stand_in)
 
 
 def test_a_kernel_without_the_tracepoints_or_their_socket_is_named(tmp_path: Path) -> None:

@@ -15,13 +15,14 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .. import procfs
+from ..cgroups import CgroupPaths, cgroup2_mount
 from ..config import CaptureConfig, TargetsConfig
 from ..containers import ContainerResolver
 from ..events import (
@@ -205,6 +206,11 @@ class SocketProbe:
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
         self._http_red: HttpRedReader | None = None
         self._tcp_health: tcp_health.TcpHealthReader | None = None  # with capture.tcp_health
+        # with capture.tcp_flows: the cgroup v2 mount, then what holds the flow programs attached
+        self._cgroup_mount = self._flows_mount() if self.tcp_health and capture.tcp_flows else None
+        if capture.tcp_flows and not self.tcp_health:
+            log.warning("TCP bytes and packets are not counted: they need TCP health (capture.tcp_health)")
+        self._flow_fds: list[int] = []
         self._drop_reasons: dict[int, str] | None = None  # kernel drop reasons, where drops are counted
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
@@ -229,7 +235,9 @@ class SocketProbe:
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
         bpf_dir = resources.files("otel_ebpf.bpf")
-        parts = ["socket_trace.c", "tls_trace.c", *(["tcp_health.c"] if self.tcp_health else [])]
+        parts = ["socket_trace.c", "tls_trace.c"]
+        parts += ["tcp_health.c"] if self.tcp_health else []
+        parts += ["tcp_flows.c"] if self._cgroup_mount else []
         source = inline_headers("".join(bpf_dir.joinpath(part).read_text() for part in parts))
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
@@ -249,6 +257,8 @@ class SocketProbe:
             cflags.append("-DFD_TRACKING")
         if self.tcp_health:
             cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}", *self._drop_flags()]
+        if self._cgroup_mount:
+            cflags.append("-DTCP_FLOWS")
         self._bpf = compile_program(source, cflags, "socket probe")
         filtering = self.targets.selects_processes
         write_settings(
@@ -278,7 +288,10 @@ class SocketProbe:
         self._http_red = HttpRedReader(self._bpf["http_red"])
         if self.tcp_health:
             drops = self._bpf["tcp_drops"] if self._drop_reasons is not None else None
-            self._tcp_health = tcp_health.TcpHealthReader(self._bpf["tcp_series"], drops, self._drop_reasons)
+            flows, cgroup_path = self._attach_flows()
+            self._tcp_health = tcp_health.TcpHealthReader(
+                self._bpf["tcp_series"], drops, self._drop_reasons, flows, cgroup_path
+            )
         start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
         self._tls.scan(start_pids, system_libssl())
         write_settings(self._bpf, {SET_READY: 1})
@@ -296,6 +309,27 @@ class SocketProbe:
             log.info("TCP drops not counted: %s", exc)
             self._drop_reasons = None
             return []
+
+    @staticmethod
+    def _flows_mount() -> Path | None:
+        """Where the cgroup programs of capture.tcp_flows attach: the cgroup v2 root."""
+        try:
+            return cgroup2_mount()
+        except (OSError, ValueError) as exc:
+            log.warning("TCP bytes and packets are not counted: %s", exc)
+            return None
+
+    def _attach_flows(self) -> tuple[Any, Callable[[int], str] | None]:
+        """``tcp_flows`` and what names its cgroups, with the flow programs attached; (None,
+        None) without capture.tcp_flows or where the kernel refuses them (said in the log)."""
+        if self._cgroup_mount is None:
+            return None, None
+        try:
+            self._flow_fds = tcp_health.attach_flows(self._bpf, str(self._cgroup_mount))
+        except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception when the verifier refuses a program
+            log.warning("TCP bytes and packets are not counted: %s", exc)
+            return None, None
+        return self._bpf["tcp_flows"], CgroupPaths(self._cgroup_mount).path
 
     @staticmethod
     def _tcp_health_supported() -> bool:
@@ -337,6 +371,9 @@ class SocketProbe:
                     self._tls.max_attachments,
                 )
             self._uprobe_closer.stop()
+            for fd in self._flow_fds:
+                os.close(fd)
+            self._flow_fds = []
             close_program(self._bpf)
             self._bpf = None
 
