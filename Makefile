@@ -51,7 +51,8 @@ demo: bootstrap
 #   make bench          the full runs (each ~1-3 min on 2 cores: the README's figures come from these)
 #   make bench-quick    --quick runs (seconds each, for checking that they work) into bench/results/quick/
 BENCH ?= nginx_load fastapi_load idle_cost http_load protocol_load profile_overhead trace_assembly \
-         pipeline_replay file_export rtps_load genai_stream gpu_probe_cost tls_untraced pii_scrub roce_cost
+         pipeline_replay file_export rtps_load genai_stream gpu_probe_cost tls_untraced pii_scrub roce_cost \
+         kernel_cost
 BENCH_FLAGS ?=
 
 bench: bootstrap
@@ -60,6 +61,7 @@ bench: bootstrap
 	    $(PY) bench/$$name.py $(BENCH_FLAGS) || failed="$$failed $$name"; \
 	done; \
 	echo; $(PY) bench/results.py $(BENCH); \
+	if [ -z "$(BENCH_RESULTS)" ]; then $(PY) bench/readme_tables.py; fi; \
 	if [ -n "$$failed" ]; then echo "[bench] FAILED:$$failed"; exit 1; fi
 
 bench-quick:

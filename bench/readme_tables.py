@@ -1,0 +1,191 @@
+"""The README's cost tables, written from the benchmarks' results files, never by hand.
+
+Each table sits in README.md between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``,
+where NAME is a file in ``bench/results/``; everything between the two markers is what
+:data:`TABLES` renders from that file's figures, followed by a line naming the command, the date
+and the revision that produced them. ``make bench`` rewrites the tables after its runs;
+``tests/test_readme_tables.py`` fails when a table differs from its file, so a figure in a table
+cannot drift from the run it came from.
+
+Usage: ``python bench/readme_tables.py [--check] [--readme PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
+from results import REPO, results_dir
+
+Figures = dict[str, Any]
+
+
+def _offered(load: str) -> str:
+    """A load as the tables name it: "max" is "as fast as possible", rates get thousands separators."""
+    if load == "max":
+        return "as fast as possible"
+    rate = load.removesuffix("/s").replace(",", "")
+    return f"{float(rate):,.0f}/s" if rate.replace(".", "", 1).isdigit() else load
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [_row(header), "|" + "---|" * len(header), *(_row(r) for r in rows)]
+
+
+def nginx_load(figures: Figures) -> list[str]:
+    header = [
+        "offered load",
+        "untraced",
+        "traced",
+        "ratio",
+        "spans / request (server, client)",
+        "shed / request",
+        "(spans + shed) / (2 × requests)",
+        "duration histogram count / request",
+        "events lost",
+        "false ERROR spans",
+        "agent exit after SIGINT",
+    ]
+    rows = [
+        [
+            _offered(load["offered"]),
+            f"{load['untraced_rps']:,}/s",
+            f"{load['traced_rps']:,}/s",
+            f"{load['ratio']:.3f}",
+            f"{load['server_spans_per_request']:.3f}, {load['client_spans_per_request']:.3f}",
+            f"{load['shed_per_request']:.3f}",
+            f"{load['spans_plus_shed_per_request']:.4f}",
+            f"{load['duration_count_per_request']:.4f}",
+            f"{load['events_lost']:,}",
+            f"{load['false_error_spans']:,}",
+            f"{load['agent_exit_s']:.1f} s",
+        ]
+        for load in figures["loads"]
+    ]
+    return _table(header, rows)
+
+
+def http_load(figures: Figures) -> list[str]:
+    header = [
+        "offered load",
+        "untraced",
+        "traced",
+        "throughput ratio",
+        "server spans / request",
+        "agent CPU / request",
+        "agent RSS (steady)",
+    ]
+    rows = [
+        [
+            _offered(load["offered"]),
+            f"{load['untraced_rps']:,}/s",
+            f"{load['traced_rps']:,}/s",
+            f"{load['ratio']:.3f}",
+            f"{load['server_spans_per_request']:.4f}",
+            f"{load['agent_cpu_us_per_request']:,} µs",
+            f"{load['agent_rss_steady_mb']:,} MB",
+        ]
+        for load in figures["loads"]
+    ]
+    return _table(header, rows)
+
+
+def kernel_cost(figures: Figures) -> list[str]:
+    header = [
+        "offered load",
+        "requests/s",
+        "shed / request",
+        "program runs / request",
+        "kernel time / request",
+        "per traced side",
+        "costliest programs (ns / request)",
+    ]
+    rows = []
+    for load in figures["loads"]:
+        by_cost = sorted(load["programs"].items(), key=lambda item: -item[1]["ns_per_request"])
+        top = ", ".join(f"{name.split('__')[-1]} {p['ns_per_request']:,.0f}" for name, p in by_cost[:3])
+        rows.append(
+            [
+                load["load"],
+                f"{load['requests_per_s']:,}",
+                f"{load['shed_per_request']:.3f}",
+                f"{load['runs_per_request']:.2f}",
+                f"{load['ns_per_request'] / 1000:.2f} µs",
+                f"{load['ns_per_request_per_side'] / 1000:.2f} µs",
+                top,
+            ]
+        )
+    return _table(header, rows)
+
+
+TABLES: dict[str, Callable[[Figures], list[str]]] = {
+    "nginx_load": nginx_load,
+    "http_load": http_load,
+    "kernel_cost": kernel_cost,
+}
+
+BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def _provenance(document: dict[str, Any]) -> str:
+    """Where a table's figures come from: the command as one would type it, the date, the revision."""
+    command = re.sub(r"^\S*python3?(\.\d+)?\s", "python ", document["command"])
+    revision = document.get("revision") or {}
+    commit = (revision.get("commit") or "unknown")[:7] + (" with local changes" if revision.get("dirty") else "")
+    return (
+        f"<sub>`{command}` on {document['date'][:10]}, revision {commit} "
+        f"(`bench/results/{document['name']}.json`)</sub>"
+    )
+
+
+def render(name: str) -> str:
+    """The block's body for results file ``name``."""
+    path = results_dir() / f"{name}.json"
+    document = json.loads(path.read_text())
+    return "\n".join([*TABLES[name](document["figures"]), "", _provenance(document)]) + "\n"
+
+
+def rewrite(text: str) -> str:
+    """``text`` with every results block written from its file; an unknown name is an error."""
+
+    def block(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise SystemExit(f"README block results:{name}: no table renders it (bench/readme_tables.py)")
+        return match.group(1) + render(name) + match.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    written = rewrite(text)
+    if written == text:
+        print(f"[readme_tables] {args.readme.name}: every table matches its results file")
+        return 0
+    if args.check:
+        print(
+            f"[readme_tables] {args.readme.name}: tables differ from bench/results/; run python bench/readme_tables.py"
+        )
+        return 1
+    args.readme.write_text(written)
+    print(f"[readme_tables] rewrote the tables of {args.readme.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
