@@ -30,7 +30,7 @@ import pytest
 
 from otel_ebpf import model_guard
 from otel_ebpf.config import CaptureConfig
-from otel_ebpf.probes import cpu, gpu, http_red, socket
+from otel_ebpf.probes import cpu, gpu, gpu_records, http_red, socket
 from otel_ebpf.probes import model_guard as model_guard_probe
 from otel_ebpf.profiles import cpython
 
@@ -283,29 +283,29 @@ def test_http_red_fields_exist() -> None:
     assert read and read <= values, read - values
 
 
-# ---- the GPU probe: bpf/gpu_trace.c -> probes/gpu.py ---------------------------------------------
+# ---- the GPU probe: bpf/gpu_trace.c -> probes/gpu_records.py, probes/gpu.py ----------------------
 
 
 def _gpu(python: bool) -> dict[str, CStruct]:
-    defines = (f"USER_FRAMES={gpu.USER_FRAMES}",) + (("PYTHON_STACKS",) if python else ())
+    defines = (f"USER_FRAMES={gpu_records.USER_FRAMES}",) + (("PYTHON_STACKS",) if python else ())
     return c_structs("gpu_trace.c", defines)
 
 
 @pytest.mark.parametrize("python", [True, False], ids=["python-stacks", "no-python-stacks"])
 def test_gpu_call_record(python: bool) -> None:
     structs = _gpu(python)
-    user = f"<{gpu.USER_FRAMES}Q"  # decode() reads 8 * USER_FRAMES bytes of return addresses
-    pieces = [gpu._HEADER, gpu._ARGS, user, gpu._PY_HEADER]
+    user = f"<{gpu_records.USER_FRAMES}Q"  # decode() reads 8 * USER_FRAMES bytes of return addresses
+    pieces = [gpu_records._HEADER, gpu_records._ARGS, user, gpu_records._PY_HEADER]
     if python:
         assert_layout(structs, "gpu_event", pieces, then="py.frames")
-        assert_layout(structs, "py_frame", [gpu._PY_FRAME])
+        assert_layout(structs, "py_frame", [gpu_records._PY_FRAME])
     else:
         assert_layout(structs, "gpu_event", pieces)
-    assert gpu.event_size(gpu.PY_MAX_FRAMES if python else 0) == structs["gpu_event"].size
+    assert gpu_records.event_size(gpu_records.PY_MAX_FRAMES if python else 0) == structs["gpu_event"].size
 
 
 def test_gpu_return_record() -> None:
-    assert_layout(_gpu(True), "gpu_return", [gpu._HEADER, gpu._OUT])
+    assert_layout(_gpu(True), "gpu_return", [gpu_records._HEADER, gpu_records._OUT])
 
 
 def test_gpu_usdt_spec_fields_exist() -> None:
