@@ -30,7 +30,7 @@ import pytest
 
 from otel_ebpf import model_guard
 from otel_ebpf.config import CaptureConfig
-from otel_ebpf.probes import cpu, gpu, gpu_records, http_red, socket
+from otel_ebpf.probes import cpu, gpu, gpu_records, http_red, loading, socket, verbs
 from otel_ebpf.probes import model_guard as model_guard_probe
 from otel_ebpf.profiles import cpython
 
@@ -367,6 +367,33 @@ def test_model_guard_open_record() -> None:
 )
 def test_model_guard_rule_keys(name: str, python: type[ctypes.Structure]) -> None:
     assert_ctypes(_guard(), name, python)
+
+
+# ---- settings[] slots: bpf/targets.h and each program's own -> loading.py and each probe ----------
+
+
+def c_settings(source: str) -> dict[str, int]:
+    """The ``SET_*`` slot numbers ``bpf/<source>`` (and the headers it includes) defines."""
+    assert GCC is not None
+    text = re.sub(r"^#include <[^>]*>\s*$", "", (BPF / source).read_text(), flags=re.MULTILINE)
+    macros = subprocess.run(
+        [GCC, "-E", "-dM", "-I", str(BPF), "-x", "c", "-"], input=text, capture_output=True, text=True, check=True
+    ).stdout
+    return {m[1]: int(m[2]) for m in re.finditer(r"^#define (SET_\w+) (\d+)$", macros, re.MULTILINE)}
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [("socket_trace.c", socket), ("gpu_trace.c", gpu), ("cpu_profile.c", cpu), ("verbs_trace.c", verbs)],
+)
+def test_settings_slots_match(source: str, module: Any) -> None:
+    """Every ``SET_*`` number the probe writes is the slot the program reads, the two that
+    targets.h shares (written through loading.py's numbers) included."""
+    slots = c_settings(source)
+    assert {"SET_AGENT_TGID", "SET_FILTER_PIDS"} <= slots.keys()
+    for python in (module, loading):
+        numbers = {name: getattr(python, name) for name in dir(python) if name.startswith("SET_")}
+        assert numbers and {name: slots.get(name) for name in numbers} == numbers, python.__name__
 
 
 # ---- the extraction itself ---------------------------------------------------------------------

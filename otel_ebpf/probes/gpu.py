@@ -31,13 +31,20 @@ from .gpu_records import (
     ProcessEvent,
     decode,
 )
-from .loading import inline_headers, pid_namespace_flags, ring_buffer_pages, write_settings
+from .loading import (
+    SET_AGENT_TGID,
+    SET_FILTER_PIDS,
+    inline_headers,
+    pid_namespace_flags,
+    ring_buffer_pages,
+    write_settings,
+)
 from .usdt import UsdtProbe, attach_usdt, read_usdt_probes
 
 log = logging.getLogger(__name__)
 
 USDT_SLOTS = 8  # programs usdt_torch_{malloc,free}_N in gpu_trace.c
-SET_FILTER_PIDS, SET_AGENT_TGID, SET_STACKS = 0, 1, 2
+SET_STACKS = 2  # after targets.h's two
 STACKS_NATIVE, STACKS_PYTHON = 1, 2
 STAT_NAMES = ("gpu_ringbuf_full", "gpu_nested_calls", "gpu_returns_without_entry", "gpu_python_stack_truncated")
 
