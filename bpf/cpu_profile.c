@@ -26,10 +26,7 @@
 #define RINGBUF_PAGES 64
 #endif
 
-/* settings[] */
-#define SET_FILTER_PIDS 0 /* 1: only tgids in targets */
-#define SET_AGENT_TGID 1
-#define SET_COUNT 2
+#define NSETTINGS 2 /* settings[]: targets.h's two */
 
 /* drops[] (per CPU) */
 #define DROP_RINGBUF 0  /* ring buffer full: the sample is lost */
@@ -51,8 +48,7 @@ struct sample {
 };
 
 BPF_RINGBUF_OUTPUT(samples, RINGBUF_PAGES);
-BPF_HASH(targets, u32, u8, MAX_TARGETS);
-BPF_ARRAY(settings, u32, SET_COUNT);
+#include "targets.h"
 BPF_PERCPU_ARRAY(drops, u64, DROP_COUNT);
 
 static __always_inline void count_drop(int reason) {
@@ -61,17 +57,10 @@ static __always_inline void count_drop(int reason) {
         (*n)++;
 }
 
-static __always_inline u32 setting(int key) {
-    u32 *v = settings.lookup(&key);
-    return v ? *v : 0;
-}
-
 int on_sample(struct bpf_perf_event_data *ctx) {
     u64 id = current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (tgid == 0 || tgid == setting(SET_AGENT_TGID)) /* idle, or the agent itself */
-        return 0;
-    if (setting(SET_FILTER_PIDS) && !targets.lookup(&tgid))
+    if (!traced_process(tgid)) /* idle (0), the agent itself, or not a target */
         return 0;
     struct sample *s = samples.ringbuf_reserve(sizeof(struct sample));
     if (!s) {

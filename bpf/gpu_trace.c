@@ -64,11 +64,9 @@ static __always_inline int py_read_stack(u32 tgid, u32 tid, struct py_stack *out
 #define KERNEL_NAME_LEN 1024  /* mangled kernel names: templates run to hundreds of bytes */
 #endif
 
-/* settings[] */
-#define SET_FILTER_PIDS 0 /* 1: only tgids in targets[] */
-#define SET_AGENT_TGID 1
+/* settings[] (0 and 1: targets.h) */
 #define SET_STACKS 2      /* bit 0: native user stacks, bit 1: Python stacks */
-#define SET_COUNT 3
+#define NSETTINGS 3
 
 /* stats[] (per CPU), mirrored by STAT_NAMES in otel_ebpf/probes/gpu.py */
 #define STAT_RINGBUF_FULL 0  /* calls lost: ring buffer full */
@@ -154,8 +152,8 @@ struct usdt_spec {
 };
 
 BPF_RINGBUF_OUTPUT(gpu_events, RINGBUF_PAGES);
-BPF_HASH(targets, u32, u8, MAX_TARGETS);
-BPF_ARRAY(settings, u32, SET_COUNT);
+#define TARGETS_FOLLOW_FORKS
+#include "targets.h"
 BPF_PERCPU_ARRAY(stats, u64, STAT_COUNT);
 BPF_PERCPU_ARRAY(scratch, struct gpu_event, 1);
 /* calls and outer keep one entry per thread (and op) once made, rewritten in place: a call marks
@@ -171,17 +169,6 @@ static __always_inline void count(u32 slot) {
     u64 *n = stats.lookup(&slot);
     if (n)
         (*n)++;
-}
-
-static __always_inline u32 setting(u32 key) {
-    u32 *v = settings.lookup(&key);
-    return v ? *v : 0;
-}
-
-static __always_inline int is_target(u32 tgid) {
-    if (!tgid || tgid == setting(SET_AGENT_TGID))  /* 0: outside the agent's PID namespace */
-        return 0;
-    return !setting(SET_FILTER_PIDS) || targets.lookup(&tgid) != 0;
 }
 
 /* Stacks and identity into *e (the per-CPU scratch or a ring-buffer record). */
@@ -234,7 +221,7 @@ static __always_inline u64 arg6_address(int arg6, u64 sp, struct gpu_event *e) {
 
 static __always_inline int call_enter(struct pt_regs *ctx, u32 op, u32 layer, int arg6, int ret_mode) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     u32 tid = (u32)id;
     u64 sp = PT_REGS_SP(ctx);
@@ -331,7 +318,7 @@ static __always_inline int call_return(struct pt_regs *ctx, u32 op, int ret_mode
         u8 *mark = nested.lookup(&key);
         if (mark && *mark)
             *mark = 0;  /* in place, as calls and outer */
-        else if (is_target(id >> 32))
+        else if (traced_process(id >> 32))
             count(STAT_NO_ENTRY);
         return 0;
     }
@@ -468,7 +455,7 @@ static __always_inline u64 usdt_arg(struct pt_regs *ctx, struct usdt_arg *a) {
 
 static __always_inline int usdt_event(struct pt_regs *ctx, u32 op, u32 spec_key) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     struct usdt_spec *spec = usdt_specs.lookup(&spec_key);
     if (!spec)
@@ -511,7 +498,7 @@ USDT_SLOT(7)
  * (they are rare, and one may be a new target by its executable's name); exits only of targets. */
 static __always_inline void process_event(u32 op, int any) {
     u64 id = current_pid_tgid();
-    if (!id || (!is_target(id >> 32) && !any))  /* 0: outside the agent's PID namespace */
+    if (!id || (!traced_process(id >> 32) && !any))  /* 0: outside the agent's PID namespace */
         return;
     struct gpu_event *e = gpu_events.ringbuf_reserve(sizeof(struct gpu_event));
     if (!e) {
@@ -535,20 +522,11 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
 
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = current_pid_tgid();
-    if ((u32)id == id >> 32)  /* the process, not one of its threads */
-        process_event(255, 0);
-    return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_process_fork) {
-#ifdef PIDNS_INO
-    return 0;  /* host pids: in a PID namespace the targets are the whole namespace */
-#endif
-    if (!setting(SET_FILTER_PIDS))
+    u32 tgid = id >> 32, tid = id;
+    if (tid != tgid) {  /* a thread, not the process: sched_process_fork entered its id (targets.h) */
+        targets.delete(&tid);
         return 0;
-    u32 parent = args->parent_pid, child = args->child_pid;
-    u8 one = 1;
-    if (targets.lookup(&parent))  /* a traced launcher's workers are traced too */
-        targets.update(&child, &one);
+    }
+    process_event(255, 0);
     return 0;
 }

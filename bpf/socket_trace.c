@@ -39,9 +39,7 @@
 #define TCP_SYN_RECV 3
 #define EINPROGRESS 115
 
-// settings[] slots, written once by user space before attaching.
-#define SET_AGENT_TGID 0
-#define SET_FILTER_PIDS 1   // 1: only tgids in targets[]; 0: every process but the agent
+// settings[] slots, written once by user space before attaching (0 and 1: targets.h).
 #define SET_FILTER_PORTS 2  // 1: only connections with a local or peer port in ports[]
 #define SET_WATCH_EXEC 3    // 1: report execs so user space can match --exe globs
 #define SET_READY 4         // 1 once the slots above are written: until then trace nothing
@@ -305,7 +303,8 @@ struct accepted_key {
 BPF_TABLE("lru_hash", struct accepted_key, struct tuple, accepted, MAX_CONNS);
 #endif
 BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
-BPF_HASH(targets, u32, u8, MAX_TARGETS);
+#define TARGETS_FOLLOW_FORKS
+#include "targets.h"
 // Local ends that bind() set or getsockname() reported, by (tgid<<32|fd): the sock tracepoints
 // give no UDP addresses, and a short-lived process may be gone before /proc can be read.
 struct local_end {
@@ -316,7 +315,6 @@ struct local_end {
 };
 BPF_TABLE("lru_hash", u64, struct local_end, bound_ends, MAX_CONNS);
 BPF_HASH(ports, u16, u8, 64);
-BPF_ARRAY(settings, u32, NSETTINGS);
 BPF_PERCPU_ARRAY(generation_seq, u32, 1);
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 // One slot per CPU, indexed by CPU id: a per-CPU map would cap the value at 32 KiB, below the
@@ -324,11 +322,6 @@ BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 BPF_ARRAY(data_scratch, struct data_event, NR_CPUS);
 BPF_ARRAY(dgram_scratch, struct dgram_event, NR_CPUS);
 BPF_PERCPU_ARRAY(since_wakeup, u32, 1);
-
-static __always_inline u32 setting(u32 slot) {
-    u32 *v = settings.lookup(&slot);
-    return v ? *v : 0;
-}
 
 static __always_inline void count(u32 slot, u64 n) {
     u64 *v = stats.lookup(&slot);
@@ -621,22 +614,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 }
 
 // ---- processes -------------------------------------------------------------------------------
-
-TRACEPOINT_PROBE(sched, sched_process_fork) {
-#ifdef PIDNS_INO
-    return 0;  // child_pid is a host pid: in a PID namespace the targets are the whole namespace
-#endif
-    if (!setting(SET_FILTER_PIDS))
-        return 0;
-    // The forking task's process (any of its threads may fork) passes its membership on. The
-    // tracepoint fires for new threads too, which it cannot tell from processes: their ids enter
-    // targets as well, unused, and leave when the thread exits (sched_process_exit).
-    u32 parent = current_pid_tgid() >> 32, child = args->child_pid;
-    u8 one = 1;
-    if (targets.lookup(&parent))
-        targets.update(&child, &one);
-    return 0;
-}
 
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u64 id = current_pid_tgid();

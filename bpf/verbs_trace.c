@@ -72,9 +72,7 @@
 #define READ_QP_ATTR 5          /* entry: the qp, and the attributes ibv_modify_qp sets */
 #define READ_NEW_CONTEXT 6      /* return: the new context's provider functions */
 
-#define SET_FILTER_PIDS 0       /* settings[]: 1: only tgids in targets[] */
-#define SET_AGENT_TGID 1
-#define SET_COUNT 2
+#define NSETTINGS 2             /* settings[]: targets.h's two */
 
 #define STAT_RINGBUF_FULL 0     /* stats[], mirrored by STAT_NAMES in otel_ebpf/probes/verbs.py */
 #define STAT_NO_ENTRY 1         /* returns whose entry was not kept (attached mid-call, table full) */
@@ -117,8 +115,7 @@ struct verbs_call {
 };
 
 BPF_RINGBUF_OUTPUT(verbs_events, RINGBUF_PAGES);
-BPF_HASH(targets, u32, u8, MAX_TARGETS);
-BPF_ARRAY(settings, u32, SET_COUNT);
+#include "targets.h"
 BPF_PERCPU_ARRAY(stats, u64, STAT_COUNT);
 BPF_PERCPU_ARRAY(scratch, struct verbs_call, 1);
 BPF_TABLE("lru_hash", u64, struct verbs_call, calls, MAX_CALLS);  /* (tid << 8 | family) -> the call in flight */
@@ -127,16 +124,6 @@ static __always_inline void count(u32 slot) {
     u64 *n = stats.lookup(&slot);
     if (n)
         (*n)++;
-}
-
-static __always_inline int is_target(u32 tgid) {
-    u32 key = SET_AGENT_TGID;
-    u32 *agent = settings.lookup(&key);
-    if (!tgid || (agent && tgid == *agent))  /* 0: outside the agent's PID namespace */
-        return 0;
-    key = SET_FILTER_PIDS;
-    u32 *filter = settings.lookup(&key);
-    return !(filter && *filter) || targets.lookup(&tgid) != 0;
 }
 
 static __always_inline u64 read_pointer(u64 address) {
@@ -171,7 +158,7 @@ static __always_inline void read_ops(struct verbs_call *c, u64 context) {
 
 static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, int arg, int what) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     u64 key = (id & 0xffffffff) << 8 | family;
     u64 sp = PT_REGS_SP(ctx);
@@ -223,7 +210,7 @@ static __always_inline int verb_enter(struct pt_regs *ctx, u16 op, u16 family, i
 
 static __always_inline int verb_return(struct pt_regs *ctx, u16 family, int what) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     u64 key = (id & 0xffffffff) << 8 | family;
     struct verbs_call *c = calls.lookup(&key);
@@ -369,7 +356,7 @@ static __always_inline u64 sge_bytes(u64 sg_list, s32 num_sge) {
  * list and remember when it was posted. Counted at entry: a post the provider refuses is counted. */
 static __always_inline int post(struct pt_regs *ctx, u32 receive) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     struct data_key key = {.pid = id >> 32, .opcode = OPCODE_RECV};
     bpf_probe_read_user(&key.qp_num, sizeof(key.qp_num), (void *)(PT_REGS_PARM1(ctx) + QP_NUM));
@@ -406,7 +393,7 @@ int enter_post_recv(struct pt_regs *ctx) { return post(ctx, 1); }
 /* ibv_poll_cq(cq, num_entries, wc) */
 int enter_poll_cq(struct pt_regs *ctx) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     u32 tid = id;
     u64 wc = PT_REGS_PARM3(ctx);
@@ -444,7 +431,7 @@ static __always_inline void time_completion(struct pending_key *pend, u64 now) {
 
 int return_poll_cq(struct pt_regs *ctx) {
     u64 id = current_pid_tgid();
-    if (!is_target(id >> 32))
+    if (!traced_process(id >> 32))
         return 0;
     u32 tid = id;
     u64 *array = polls.lookup(&tid);

@@ -45,10 +45,10 @@ from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
     from .gpu.nvml import NvmlReader
-    from .probes.gpu import GpuMonitor
     from .probes.model_guard import ModelGuard
     from .probes.roce import RoceProbe
     from .probes.verbs import VerbsMonitor
+    from .profiles.gpu_session import GpuMonitor
     from .profiles.session import CpuProfiling
 
 log = logging.getLogger("otel_ebpf")
@@ -332,7 +332,7 @@ def _check_targets_alive(config: AgentConfig) -> None:
 
 def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
     """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
-    from .probes.gpu import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
+    from .profiles.gpu_session import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
 
     gpu = GpuMonitor(
         agent.config,

@@ -9,11 +9,11 @@ process's profile, GPU memory and spans on one resource.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 
 from . import procfs
 from .containers import ContainerResolver
 from .events import ProcessInfo
+from .protocol import Attributes
 from .telemetry import SDK_ATTRIBUTES, process_resource_attributes
 
 MAX_PROCESSES = 4096
@@ -25,7 +25,7 @@ class ProcessResources:
 
     def __init__(
         self,
-        extra: Mapping[str, object],
+        extra: Attributes,
         host_name: str,
         containers: ContainerResolver,
         max_processes: int = MAX_PROCESSES,
@@ -34,9 +34,9 @@ class ProcessResources:
         self._host_name = host_name
         self._containers = containers
         self._max = max_processes
-        self._known: OrderedDict[int, Mapping[str, object]] = OrderedDict()
+        self._known: OrderedDict[int, Attributes] = OrderedDict()
 
-    def of(self, pid: int) -> Mapping[str, object]:
+    def of(self, pid: int) -> Attributes:
         known = self._known.get(pid)
         if known is not None:
             self._known.move_to_end(pid)
@@ -49,6 +49,6 @@ class ProcessResources:
             self._known.popitem(last=False)
         return known
 
-    def pop(self, pid: int) -> Mapping[str, object] | None:
+    def pop(self, pid: int) -> Attributes | None:
         """Forget ``pid`` (it exited); what was known of it, None if nothing was."""
         return self._known.pop(pid, None)

@@ -10,6 +10,8 @@ tree="$root/build/typecheck"
 rm -rf "$tree"
 mkdir -p "$tree/otel_ebpf"
 for entry in otel_ebpf/*; do
+    # a worktree may carry otel_ebpf/protocols as a symlink of its own: the one linked below counts
+    [ "$entry" = otel_ebpf/protocols ] && continue
     ln -s "$root/$entry" "$tree/otel_ebpf/"
 done
 ln -s "$root/protocols" "$tree/otel_ebpf/protocols"

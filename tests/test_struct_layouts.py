@@ -30,7 +30,7 @@ import pytest
 
 from otel_ebpf import model_guard
 from otel_ebpf.config import CaptureConfig
-from otel_ebpf.probes import cpu, gpu, http_red, socket
+from otel_ebpf.probes import cpu, gpu, gpu_records, http_red, loading, socket, verbs
 from otel_ebpf.probes import model_guard as model_guard_probe
 from otel_ebpf.profiles import cpython
 
@@ -286,29 +286,29 @@ def test_http_red_fields_exist() -> None:
     assert read and read <= values, read - values
 
 
-# ---- the GPU probe: bpf/gpu_trace.c -> probes/gpu.py ---------------------------------------------
+# ---- the GPU probe: bpf/gpu_trace.c -> probes/gpu_records.py, probes/gpu.py ----------------------
 
 
 def _gpu(python: bool) -> dict[str, CStruct]:
-    defines = (f"USER_FRAMES={gpu.USER_FRAMES}",) + (("PYTHON_STACKS",) if python else ())
+    defines = (f"USER_FRAMES={gpu_records.USER_FRAMES}",) + (("PYTHON_STACKS",) if python else ())
     return c_structs("gpu_trace.c", defines)
 
 
 @pytest.mark.parametrize("python", [True, False], ids=["python-stacks", "no-python-stacks"])
 def test_gpu_call_record(python: bool) -> None:
     structs = _gpu(python)
-    user = f"<{gpu.USER_FRAMES}Q"  # decode() reads 8 * USER_FRAMES bytes of return addresses
-    pieces = [gpu._HEADER, gpu._ARGS, user, gpu._PY_HEADER]
+    user = f"<{gpu_records.USER_FRAMES}Q"  # decode() reads 8 * USER_FRAMES bytes of return addresses
+    pieces = [gpu_records._HEADER, gpu_records._ARGS, user, gpu_records._PY_HEADER]
     if python:
         assert_layout(structs, "gpu_event", pieces, then="py.frames")
-        assert_layout(structs, "py_frame", [gpu._PY_FRAME])
+        assert_layout(structs, "py_frame", [gpu_records._PY_FRAME])
     else:
         assert_layout(structs, "gpu_event", pieces)
-    assert gpu.event_size(gpu.PY_MAX_FRAMES if python else 0) == structs["gpu_event"].size
+    assert gpu_records.event_size(gpu_records.PY_MAX_FRAMES if python else 0) == structs["gpu_event"].size
 
 
 def test_gpu_return_record() -> None:
-    assert_layout(_gpu(True), "gpu_return", [gpu._HEADER, gpu._OUT])
+    assert_layout(_gpu(True), "gpu_return", [gpu_records._HEADER, gpu_records._OUT])
 
 
 def test_gpu_usdt_spec_fields_exist() -> None:
@@ -370,6 +370,33 @@ def test_model_guard_open_record() -> None:
 )
 def test_model_guard_rule_keys(name: str, python: type[ctypes.Structure]) -> None:
     assert_ctypes(_guard(), name, python)
+
+
+# ---- settings[] slots: bpf/targets.h and each program's own -> loading.py and each probe ----------
+
+
+def c_settings(source: str) -> dict[str, int]:
+    """The ``SET_*`` slot numbers ``bpf/<source>`` (and the headers it includes) defines."""
+    assert GCC is not None
+    text = re.sub(r"^#include <[^>]*>\s*$", "", (BPF / source).read_text(), flags=re.MULTILINE)
+    macros = subprocess.run(
+        [GCC, "-E", "-dM", "-I", str(BPF), "-x", "c", "-"], input=text, capture_output=True, text=True, check=True
+    ).stdout
+    return {m[1]: int(m[2]) for m in re.finditer(r"^#define (SET_\w+) (\d+)$", macros, re.MULTILINE)}
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [("socket_trace.c", socket), ("gpu_trace.c", gpu), ("cpu_profile.c", cpu), ("verbs_trace.c", verbs)],
+)
+def test_settings_slots_match(source: str, module: Any) -> None:
+    """Every ``SET_*`` number the probe writes is the slot the program reads, the two that
+    targets.h shares (written through loading.py's numbers) included."""
+    slots = c_settings(source)
+    assert {"SET_AGENT_TGID", "SET_FILTER_PIDS"} <= slots.keys()
+    for python in (module, loading):
+        numbers = {name: getattr(python, name) for name in dir(python) if name.startswith("SET_")}
+        assert numbers and {name: slots.get(name) for name in numbers} == numbers, python.__name__
 
 
 # ---- the extraction itself ---------------------------------------------------------------------

@@ -19,6 +19,8 @@ from typing import Any
 from otel_ebpf import procfs
 from otel_ebpf.config import TargetsConfig
 from otel_ebpf.probes.loading import (
+    SET_AGENT_TGID,
+    SET_FILTER_PIDS,
     compile_program,
     inline_headers,
     pid_namespace_flags,
@@ -34,7 +36,6 @@ USER_FRAMES = 64
 KERNEL_FRAMES = 32
 PY_MAX_FRAMES = 64
 PY_MAX_PROCS = 1024  # Python processes walked at once (py_procs entries)
-SET_FILTER_PIDS, SET_AGENT_TGID = 0, 1
 DROP_NAMES = ("ringbuf_full", "python_truncated")
 TARGET_SCAN_S = 1.0  # how often children and --exe matches are looked for
 THREAD_REFRESH_S = 1.0  # 3.10: at most this often per process

@@ -13,6 +13,7 @@ from typing import Any
 
 from .compiler_memory import release_compiler_memory
 
+SET_AGENT_TGID, SET_FILTER_PIDS = 0, 1  # the settings slots bpf/targets.h gives every program that includes it
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_.]+\.h)"')
 
 

@@ -35,7 +35,15 @@ from ..rdma.providers import place_of, virtual_address
 from ..rdma.views import VerbsViews
 from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
-from .loading import close_program, compile_program, inline_headers, pid_namespace_flags, write_settings
+from .loading import (
+    SET_AGENT_TGID,
+    SET_FILTER_PIDS,
+    close_program,
+    compile_program,
+    inline_headers,
+    pid_namespace_flags,
+    write_settings,
+)
 from .tables import CumulativeTable
 from .tls import mapped_files, seen_by
 
@@ -43,7 +51,6 @@ log = logging.getLogger(__name__)
 
 RESCAN_S = 1.0
 RING_BUFFER_PAGES = 64  # 256 KiB: control-path calls are few, but a job's start makes thousands at once
-SET_FILTER_PIDS, SET_AGENT_TGID = 0, 1
 STAT_NAMES = (  # bpf/verbs_trace.c, STAT_*
     "verbs_ringbuf_full",
     "verbs_returns_without_entry",

@@ -1,4 +1,5 @@
-"""Discovery, USDT notes and record decoding of the GPU probe (otel_ebpf/probes/gpu.py), without root."""
+"""Discovery, USDT notes and record decoding of the GPU probe (otel_ebpf/probes/usdt.py,
+gpu_discovery.py, gpu_records.py), without root."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from otel_ebpf.gpu.calls import BY_SYMBOL, FUNCTION_SYMBOLS, Library
-from otel_ebpf.probes import gpu as probe
+from otel_ebpf.probes import gpu_discovery, gpu_records, usdt
 from otel_ebpf.profiles import cpython
 from tests.gpu.standin.build import build
 
@@ -61,28 +62,28 @@ def test_the_real_wheels_define_what_we_hook() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("8@%rax", [probe.UsdtArg(8, 1, 0)]),
-        ("-4@%r12d 8@%rbx", [probe.UsdtArg(-4, 1, 12), probe.UsdtArg(8, 1, 1)]),
+        ("8@%rax", [usdt.UsdtArg(8, 1, 0)]),
+        ("-4@%r12d 8@%rbx", [usdt.UsdtArg(-4, 1, 12), usdt.UsdtArg(8, 1, 1)]),
         (
             "8@-24(%rbp) 4@(%rsp) -8@$5",
-            [probe.UsdtArg(8, 2, 6, -24), probe.UsdtArg(4, 2, 7, 0), probe.UsdtArg(-8, 3, 0, 5)],
+            [usdt.UsdtArg(8, 2, 6, -24), usdt.UsdtArg(4, 2, 7, 0), usdt.UsdtArg(-8, 3, 0, 5)],
         ),
-        ("8@16(%r13)", [probe.UsdtArg(8, 2, 13, 16)]),
+        ("8@16(%r13)", [usdt.UsdtArg(8, 2, 13, 16)]),
     ],
 )
 def test_usdt_argument_locations(text: str, expected: list) -> None:
-    assert list(probe.parse_usdt_args(text)) == expected
+    assert list(usdt.parse_usdt_args(text)) == expected
 
 
 @pytest.mark.parametrize("text", ["8@%fs:8", "8@(%rax,%rbx,8)", "8@%xmm0", "eight"])
 def test_unsupported_usdt_arguments_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
-        probe.parse_usdt_args(text)
+        usdt.parse_usdt_args(text)
 
 
 def test_pytorch_allocator_probes_and_semaphores_are_read_from_the_notes(standin: Path) -> None:
     path = standin / "libc10_cuda.so"
-    probes = {p.name: p for p in probe.read_usdt_probes(str(path))}
+    probes = {p.name: p for p in usdt.read_usdt_probes(str(path))}
     assert set(probes) == {"malloc", "free"} and {p.provider for p in probes.values()} == {"pytorch"}
     assert len(probes["malloc"].args) == 4 and probes["malloc"].args[1].size == -4  # int device
     assert len(probes["free"].args) == 1
@@ -101,20 +102,20 @@ def test_pytorch_allocator_probes_and_semaphores_are_read_from_the_notes(standin
     assert probes["free"].semaphore_offset == offset(symbols["pytorch_free_semaphore"])
     # the probe site is the nop the macro emits, inside c10_cuda_alloc / c10_cuda_free
     assert data[probes["malloc"].offset] == 0x90 and data[probes["free"].offset] == 0x90
-    assert probe.read_usdt_probes(str(standin / "libcudart.so.12")) == []
-    assert probe.read_usdt_probes("/nonexistent") == []
+    assert usdt.read_usdt_probes(str(standin / "libcudart.so.12")) == []
+    assert usdt.read_usdt_probes("/nonexistent") == []
 
 
 def test_python_frames_are_decoded_as_python_stack_h_writes_them() -> None:
-    assert probe._PY_FRAME.size == ctypes.sizeof(cpython.PyFrame)  # noqa: SLF001
-    stack = cpython.py_stack_type(probe.PY_MAX_FRAMES)
-    assert probe.event_size(probe.PY_MAX_FRAMES) - probe.event_size(0) == ctypes.sizeof(stack) - 8
+    assert gpu_records._PY_FRAME.size == ctypes.sizeof(cpython.PyFrame)  # noqa: SLF001
+    stack = cpython.py_stack_type(gpu_records.PY_MAX_FRAMES)
+    assert gpu_records.event_size(gpu_records.PY_MAX_FRAMES) - gpu_records.event_size(0) == ctypes.sizeof(stack) - 8
 
 
 def _record(op: int, *, flags: int = 0, user: tuple = (), python: tuple = (), py_frames: int = 4) -> bytes:
     head = struct.pack("<QQIIIiIi", 1_000, 250, 10, 11, op, 2, flags, 8 * len(user))
     args = struct.pack("<7QQ", 1, 2, 3, 4, 5, 6, 7, 0xABC)
-    stack = struct.pack(f"<{probe.USER_FRAMES}Q", *user, *[0] * (probe.USER_FRAMES - len(user)))
+    stack = struct.pack(f"<{gpu_records.USER_FRAMES}Q", *user, *[0] * (gpu_records.USER_FRAMES - len(user)))
     py = struct.pack("<II", len(python), 1) + b"".join(struct.pack("<QQQ", *f) for f in python)
     py += b"\0" * (24 * (py_frames - len(python)))
     return head + args + stack + py
@@ -122,31 +123,31 @@ def _record(op: int, *, flags: int = 0, user: tuple = (), python: tuple = (), py
 
 def test_records_decode_into_calls_and_process_events() -> None:
     raw = _record(1, flags=2, user=(0x10, 0x20), python=((0xC0DE, 0xC0DE + 40, 0),))
-    call = probe.decode(raw, 5_000, 4)
+    call = gpu_records.decode(raw, 5_000, 4)
     assert (call.ts_ns, call.pid, call.tid, call.op) == (6_000, 10, 11, 1)
     assert call.args == (1, 2, 3, 4, 5, 6, 7)
     assert call.user_stack == (0x10, 0x20) and call.python_stack == ((0xC0DE, 0xC0DE + 40, 0),)
     # an entry record is cut after the Python frames it has
-    cut = raw[: probe.event_size(1)]
-    assert probe.decode(cut, 5_000, 4).python_stack == call.python_stack
-    usdt = probe.decode(_record(9, flags=1), 0, 4)
-    assert usdt.duration_ns == 0  # a USDT probe has no return
-    assert probe.decode(_record(255), 0, 4) == probe.ProcessEvent(1_000, 10, True)
-    assert probe.decode(_record(0), 0, 4) == probe.ProcessEvent(1_000, 10, False)
-    assert probe.decode(raw[:50], 0, 4) is None
+    cut = raw[: gpu_records.event_size(1)]
+    assert gpu_records.decode(cut, 5_000, 4).python_stack == call.python_stack
+    from_usdt = gpu_records.decode(_record(9, flags=1), 0, 4)
+    assert from_usdt.duration_ns == 0  # a USDT probe has no return
+    assert gpu_records.decode(_record(255), 0, 4) == gpu_records.ProcessEvent(1_000, 10, True)
+    assert gpu_records.decode(_record(0), 0, 4) == gpu_records.ProcessEvent(1_000, 10, False)
+    assert gpu_records.decode(raw[:50], 0, 4) is None
     ret = struct.pack("<QQIIIiIiQ", 1_000, 250, 10, 11, 1, 0, 4, 0, 0xABC)
-    assert probe.decode(ret, 5_000, 4) == probe.CallReturn(6_000, 10, 11, 1, 0, 250, 0xABC)
+    assert gpu_records.decode(ret, 5_000, 4) == gpu_records.CallReturn(6_000, 10, 11, 1, 0, 250, 0xABC)
 
 
 def test_entries_and_returns_pair_on_thread_operation_and_time() -> None:
-    pairing = probe.CallPairing(capacity=2)
-    entry = probe.decode(_record(1, flags=2), 0, 4)
+    pairing = gpu_records.CallPairing(capacity=2)
+    entry = gpu_records.decode(_record(1, flags=2), 0, 4)
     pairing.entry(entry)
-    done = pairing.complete(probe.CallReturn(entry.ts_ns, 10, 11, 1, 2, 999, 0xF00))
+    done = pairing.complete(gpu_records.CallReturn(entry.ts_ns, 10, 11, 1, 2, 999, 0xF00))
     assert (done.ret, done.duration_ns, done.out, done.args) == (2, 999, 0xF00, entry.args)
-    assert pairing.complete(probe.CallReturn(entry.ts_ns, 10, 11, 1, 0, 1, 0)) is None  # already paired
+    assert pairing.complete(gpu_records.CallReturn(entry.ts_ns, 10, 11, 1, 0, 1, 0)) is None  # already paired
     for ts in (1, 2, 3):  # the oldest of three waiting entries goes: its return never came
-        pairing.entry(probe.decode(_record(5, flags=2), ts - 1_000, 4))
+        pairing.entry(gpu_records.decode(_record(5, flags=2), ts - 1_000, 4))
     assert (pairing.entries_unpaired, pairing.returns_unpaired) == (1, 1)
 
 
@@ -173,9 +174,9 @@ def test_attacher_hooks_each_file_once_and_names_the_processes_that_map_it(stand
                 raise Exception("Failed to attach BPF to uprobe")  # what BCC raises
             attached.append((path, symbol))
 
-        attacher = probe.GpuAttacher(
-            lambda path: probe._gpu_symbols(path) if "standin" in path else set(),  # noqa: SLF001
-            probe.read_usdt_probes,
+        attacher = gpu_discovery.GpuAttacher(
+            lambda path: gpu_discovery.gpu_symbols(path) if "standin" in path else set(),
+            usdt.read_usdt_probes,
             attach,
             lambda path, p: None,
         )
@@ -190,6 +191,6 @@ def test_attacher_hooks_each_file_once_and_names_the_processes_that_map_it(stand
         before = len(attached)
         assert attacher.scan([program.pid]) == {program.pid}  # known files are not looked at again
         assert len(attached) == before
-        assert probe.maps_gpu_library(program.pid) and not probe.maps_gpu_library(os.getpid())
+        assert gpu_discovery.maps_gpu_library(program.pid) and not gpu_discovery.maps_gpu_library(os.getpid())
     finally:
         program.communicate("\n", timeout=10)

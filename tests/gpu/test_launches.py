@@ -9,7 +9,7 @@ import struct
 from otel_ebpf.gpu.calls import BY_SYMBOL, GpuCall
 from otel_ebpf.gpu.launches import GraphKernels, HandleTable, KernelNames
 from otel_ebpf.gpu.views import GpuViews
-from otel_ebpf.probes import gpu as probe
+from otel_ebpf.probes import gpu_records
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.gpu.test_views import PID, Calls, Clock, collected, resource_of, stack_of, value
 
@@ -121,15 +121,17 @@ def test_evictions_are_self_metrics_and_exit_forgets_handles() -> None:
 
 
 def test_a_named_return_record_decodes_with_its_name() -> None:
-    header = struct.pack("<QQIIIiIiQ", 1_000, 250, 10, 11, 43, 0, probe.FLAG_RETURN | probe.FLAG_NAME, 0, 0xF1)
-    name = FLASH.encode() + b"\0" + b"\xff" * (probe.KERNEL_NAME_LEN - len(FLASH) - 1)  # after the NUL: junk
-    ret = probe.decode(header + name, 5_000, 4)
-    assert ret == probe.CallReturn(6_000, 10, 11, 43, 0, 250, 0xF1, FLASH)
-    pairing = probe.CallPairing()
-    entry = probe.decode(
-        struct.pack("<QQIIIiIi", 1_000, 0, 10, 11, 43, 0, probe.FLAG_ENTRY, 0)
+    header = struct.pack(
+        "<QQIIIiIiQ", 1_000, 250, 10, 11, 43, 0, gpu_records.FLAG_RETURN | gpu_records.FLAG_NAME, 0, 0xF1
+    )
+    name = FLASH.encode() + b"\0" + b"\xff" * (gpu_records.KERNEL_NAME_LEN - len(FLASH) - 1)  # after the NUL: junk
+    ret = gpu_records.decode(header + name, 5_000, 4)
+    assert ret == gpu_records.CallReturn(6_000, 10, 11, 43, 0, 250, 0xF1, FLASH)
+    pairing = gpu_records.CallPairing()
+    entry = gpu_records.decode(
+        struct.pack("<QQIIIiIi", 1_000, 0, 10, 11, 43, 0, gpu_records.FLAG_ENTRY, 0)
         + struct.pack("<7QQ", *[0] * 8)
-        + b"\0" * (8 * probe.USER_FRAMES)
+        + b"\0" * (8 * gpu_records.USER_FRAMES)
         + struct.pack("<II", 0, 0),
         5_000,
         4,
@@ -137,8 +139,8 @@ def test_a_named_return_record_decodes_with_its_name() -> None:
     pairing.entry(entry)
     assert pairing.complete(ret).name == FLASH
     # a plain return record of the same call (it failed: no name was read) has none
-    plain = struct.pack("<QQIIIiIiQ", 1_000, 250, 10, 11, 43, 500, probe.FLAG_RETURN, 0, 0)
-    assert probe.decode(plain, 0, 4).name == ""
+    plain = struct.pack("<QQIIIiIiQ", 1_000, 250, 10, 11, 43, 500, gpu_records.FLAG_RETURN, 0, 0)
+    assert gpu_records.decode(plain, 0, 4).name == ""
 
 
 def test_kernels_launched_on_a_capturing_stream_become_the_captured_graphs_kernel_nodes() -> None:
