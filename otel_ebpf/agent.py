@@ -31,7 +31,7 @@ from .exporters import build_sink
 from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
-from .metrics import DELTA_KINDS
+from .metrics import DELTA_KINDS, merged_by_resource
 from .pii import build_scrubber
 from .pipeline import Pipeline
 from .preflight import StartupError, exited, write_ready_file
@@ -181,7 +181,7 @@ class Agent:
         self_data = self._self_reader.get_metrics_data()
         if self_data is not None:
             resource_metrics += self_data.resource_metrics
-        self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
+        self.sink.export_metrics(MetricsData(resource_metrics=merged_by_resource(resource_metrics)))
 
     def finish(self, timeout_s: float = 5.0) -> None:
         """Flush pending exchanges, spans and metrics, then shut the exporters down, within
