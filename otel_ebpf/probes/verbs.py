@@ -125,6 +125,7 @@ class VerbsProbe:
         self._calls: list[VerbsCall] = []
         self._posts: list[Post] = []
         self._post_pids: set[int] = set()  # pids in the kernel's post_pids table: they map NCCL
+        self.follow_posts = False  # whether NCCL processes' post calls are wanted (NCCL spans are made)
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.providers: dict[str, str] = {}  # "path+0xaddress" -> the provider function hooked there
         self._provider_places: set[tuple[int, int, int]] = set()  # (device, inode, address) hooked
@@ -169,7 +170,7 @@ class VerbsProbe:
                 self._consider(path)
             if libraries:
                 mapping.add(pid)
-                if any(is_nccl_library(path) for path in files):
+                if self.follow_posts and any(is_nccl_library(path) for path in files):
                     nccl.add(pid)
         self.pids = mapping
         self._follow_posts(nccl)
@@ -336,6 +337,7 @@ class VerbsMonitor:
         """Where the GPU monitor hands its NCCL spans: they reach ``export`` once their window has
         passed, with the queue pairs they used (:mod:`otel_ebpf.rdma.collectives`)."""
         self._collectives = CollectiveQueuePairs(export, self.views.pair_names, self._selfmetrics, self._linger_ns)
+        self.probe.follow_posts = True  # from the next map rescan
         return self._collectives.take
 
     def start(self) -> None:
