@@ -30,6 +30,9 @@ The data path (the stand-in's provider, completions at once), per work request:
 - ``post_send 16 WRs + poll_cq``: a list of 16, polled 16 at a time: the cost per work request
   and per completion when an application batches (as NCCL and most RDMA programs do).
 - ``empty poll_cq``: a poll that finds nothing, per call (a busy-polling loop's cost).
+- ``post_send 1 WR + poll_cq, per WR, NCCL process``: the first data-path row in a process that
+  maps the stand-in ``libnccl.so.2`` (preloaded): each post call also sends its 32-byte record
+  for the collectives' spans (docs/rdma.md, "NCCL collectives and their queue pairs").
 Target: at most 2 µs added per work request and per polled completion.
 
 Usage: ``python bench/verbs_probe_cost.py``
@@ -48,6 +51,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from tests.gpu.standin.build import build as build_gpu  # noqa: E402
 from tests.otlp_receiver import load_file_metrics  # noqa: E402
 from tests.rdma.standin import build  # noqa: E402
 
@@ -165,16 +169,22 @@ def _start_agent(pid: int, out: Path, env: dict[str, str] | None = None) -> subp
     return agent
 
 
-def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int) -> list[str]:
+def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int, nccl: Path | None = None) -> list[str]:
+    """``nccl``: a libnccl to preload into the driver, with the GPU probe on (NCCL spans are made:
+    the verbs probe sends each post call of an NCCL process)."""
     per = CALLS_PER_ITERATION[what]
-    proc = subprocess.Popen([str(driver), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    preload = {"LD_PRELOAD": str(nccl)} if nccl else {}
+    proc = subprocess.Popen(
+        [str(driver), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **preload}
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         timed_bursts(proc, burst, 2, 0)  # warm up
         bare = timed_bursts(proc, burst * 20, bursts, 0.05)
         out = Path(tempfile.mkdtemp(dir=tmp))
         if what in DATA_PATH:  # a burst's context call names the provider's functions: measured once hooked
-            agent = _start_agent(proc.pid, out, {"OTEL_METRIC_EXPORT_INTERVAL": "500"})
+            gpu = {"OTEL_EBPF_GPU": "true"} if nccl else {}
+            agent = _start_agent(proc.pid, out, {"OTEL_METRIC_EXPORT_INTERVAL": "500", **gpu})
             _until_hooked(proc, out / "metrics.jsonl")
         else:
             agent = _start_agent(proc.pid, out)
@@ -202,7 +212,7 @@ def _row(name: str, what: str, driver: Path, tmp: Path, burst: int, bursts: int)
         f"{per_call_traced / 1000:.2f}",
         f"{(per_call_traced - per_call_bare) / 1000:.2f}",
         decoded,
-        str(drops.get("verbs_ringbuf_full", "?")),
+        str(drops.get("verbs_posts_ringbuf_full" if nccl else "verbs_ringbuf_full", "?")),
     ]
 
 
@@ -281,6 +291,9 @@ def main() -> int:
         rows.append(_row("post_send 1 WR + poll_cq, per WR", "send1", driver, tmp, args.burst * 10, args.bursts))
         rows.append(_row("post_send 16 WRs + poll_cq, per WR", "send16", driver, tmp, args.burst, args.bursts))
         rows.append(_row("empty poll_cq, per poll", "poll0", driver, tmp, args.burst * 10, args.bursts))
+        nccl = build_gpu(tmp / "gpu-standin") / "libnccl.so.2"
+        name = "post_send 1 WR + poll_cq, per WR, NCCL process"
+        rows.append(_row(name, "send1", driver, tmp, args.burst * 10, args.bursts, nccl))
     print_columns(rows)
     write_result(
         "verbs_probe_cost",

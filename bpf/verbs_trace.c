@@ -21,8 +21,11 @@
  * are inline and call the provider's functions through ctx->ops; the records above carry those
  * addresses and user space hooks them (otel_ebpf/probes/verbs.py). Work requests and completions
  * are many: they are counted here, in per-CPU tables user space reads each metrics interval, and
- * never sent one by one.
- * Compile-time sizes: RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS, MAX_SERIES, MAX_PENDING.
+ * never sent one by one — except in the processes user space names in post_pids (those that map
+ * NCCL): there each post call also sends one small record (its queue pair, time, work requests
+ * and bytes), so that user space can tell which queue pairs a collective's window used
+ * (otel_ebpf/rdma/collectives.py).
+ * Compile-time sizes: RINGBUF_PAGES, POST_RINGBUF_PAGES, MAX_TARGETS, MAX_CALLS, MAX_SERIES, MAX_PENDING.
  */
 #include <uapi/linux/ptrace.h>
 #include "current_task.h"
@@ -82,7 +85,8 @@
 #define STAT_WR_LIST_CUT 5      /* work requests past MAX_WRS in one post: not seen */
 #define STAT_SGE_LIST_CUT 6     /* work requests with more than MAX_SGES elements: bytes counted in part */
 #define STAT_WC_ARRAY_CUT 7     /* completions past MAX_WCS in one poll: not seen */
-#define STAT_COUNT 8
+#define STAT_POSTS_RINGBUF_FULL 8 /* post records (processes in post_pids) lost: the posts ring was full */
+#define STAT_COUNT 9
 
 struct verbs_call {
     u64 ts;             /* entry, CLOCK_MONOTONIC ns */
@@ -259,6 +263,9 @@ VERB(ibv_destroy_qp, 14, 14, ARG_CHILD, READ_QP)
 #ifndef MAX_PENDING
 #define MAX_PENDING 16384
 #endif
+#ifndef POST_RINGBUF_PAGES
+#define POST_RINGBUF_PAGES 64
+#endif
 #define MAX_WRS 32              /* work requests read per post (a list: wr->next) */
 #define MAX_SGES 8              /* scatter/gather elements read per work request */
 #define MAX_WCS 32              /* completions read per poll */
@@ -316,6 +323,17 @@ struct qp_key {
     u32 qp_num;
 };
 
+/* one post call of a process in post_pids: mirrored by POST in otel_ebpf/rdma/collectives.py */
+struct post_record {
+    u64 ts;             /* entry, CLOCK_MONOTONIC ns */
+    u64 bytes;          /* the send queue's work requests' scatter/gather lengths; 0 for receives */
+    u32 pid;
+    u32 tid;
+    u32 qp_num;
+    u16 work_requests;  /* read of the list (at most MAX_WRS) */
+    u16 receive;
+};
+
 struct latency {
     u64 sum_ns;
     u64 min_ns;
@@ -328,6 +346,8 @@ BPF_PERCPU_HASH(completed, struct data_key, struct data_counts, MAX_SERIES);
 BPF_PERCPU_HASH(latencies, struct qp_key, struct latency, MAX_SERIES);
 BPF_HASH(pending, struct pending_key, u64, MAX_PENDING);  /* -> when posted; user space empties an exited process's */
 BPF_HASH(polls, u32, u64, MAX_CALLS);                      /* tid -> the ibv_wc array of its poll in flight */
+BPF_HASH(post_pids, u32, u8, MAX_TARGETS);                 /* processes whose post calls are also sent */
+BPF_RINGBUF_OUTPUT(verbs_posts, POST_RINGBUF_PAGES);
 
 static __always_inline void add(struct data_counts *counts, u64 bytes) {
     if (!counts) {
@@ -363,6 +383,8 @@ static __always_inline int post(struct pt_regs *ctx, u32 receive) {
     struct pending_key pend = {.pid = key.pid, .qp_num = key.qp_num, .receive = receive};
     u64 now = bpf_ktime_get_ns();
     u64 wr = PT_REGS_PARM2(ctx);
+    u64 sent = 0;
+    u16 listed = 0;
     for (int i = 0; i < MAX_WRS && wr; i++) {
         struct wr_head head = {};
         if (receive)
@@ -372,7 +394,11 @@ static __always_inline int post(struct pt_regs *ctx, u32 receive) {
         if (!receive)
             key.opcode = head.opcode;
         struct data_counts zero_counts = {};
-        add(posted.lookup_or_try_init(&key, &zero_counts), sge_bytes(head.sg_list, head.num_sge));
+        u64 bytes = sge_bytes(head.sg_list, head.num_sge);
+        add(posted.lookup_or_try_init(&key, &zero_counts), bytes);
+        listed++;
+        if (!receive)
+            sent += bytes;
         /* an unsignaled send has no completion of its own (unless the QP signals all: then its
          * completion finds nothing pending, and is counted unmatched) */
         if (receive || head.send_flags & SEND_SIGNALED) {
@@ -384,6 +410,21 @@ static __always_inline int post(struct pt_regs *ctx, u32 receive) {
     }
     if (wr)
         count(STAT_WR_LIST_CUT);
+    if (!post_pids.lookup(&key.pid))
+        return 0;
+    struct post_record *r = verbs_posts.ringbuf_reserve(sizeof(*r));
+    if (!r) {
+        count(STAT_POSTS_RINGBUF_FULL);
+        return 0;
+    }
+    r->ts = now;
+    r->bytes = sent;
+    r->pid = key.pid;
+    r->tid = id;
+    r->qp_num = key.qp_num;
+    r->work_requests = listed;
+    r->receive = receive;
+    verbs_posts.ringbuf_submit(r, 0);
     return 0;
 }
 

@@ -31,7 +31,7 @@ from .exporters import build_sink
 from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
-from .metrics import DELTA_KINDS
+from .metrics import DELTA_KINDS, merged_by_resource
 from .pii import build_scrubber
 from .pipeline import Pipeline
 from .preflight import StartupError, exited, write_ready_file
@@ -181,7 +181,7 @@ class Agent:
         self_data = self._self_reader.get_metrics_data()
         if self_data is not None:
             resource_metrics += self_data.resource_metrics
-        self.sink.export_metrics(MetricsData(resource_metrics=resource_metrics))
+        self.sink.export_metrics(MetricsData(resource_metrics=merged_by_resource(resource_metrics)))
 
     def finish(self, timeout_s: float = 5.0) -> None:
         """Flush pending exchanges, spans and metrics, then shut the exporters down, within
@@ -244,12 +244,12 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         log.info("probes attached (payload cap %d bytes, sockets by %s)", probe.payload_cap, probe.socket_mode)
         if agent is not None and config.profiling.enabled:
             profiling = agent.start_profiling()
-        if agent is not None and config.gpu.enabled != "false":
-            gpu = _start_gpu(agent, profiling)
-        if agent is not None and config.roce.interfaces:
-            roce = _start_roce(agent)
         if agent is not None:
             verbs = _start_rdma(agent)
+        if agent is not None and config.gpu.enabled != "false":
+            gpu = _start_gpu(agent, profiling, verbs)
+        if agent is not None and config.roce.interfaces:
+            roce = _start_roce(agent)
         if agent is not None and config.gpu.nvml:
             nvml = _start_nvml(agent)
         _check_targets_alive(config)
@@ -330,8 +330,9 @@ def _check_targets_alive(config: AgentConfig) -> None:
     log.warning("target process(es) %s exited while the agent started", ", ".join(map(str, gone)))
 
 
-def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
-    """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``)."""
+def _start_gpu(agent: Agent, profiling: CpuProfiling | None, verbs: VerbsMonitor | None) -> GpuMonitor:
+    """The GPU views (docs/gpu.md), attached now or once a GPU library shows up (``gpu.enabled``).
+    With the verbs probe, NCCL spans pass through it: it adds the queue pairs they used."""
     from .profiles.gpu_session import GpuMonitor  # noqa: PLC0415 — the GPU monitor loads bcc: only when GPU tracing is on
 
     gpu = GpuMonitor(
@@ -341,7 +342,7 @@ def _start_gpu(agent: Agent, profiling: CpuProfiling | None) -> GpuMonitor:
         DELTA_KINDS[agent.config.export.metric_temporality],
         profile_sink=getattr(profiling, "sink", None),
         link_for=agent.pipeline.assembler.active_server_span,
-        export_spans=agent.sink.export_spans,
+        export_spans=agent.sink.export_spans if verbs is None else verbs.join_collectives(agent.sink.export_spans),
     )
     gpu.start()
     agent.metric_sources.append(gpu.collect_metrics)

@@ -278,6 +278,7 @@ class RdmaConfig:
     port_counters: bool = True  # the ports' counters from sysfs, where there are RDMA devices
     sysfs_root: str = "/sys/class/infiniband"
     max_objects: int = 65536  # verbs objects (and queue pairs) followed, all processes together
+    collective_linger_s: float = 0.01  # an NCCL span names the queue pairs posted on until this after its return
 
 
 @dataclass(frozen=True)
@@ -659,6 +660,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdma.port_counters", _boolean, env="OTEL_EBPF_RDMA_PORT_COUNTERS"),
     Setting("rdma.sysfs_root", _absolute_path, env="OTEL_EBPF_RDMA_SYSFS_ROOT"),
     Setting("rdma.max_objects", _integer(1), env="OTEL_EBPF_RDMA_MAX_OBJECTS"),
+    Setting("rdma.collective_linger_s", _positive_number, env="OTEL_EBPF_RDMA_COLLECTIVE_LINGER"),
     Setting("protocols.enabled", _list(_text), env="OTEL_EBPF_PROTOCOLS"),
     Setting("export.max_queue_spans", _integer(1), std_env="OTEL_BSP_MAX_QUEUE_SIZE"),
     Setting("export.max_batch", _integer(1), std_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),

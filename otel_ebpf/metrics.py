@@ -203,3 +203,23 @@ class ProcessMetrics:
     def _number_point(s: _Series, now_ns: int) -> NumberDataPoint:
         value = int(s.value) if s.value.is_integer() else s.value
         return NumberDataPoint(dict(s.attributes), s.start_ns, now_ns, value)
+
+
+def merged_by_resource(collected: Sequence[ResourceMetrics]) -> list[ResourceMetrics]:
+    """One ``ResourceMetrics`` per resource, and within it one ``ScopeMetrics`` per scope. Several
+    views emit for the same process (sockets, GPU, RDMA); the OTLP encoder keys what it sends by
+    resource, then by scope, so a second entry for either would replace the first."""
+    merged: dict[Resource, tuple[str, dict[InstrumentationScope, ScopeMetrics]]] = {}
+    for resource_metrics in collected:
+        _, scopes = merged.setdefault(resource_metrics.resource, (resource_metrics.schema_url, {}))
+        for scope_metrics in resource_metrics.scope_metrics:
+            known = scopes.get(scope_metrics.scope)
+            scopes[scope_metrics.scope] = (
+                scope_metrics
+                if known is None
+                else ScopeMetrics(known.scope, [*known.metrics, *scope_metrics.metrics], known.schema_url)
+            )
+    return [
+        ResourceMetrics(resource, list(scopes.values()), schema_url)
+        for resource, (schema_url, scopes) in merged.items()
+    ]

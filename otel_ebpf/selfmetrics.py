@@ -157,6 +157,21 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "(made_before_attach), forgotten when rdma.max_objects were followed (table_full)",
         False,
     ),
+    "otel_ebpf.rdma.collective_posts.dropped": (
+        "{post}",
+        "Post calls of NCCL processes forgotten before the collectives' spans were joined with them (table_full)",
+        False,
+    ),
+    "otel_ebpf.rdma.collective_spans.early": (
+        "{span}",
+        "NCCL spans joined with their queue pairs before their window passed: too many were waiting",
+        False,
+    ),
+    "otel_ebpf.rdma.collective_pairs.cut": (
+        "{pair}",
+        "Queue pairs a collective used but its span does not name: more than 64",
+        False,
+    ),
     "otel_ebpf.model_guard.opens": (
         "{open}",
         "Opens of model files the guard matched, by decision (allowed, denied with EPERM)",

@@ -280,6 +280,10 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         + [("env", "OTEL_EBPF_RDMA_SYSFS_ROOT", "/tmp/infiniband", "/tmp/infiniband")],
     ),
     "rdma.max_objects": (65536, [("yaml", "", 10, 10), ("env", "OTEL_EBPF_RDMA_MAX_OBJECTS", "20", 20)]),
+    "rdma.collective_linger_s": (
+        0.01,
+        [("yaml", "", 0.5, 0.5), ("env", "OTEL_EBPF_RDMA_COLLECTIVE_LINGER", "0.2", 0.2)],
+    ),
     "model_guard.mode": (
         "off",
         [("yaml", "", "audit", "audit"), ("env", "OTEL_EBPF_MODEL_GUARD", "enforce", "enforce")],

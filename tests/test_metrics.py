@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     HistogramDataPoint,
     InMemoryMetricReader,
+    MetricsData,
     NumberDataPoint,
     ResourceMetrics,
     Sum,
@@ -15,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_ebpf.metrics import DEFAULT_BOUNDARIES, DELTA_KINDS, ProcessMetrics
+from otel_ebpf.metrics import DEFAULT_BOUNDARIES, DELTA_KINDS, ProcessMetrics, merged_by_resource
 from otel_ebpf.protocol import InstrumentKind, InstrumentSpec, MetricPoint
 from otel_ebpf.selfmetrics import DESCRIPTIONS, SelfMetrics
 
@@ -264,3 +266,30 @@ def test_selfmetrics_counters_gauges_and_totals() -> None:
     # a zero amount creates no series: nothing to report for events.lost
     assert "otel_ebpf.events.lost" not in exported
     provider.shutdown()
+
+
+def test_collections_of_one_process_from_several_views_are_merged_not_replaced() -> None:
+    """The OTLP encoder keys by resource then scope: a second entry for a process (its GPU and its
+    RDMA views both emit) would replace the first."""
+    specs = {
+        name: InstrumentSpec(name, InstrumentKind.COUNTER, "1", "") for name in ("gpu.calls", "rdma.calls", "http.x")
+    }
+    process = {"process.pid": 7}
+    views = []
+    for scope, names in (("gpu", ("gpu.calls",)), ("rdma", ("rdma.calls",)), ("gpu", ("http.x",))):
+        metrics = ProcessMetrics(Resource(process), specs)
+        for name in names:
+            metrics.record(InstrumentationScope(scope), MetricPoint(name, 1, {}), 10)
+        views.append(metrics.collect(20))
+    other = ProcessMetrics(Resource({"process.pid": 8}), specs)
+    other.record(InstrumentationScope("gpu"), MetricPoint("gpu.calls", 2, {}), 10)
+    views.append(other.collect(20))
+    merged = merged_by_resource(views)
+    assert [r.resource.attributes["process.pid"] for r in merged] == [7, 8]
+    encoded = encode_metrics(MetricsData(merged))
+    sent = {
+        (r.resource.attributes[0].value.int_value, s.scope.name): [m.name for m in s.metrics]
+        for r in encoded.resource_metrics
+        for s in r.scope_metrics
+    }
+    assert sent == {(7, "gpu"): ["gpu.calls", "http.x"], (7, "rdma"): ["rdma.calls"], (8, "gpu"): ["gpu.calls"]}

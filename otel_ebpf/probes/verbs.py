@@ -12,7 +12,9 @@ Processes load the library late (an MPI or NCCL plugin dlopens it), so maps are 
 The data path: a record of a call with a context names the provider's ``poll_cq``, ``post_send``
 and ``post_recv`` (the context's ops table, read in the kernel); each address is placed in its
 file through the process's maps and hooked there once (:mod:`otel_ebpf.rdma.providers`). What
-those programs count is read from the kernel's tables once per metrics interval.
+those programs count is read from the kernel's tables once per metrics interval. In processes that
+map NCCL each post call also sends a record (:mod:`otel_ebpf.rdma.collectives`: the queue pairs
+of NCCL's collectives).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from .. import procfs
 from ..config import AgentConfig
 from ..containers import ContainerResolver
 from ..rdma.calls import FUNCTIONS, PROVIDER_FUNCTIONS, VerbsCall, decode
+from ..rdma.collectives import CollectiveQueuePairs, Post, decode_post
 from ..rdma.datapath import Completions, DataCounts, Latencies, WorkRequests
 from ..rdma.providers import place_of, virtual_address
 from ..rdma.views import VerbsViews
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 RESCAN_S = 1.0
 RING_BUFFER_PAGES = 64  # 256 KiB: control-path calls are few, but a job's start makes thousands at once
+POST_RING_BUFFER_PAGES = 256  # 1 MiB of 32-byte post records: 32768, read every poll (milliseconds)
 STAT_NAMES = (  # bpf/verbs_trace.c, STAT_*
     "verbs_ringbuf_full",
     "verbs_returns_without_entry",
@@ -60,6 +64,7 @@ STAT_NAMES = (  # bpf/verbs_trace.c, STAT_*
     "verbs_wr_list_cut",
     "verbs_sge_list_cut",
     "verbs_wc_array_cut",
+    "verbs_posts_ringbuf_full",
 )
 IDLE_EVICT_S = 300.0  # a data-path series that has not grown this long leaves the kernel's table
 # the program each provider function gets: (entry, return or None)
@@ -73,6 +78,10 @@ _HIDDEN_VERSION = 0x8000  # .gnu.version: a symbol version that is not the defau
 
 def is_verbs_library(path: str) -> bool:
     return os.path.basename(path).startswith("libibverbs.so")
+
+
+def is_nccl_library(path: str) -> bool:
+    return os.path.basename(path).startswith("libnccl.so")
 
 
 def default_symbols(path: str, names: Iterable[str] = FUNCTIONS) -> dict[str, int]:
@@ -121,6 +130,9 @@ class VerbsProbe:
         self.pids: set[int] = set()  # processes that map a hooked file
         self._in_targets: set[int] = set()  # pids in the kernel's targets table
         self._calls: list[VerbsCall] = []
+        self._posts: list[Post] = []
+        self._post_pids: set[int] = set()  # pids in the kernel's post_pids table: they map NCCL
+        self.follow_posts = False  # whether NCCL processes' post calls are wanted (NCCL spans are made)
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.providers: dict[str, str] = {}  # "path+0xaddress" -> the provider function hooked there
         self._provider_places: set[tuple[int, int, int]] = set()  # (device, inode, address) hooked
@@ -130,10 +142,16 @@ class VerbsProbe:
     def start(self) -> None:
         """Compile, configure, hook what target processes map now. Raises RuntimeError."""
         source = inline_headers(resources.files("otel_ebpf.bpf").joinpath("verbs_trace.c").read_text())
-        cflags = [f"-DRINGBUF_PAGES={RING_BUFFER_PAGES}", f"-DMAX_TARGETS={self._max_targets}", *pid_namespace_flags()]
+        cflags = [
+            f"-DRINGBUF_PAGES={RING_BUFFER_PAGES}",
+            f"-DPOST_RINGBUF_PAGES={POST_RING_BUFFER_PAGES}",
+            f"-DMAX_TARGETS={self._max_targets}",
+            *pid_namespace_flags(),
+        ]
         self._bpf = compile_program(source, cflags, "RDMA verbs probe (bpf/verbs_trace.c)")
         write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self._targets.selects_processes})
         self._bpf["verbs_events"].open_ring_buffer(self._on_event)
+        self._bpf["verbs_posts"].open_ring_buffer(self._on_post)
         tables = (("posted", _count_totals), ("completed", _count_totals), ("latencies", _latency_totals))
         self._tables = tuple(
             CumulativeTable(self._bpf[name], totals, time.monotonic, IDLE_EVICT_S) for name, totals in tables
@@ -151,16 +169,34 @@ class VerbsProbe:
             for pid in self._in_targets - pids:
                 targets.pop(ctypes.c_uint32(pid), None)
             self._in_targets = pids
-        mapping = set()
+        mapping, nccl = set(), set()
         for pid in pids:
-            libraries = [path for path in mapped_files(pid) if is_verbs_library(path)]
+            files = mapped_files(pid)
+            libraries = [path for path in files if is_verbs_library(path)]
             for path in libraries:
                 self._consider(path)
             if libraries:
                 mapping.add(pid)
+                if self.follow_posts and any(is_nccl_library(path) for path in files):
+                    nccl.add(pid)
         self.pids = mapping
+        self._follow_posts(nccl)
         self._addresses_seen = {seen for seen in self._addresses_seen if seen[0] in mapping}
         return mapping
+
+    def _follow_posts(self, pids: set[int]) -> None:
+        """The kernel sends each post call of ``pids`` (they map NCCL), and no others'."""
+        table = self._bpf["post_pids"]
+        for pid in pids - self._post_pids:
+            table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        for pid in self._post_pids - pids:
+            table.pop(ctypes.c_uint32(pid), None)
+        self._post_pids = pids
+
+    def take_posts(self) -> list[Post]:
+        """The post calls read from the ring since the last take."""
+        posts, self._posts = self._posts, []
+        return posts
 
     def _target_pids(self) -> set[int]:
         if self._targets.selects_processes:
@@ -260,6 +296,11 @@ class VerbsProbe:
         if call is not None:
             self._calls.append(call)
 
+    def _on_post(self, _ctx: int, data: int, size: int) -> None:
+        post = decode_post(ctypes.string_at(data, size), self.clock_offset_ns)
+        if post is not None:
+            self._posts.append(post)
+
     def kernel_stats(self) -> dict[str, int]:
         table = self._bpf["stats"]
         return {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
@@ -296,15 +337,30 @@ class VerbsMonitor:
         )
         self._log_sink = build_log_sink(config, selfmetrics)
         self._next_scan = 0.0
+        self._linger_ns = int(config.rdma.collective_linger_s * 1e9)
+        self._collectives: CollectiveQueuePairs | None = None
+
+    def join_collectives(self, export: Callable[[list], None]) -> Callable[[list], None]:
+        """Where the GPU monitor hands its NCCL spans: they reach ``export`` once their window has
+        passed, with the queue pairs they used (:mod:`otel_ebpf.rdma.collectives`)."""
+        self._collectives = CollectiveQueuePairs(export, self.views.pair_names, self._selfmetrics, self._linger_ns)
+        self.probe.follow_posts = True  # from the next map rescan
+        return self._collectives.take
 
     def start(self) -> None:
         self.probe.start()
         self._next_scan = time.monotonic() + RESCAN_S
 
     def poll(self, timeout_ms: int = 0) -> None:
+        read_until_ns = time.time_ns()  # every post made before now is in the ring: read below
         calls = self.probe.poll(timeout_ms)
         for call in calls:
             self.views.handle(call)
+        posts = self.probe.take_posts()
+        if self._collectives is not None:
+            for post in posts:
+                self._collectives.posts.add(post)
+            self._collectives.flush(read_until_ns)
         self._selfmetrics.add("otel_ebpf.rdma.calls", len(calls))
         self._log_sink.export(self.views.take_logs())
         if time.monotonic() >= self._next_scan:
@@ -332,6 +388,8 @@ class VerbsMonitor:
         try:
             if self.probe.started:
                 self.poll(0)
+                if self._collectives is not None:
+                    self._collectives.flush(None)
                 self.views.record_data(self.probe.read_data(), time.time_ns())
         finally:
             self.probe.close()

@@ -110,6 +110,16 @@ class QueuePair:
         attributes.update({k: v for k, v in optional.items() if v is not None})
         return attributes
 
+    @property
+    def pair_name(self) -> str:
+        """``device/qpn``, and ``->remote/remote qpn`` once connected (the remote: its GID, or
+        ``lid:N`` on InfiniBand without a global route header)."""
+        local = f"{self.device}/{self.num}"
+        if self.remote_num is None:
+            return local
+        remote = self.remote_gid or (f"lid:{self.remote_lid}" if self.remote_lid else "?")
+        return f"{local}->{remote}/{self.remote_num}"
+
     def connect(self, call: VerbsCall, sysfs_root: Path) -> None:
         """What an ``ibv_modify_qp`` (usually the one to RTR) says about the path and the peer."""
         if call.attr_mask & ATTR_PORT and call.port_num:
@@ -223,6 +233,10 @@ class VerbsViews:
             {"rdma.qp.previous_state": state_name(before)},
             SeverityNumber.WARN if qp.state == QpState.ERR else SeverityNumber.INFO,
         )
+
+    def pair_names(self, pid: int) -> dict[int, str]:
+        """The queue pairs of ``pid`` whose calls were seen, by number: their pair's name."""
+        return {qp.num: qp.pair_name for (owner, _), qp in self._qps.items() if owner == pid}
 
     def record_data(self, counts: Iterable[datapath.DataCounts], now_ns: int) -> None:
         """What the kernel counted on the data path since the last read, per queue pair: with the

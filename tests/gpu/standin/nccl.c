@@ -24,10 +24,17 @@ static size_t type_size(ncclDataType_t t) {
     return t >= 0 && t < 12 ? sizes[t] : 0;
 }
 
+// Not NCCL's: the network transport the collectives drive, when a test sets one
+// (tests/rdma/standin/collective_net.c: RDMA work requests on the stand-in libibverbs).
+static void (*net)(size_t bytes);
+void standinNcclSetNet(void (*transport)(size_t bytes)) { net = transport; }
+
 static ncclResult_t copy(const void *s, void *r, size_t count, ncclDataType_t t) {
     size_t size = type_size(t);
     if (!size)
         return ncclInvalidArgument;
+    if (net)
+        net(count * size);
     if (s != r && count)
         memmove(r, s, count * size);
     return ncclSuccess;

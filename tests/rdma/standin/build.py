@@ -5,7 +5,8 @@ The stand-in carries the real soname, symbol versions (``ibv_create_qp@@IBVERBS_
 finds and hooks it as it would the real library. The driver is compiled against the system's
 ``infiniband/verbs.h`` (Debian's ``libibverbs-dev``, scripts/bootstrap.sh): the stand-in's structs
 meet a program built with the real header. Two drivers are linked: one to the stand-in (its
-folder in the run path), one to the real ``libibverbs.so.1``. Builds are cached by a hash of the
+folder in the run path), one to the real ``libibverbs.so.1``; and ``libstandin_net.so``, a pretend
+NCCL network transport on the stand-in (``collective_net.c``). Builds are cached by a hash of the
 sources in a folder under the system temporary directory.
 
 Run as a script it prints the folder: ``python tests/rdma/standin/build.py``.
@@ -25,12 +26,13 @@ VERBS_HEADER = Path("/usr/include/infiniband/verbs.h")
 LIBRARY = "libibverbs.so.1"
 DRIVER = "verbs_driver"  # linked to the stand-in
 REAL_DRIVER = "verbs_driver_real"  # linked to the system's libibverbs.so.1
+NET = "libstandin_net.so"  # the stand-in NCCL's network transport, on the stand-in
 CFLAGS = ["-O2", "-g", "-Wall", "-Werror"]
 
 
 def _digest() -> str:
     h = hashlib.sha256(" ".join(CFLAGS).encode())
-    for name in ("libibverbs.c", "libibverbs.map", "driver.c"):
+    for name in ("libibverbs.c", "libibverbs.map", "driver.c", "collective_net.c"):
         h.update((HERE / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -40,7 +42,7 @@ def build(out: Path | None = None) -> Path:
     if not VERBS_HEADER.exists():
         raise RuntimeError(f"{VERBS_HEADER} is missing: install libibverbs-dev (scripts/bootstrap.sh)")
     out = out or Path(tempfile.gettempdir()) / f"otel-ebpf-verbs-standin-{_digest()}"
-    products = (LIBRARY, DRIVER, REAL_DRIVER)
+    products = (LIBRARY, DRIVER, REAL_DRIVER, NET)
     if all((out / name).exists() for name in products):
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -67,6 +69,18 @@ def build(out: Path | None = None) -> Path:
             f"-Wl,-rpath,{out}",
         ],
         [*CFLAGS, "-o", str(staging / REAL_DRIVER), str(HERE / "driver.c"), "-libverbs"],
+        [
+            *CFLAGS,
+            "-fPIC",
+            "-shared",
+            "-pthread",
+            "-o",
+            str(staging / NET),
+            str(HERE / "collective_net.c"),
+            f"-L{staging}",
+            f"-l:{LIBRARY}",
+            f"-Wl,-rpath,{out}",
+        ],
     ]
     for command in commands:
         subprocess.run(["gcc", *command], check=True, capture_output=True, text=True)
