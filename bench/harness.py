@@ -120,6 +120,31 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str, timeout: float 
             time.sleep(0.02)
 
 
+def program_stats(bpf: Any) -> dict[str, tuple[int, int]]:
+    """(run_time_ns, run_cnt) of every program a BCC object loaded, by its name less BCC's prefix
+    (``tracepoint__tcp__tcp_probe`` -> ``tcp__tcp_probe``). The kernel counts only while
+    ``kernel.bpf_stats_enabled`` is 1."""
+    stats = {}
+    for name, function in bpf.funcs.items():
+        fields = dict(
+            line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines()
+        )
+        label = name.decode()
+        for prefix in ("tracepoint__", "uprobe__", "uretprobe__"):
+            label = label.removeprefix(prefix)
+        stats[label] = (int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0)))
+    return stats
+
+
+def program_runs(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """(ns, runs) of each program between two :func:`program_stats`, for those that ran."""
+    return {
+        name: (time_ns - before[name][0], runs - before[name][1])
+        for name, (time_ns, runs) in after.items()
+        if runs > before[name][1]
+    }
+
+
 def bpf_holders() -> set[int]:
     """Processes holding BPF programs (fds to ``anon_inode:bpf-prog``)."""
     pids = set()

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
-from harness import parse_live_args, print_columns, wrk  # noqa: E402
+from harness import parse_live_args, print_columns, program_runs, program_stats, wrk  # noqa: E402
 from nginx_load import CONNECTIONS, Nginx  # noqa: E402
 from otel_ebpf.config import load_config  # noqa: E402
 from otel_ebpf.containers import ContainerResolver  # noqa: E402
@@ -40,21 +40,6 @@ from otel_ebpf.probes.socket import SocketProbe  # noqa: E402
 from results import write_result  # noqa: E402
 
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-PREFIXES = ("tracepoint__", "kprobe__", "uprobe__")  # how BCC names programs; the prefix says nothing here
-
-
-def program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
-    """(run_time_ns, run_cnt) of every program the probe loaded, by name."""
-    stats = {}
-    for name, function in probe._bpf.funcs.items():  # noqa: SLF001 — the bench reads BCC's programs
-        fields = dict(
-            line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines()
-        )
-        label = name.decode()
-        for prefix in PREFIXES:
-            label = label.removeprefix(prefix)
-        stats[label] = (int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0)))
-    return stats
 
 
 @contextmanager
@@ -88,19 +73,18 @@ def measure(rate: float | None, seconds: float) -> dict[str, Any]:
             probe.start()
             try:
                 with draining(probe):
-                    before = program_stats(probe)
+                    before = program_stats(probe._bpf)  # noqa: SLF001 — the bench reads BCC's programs
                     run = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
-                    after = program_stats(probe)
+                    after = program_stats(probe._bpf)  # noqa: SLF001
                 shed = sum(probe.shed_requests().values())
             finally:
                 probe.close()
         finally:
             nginx.close()
-    programs = {}
-    for name, (time_ns, runs) in after.items():
-        d_time, d_runs = time_ns - before[name][0], runs - before[name][1]
-        if d_runs:
-            programs[name] = {"runs": d_runs / run.requests, "ns": d_time / run.requests}
+    programs = {
+        name: {"runs": runs / run.requests, "ns": time_ns / run.requests}
+        for name, (time_ns, runs) in program_runs(before, after).items()
+    }
     return {"requests_per_s": run.rps, "shed_per_request": shed / run.requests, "programs": programs}
 
 

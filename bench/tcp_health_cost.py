@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
-from harness import kill, parse_live_args  # noqa: E402
+from harness import kill, parse_live_args, program_runs, program_stats  # noqa: E402
 from otel_ebpf.config import CaptureConfig, load_config  # noqa: E402
 from otel_ebpf.containers import ContainerResolver  # noqa: E402
 from otel_ebpf.probes.socket import SocketProbe  # noqa: E402
@@ -83,17 +83,9 @@ class Stream:
 
 def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
     """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded."""
-    stats = {}
-    for name, function in probe._bpf.funcs.items():  # noqa: SLF001 — the bench reads BCC's programs
-        if name.startswith((b"tracepoint__tcp__", b"tcp_flow_")):
-            fields = dict(
-                line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines()
-            )
-            stats[name.decode().removeprefix("tracepoint__tcp__")] = (
-                int(fields.get("run_time_ns", 0)),
-                int(fields.get("run_cnt", 0)),
-            )
-    return stats
+    stats = program_stats(probe._bpf)  # noqa: SLF001 — the bench reads BCC's programs
+    wanted = ("tcp__", "tcp_flow_")
+    return {name.removeprefix("tcp__"): value for name, value in stats.items() if name.startswith(wanted)}
 
 
 def _arm(arm: str, stream: Stream, idle_pid: int, seconds: float) -> dict[str, Any]:
@@ -114,11 +106,10 @@ def _arm(arm: str, stream: Stream, idle_pid: int, seconds: float) -> dict[str, A
             pass
     finally:
         probe.close()
-    programs = {}
-    for name, (time_ns, runs) in after.items():
-        d_time, d_runs = time_ns - before[name][0], runs - before[name][1]
-        if d_runs:
-            programs[name] = {"runs_per_s": d_runs / elapsed, "ns_per_run": d_time / d_runs}
+    programs = {
+        name: {"runs_per_s": runs / elapsed, "ns_per_run": time_ns / runs}
+        for name, (time_ns, runs) in program_runs(before, after).items()
+    }
     return {"bytes_per_s": rate, "programs": programs}
 
 
