@@ -1,0 +1,90 @@
+"""Peers for the traceparent injection tests (tests/live/test_inject_live.py). Run as
+``python -m tests.live.traceparent_peers`` from the repository; every peer talks HTTP/1.1 on loopback.
+
+``recorder``: prints its port, then for every request one JSON line ``{"head": ...}``: the request's
+head exactly as it arrived (latin-1), up to and with its blank line. Answers ``200 ok`` and closes.
+``client PORT``: prints ``ready``, then per JSON line on stdin makes one request on a new connection
+and prints its status: ``{"path": P, "headers": {...}}`` with http.client, or ``{"raw": [chunk, ...]}``
+sent as one write per chunk, 50 ms apart.
+``proxy PORT``: prints its port; serves each request by calling the same path on 127.0.0.1:PORT
+(on the thread that read it), then answers ``200 ok``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import socketserver
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Recorder(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            line = self.rfile.readline()
+            if not line:
+                return
+            head += line
+        print(json.dumps({"head": head.decode("latin-1")}), flush=True)
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+
+def recorder() -> None:
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Recorder) as server:
+        print(server.server_address[1], flush=True)
+        server.serve_forever()
+
+
+def client(port: int) -> None:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "raw" in request:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                for chunk in request["raw"]:
+                    sock.sendall(chunk.encode("latin-1"))
+                    time.sleep(0.05)
+                status = sock.makefile("rb").readline().split()[1].decode()
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            conn.request("GET", request["path"], headers=request.get("headers", {}))
+            status = str(conn.getresponse().status)
+            conn.close()
+        print(status, flush=True)
+
+
+def proxy(downstream: int) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", downstream)
+            conn.request("GET", self.path)
+            conn.getresponse().read()
+            conn.close()
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — keep output clean
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        print(server.server_address[1], flush=True)
+        server.serve_forever()
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "recorder":
+        recorder()
+    elif command == "client":
+        client(int(args[0]))
+    else:
+        proxy(int(args[0]))
