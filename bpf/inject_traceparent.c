@@ -20,7 +20,7 @@
 // What the kernel does around the verdict (net/ipv4/tcp_bpf.c, net/core/filter.c):
 // - It runs in the sending task's context, inside the syscall, once per chunk of the user's bytes
 //   it copies (a large write may take several): only the syscall's first verdict sees the start of
-//   its bytes (active_io.verdicts counts them).
+//   its bytes (active_io.verdicts says whether one ran).
 // - msg->data..data_end covers only the first scatterlist element, which may hold fewer bytes than
 //   were written: bpf_msg_pull_data(start, end) makes that range contiguous (copying it if need
 //   be) and points data at start.
@@ -349,8 +349,9 @@ int inject_msg(struct sk_msg_md *msg) {
     u32 tid = id, tgid = id >> 32;
     struct active_io *io = active_io.lookup(&tid);
     // A traced thread's write from its own buffer, and the syscall's first verdict: its bytes start here.
-    if (!io || io->kind != IO_DATA || io->direction != DIR_EGRESS || !io->buf || io->verdicts++)
+    if (!io || io->kind != IO_DATA || io->direction != DIR_EGRESS || !io->buf || io->verdicts)
         return SK_PASS;
+    io->verdicts = 1;
     u32 size = msg->size;
     if (size < 16 || bpf_msg_pull_data(msg, 0, 16, 0))
         return SK_PASS;

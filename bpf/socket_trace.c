@@ -251,7 +251,7 @@ struct active_io {
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
     u32 udp;         // the socket is UDP (from the sock tracepoint): emit datagram events
-    u16 verdicts;    // INJECT: sk_msg verdicts run inside this syscall (inject_traceparent.c)
+    u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
     u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
     struct tuple conn;  // IO_CONNECT: the destination, then the local end once established

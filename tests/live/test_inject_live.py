@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.live.test_tls_live import _start_agent, _stop
+from tests.live.test_tls_live import _certificates, _start_agent, _stop
 from tests.otlp_receiver import OTLPReceiver
 
 pytestmark = pytest.mark.bpf
@@ -110,7 +110,11 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
     port = int(recorder.first)
     client = Peer("client", str(port))
     proxy = Peer("proxy", str(port))
-    pids = [client.process.pid, proxy.process.pid]
+    ca, cert, key = _certificates(tmp_path)
+    tls_recorder = Peer("recorder", cert, key)
+    tls_port = int(tls_recorder.first)
+    tls_client = Peer("client", str(tls_port), ca)
+    pids = [client.process.pid, proxy.process.pid, tls_client.process.pid]
     try:
         with OTLPReceiver() as receiver:
             targets = [f for pid in pids for f in ("--pid", str(pid))]
@@ -129,6 +133,9 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
                 split = ["GET /split HTTP/1.1\r\nHost: recorder\r\n", "\r\n"]
                 assert client.send({"raw": split}) == "200"
                 assert _head(recorder) == "".join(split).encode()
+                # HTTPS: never
+                assert tls_client.send({"path": "/tls"}) == "200"
+                assert _head(tls_recorder) == _sent("/tls", tls_port)
                 # a server request -> its call downstream: the call continues the request's trace
                 for path, headers in (("/chain", {}), ("/chain-joined", {"traceparent": OWN})):
                     conn = http.client.HTTPConnection("127.0.0.1", int(proxy.first))
@@ -137,13 +144,14 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
                     conn.close()
                 chain = [_without_injected(_head(recorder)) for _ in range(2)]
                 assert [head for head, _ in chain] == [_sent("/chain", port), _sent("/chain-joined", port)]
-                assert receiver.wait_for(lambda r: len(r.spans()) >= 7, timeout=30), receiver.spans()
+                assert receiver.wait_for(lambda r: len(r.spans()) >= 8, timeout=30), receiver.spans()
             finally:
                 _stop(agent)
             spans = receiver.spans()
             plain_span = _span(spans, "CLIENT", client.process.pid, "/plain")
             assert (plain_span["trace_id"], plain_span["span_id"]) == plain_ids
             assert plain_span["parent_span_id"] is None
+            assert _span(spans, "CLIENT", tls_client.process.pid, "/tls")["attributes"]["url.full"].startswith("https:")
             for (_, ids), path in zip(chain, ("/chain", "/chain-joined"), strict=True):
                 server = _span(spans, "SERVER", proxy.process.pid, path)
                 call = _span(spans, "CLIENT", proxy.process.pid, path)
@@ -158,8 +166,8 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
             assert outcomes["head_split"] == 1
             assert outcomes["tls"] == outcomes["request_line"] == outcomes["kernel"] == outcomes["not_watched"] == 0
     finally:
-        client.close()
-        proxy.close()
+        for peer in (client, proxy, tls_client, tls_recorder):
+            peer.close()
 
 
 def test_nothing_changes_with_injection_off(tmp_path: Path, recorder: Peer) -> None:

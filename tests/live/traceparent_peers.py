@@ -1,11 +1,12 @@
 """Peers for the traceparent injection tests (tests/live/test_inject_live.py). Run as
 ``python -m tests.live.traceparent_peers`` from the repository; every peer talks HTTP/1.1 on loopback.
 
-``recorder``: prints its port, then for every request one JSON line ``{"head": ...}``: the request's
-head exactly as it arrived (latin-1), up to and with its blank line. Answers ``200 ok`` and closes.
-``client PORT``: prints ``ready``, then per JSON line on stdin makes one request on a new connection
-and prints its status: ``{"path": P, "headers": {...}}`` with http.client, or ``{"raw": [chunk, ...]}``
-sent as one write per chunk, 50 ms apart.
+``recorder [CERT KEY]``: prints its port, then for every request one JSON line ``{"head": ...}``: the
+request's head exactly as it arrived (latin-1), up to and with its blank line. Answers ``200 ok`` and
+closes. With a certificate and key, over TLS.
+``client PORT [CA]``: prints ``ready``, then per JSON line on stdin makes one request on a new
+connection and prints its status: ``{"path": P, "headers": {...}}`` with http.client (HTTPS when a CA
+is given), or ``{"raw": [chunk, ...]}`` sent as one write per chunk, 50 ms apart.
 ``proxy PORT``: prints its port; serves each request by calling the same path on 127.0.0.1:PORT
 (on the thread that read it), then answers ``200 ok``.
 """
@@ -16,6 +17,7 @@ import http.client
 import json
 import socket
 import socketserver
+import ssl
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,14 +35,26 @@ class _Recorder(socketserver.StreamRequestHandler):
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
 
-def recorder() -> None:
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Recorder) as server:
+class _TLSServer(socketserver.ThreadingTCPServer):
+    context: ssl.SSLContext
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        sock, address = super().get_request()
+        return self.context.wrap_socket(sock, server_side=True), address
+
+
+def recorder(cert: str | None, key: str | None) -> None:
+    server_class = socketserver.ThreadingTCPServer
+    if cert is not None:
+        server_class = _TLSServer
+        _TLSServer.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        _TLSServer.context.load_cert_chain(cert, key)
+    with server_class(("127.0.0.1", 0), _Recorder) as server:
         print(server.server_address[1], flush=True)
         server.serve_forever()
 
 
-def client(port: int) -> None:
+def client(port: int, ca: str | None) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -51,7 +65,11 @@ def client(port: int) -> None:
                     time.sleep(0.05)
                 status = sock.makefile("rb").readline().split()[1].decode()
         else:
-            conn = http.client.HTTPConnection("127.0.0.1", port)
+            conn = (
+                http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=ca))
+                if ca
+                else http.client.HTTPConnection("127.0.0.1", port)
+            )
             conn.request("GET", request["path"], headers=request.get("headers", {}))
             status = str(conn.getresponse().status)
             conn.close()
@@ -83,8 +101,8 @@ def proxy(downstream: int) -> None:
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "recorder":
-        recorder()
+        recorder(*(args or [None, None]))
     elif command == "client":
-        client(int(args[0]))
+        client(int(args[0]), args[1] if len(args) > 1 else None)
     else:
         proxy(int(args[0]))
