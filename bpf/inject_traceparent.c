@@ -25,7 +25,9 @@
 //   were written: bpf_msg_pull_data(start, end) makes that range contiguous (copying it if need
 //   be) and points data at start.
 // - bpf_msg_push_data(start, len) inserts len *uninitialised* bytes and invalidates data/data_end:
-//   they are pulled again and written before the verdict returns, or popped if that fails.
+//   they are pulled again and written before the verdict returns, or popped if that fails. The
+//   insertion splits the message's scatterlist, and TCP sends each element as it comes: the whole
+//   message is pulled into one (see inject_msg: Nagle).
 // - The syscall still returns the number of bytes it took from the user's buffer, not counting the
 //   inserted ones: the application sees no difference, and the data event (copied from the user's
 //   buffer at the syscall's exit) never contains the line, so the HTTP/1 parser is not confused.
@@ -423,13 +425,18 @@ int inject_msg(struct sk_msg_md *msg) {
         inject_count(INJ_KERNEL);
         return SK_PASS;
     }
-    if (bpf_msg_pull_data(msg, at, at + TRACEPARENT_LINE, 0))
+    // The whole message made one contiguous piece again. TCP sends each scatterlist element on its
+    // own, and a small segment behind another unacknowledged small one waits for its ACK (Nagle):
+    // left as [head][line][rest], a request stalled 40 ms (delayed ACK) here on every call.
+    if (bpf_msg_pull_data(msg, 0, msg->size, 0))
         goto undo;
     data = (void *)(long)msg->data;
     end = (void *)(long)msg->data_end;
-    if (data + TRACEPARENT_LINE > end)
+    at &= (HEAD_SCAN << 1) - 1;  // at <= HEAD_SCAN: a bound the verifier can see
+    u8 *line = data + at;
+    if (line + TRACEPARENT_LINE > end)
         goto undo;
-    write_traceparent(data, &ids);
+    write_traceparent(line, &ids);
     inject_ids.update(&tid, &ids);
     io->inject = INJECT_IDS;
     inject_count(INJ_INJECTED);

@@ -29,6 +29,7 @@ PEERS = [sys.executable, "-m", "tests.live.traceparent_peers"]
 TRACEPARENT = re.compile(rb"traceparent: 00-([0-9a-f]{32})-([0-9a-f]{16})-01\r\n")
 OWN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the W3C specification's example
 PAD = "x" * 1100  # a head longer than the kernel searches (1024 bytes)
+REPEAT = 20
 
 
 class Peer:
@@ -130,6 +131,12 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
                 # a head longer than the kernel searches, and one written in two pieces: untouched, counted
                 assert client.send({"path": "/padded", "headers": {"X-Pad": PAD}}) == "200"
                 assert _head(recorder) == _sent("/padded", port, {"X-Pad": PAD})
+                # requests on a keep-alive connection with Nagle on: each gets its line, none stalls
+                # (an insertion left in pieces waited 40 ms for a delayed ACK on every request)
+                elapsed_ms = int(client.send({"repeat": REPEAT, "path": "/again"}))
+                again = [_without_injected(_head(recorder)) for _ in range(REPEAT)]
+                assert all(ids is not None for _, ids in again) and len({ids for _, ids in again}) == REPEAT
+                assert elapsed_ms < REPEAT * 40 / 2, elapsed_ms
                 split = ["GET /split HTTP/1.1\r\nHost: recorder\r\n", "\r\n"]
                 assert client.send({"raw": split}) == "200"
                 assert _head(recorder) == "".join(split).encode()
@@ -144,7 +151,7 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
                     conn.close()
                 chain = [_without_injected(_head(recorder)) for _ in range(2)]
                 assert [head for head, _ in chain] == [_sent("/chain", port), _sent("/chain-joined", port)]
-                assert receiver.wait_for(lambda r: len(r.spans()) >= 8, timeout=30), receiver.spans()
+                assert receiver.wait_for(lambda r: len(r.spans()) >= 8 + REPEAT, timeout=30), receiver.spans()
             finally:
                 _stop(agent)
             spans = receiver.spans()
@@ -160,7 +167,7 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
             joined = _span(spans, "SERVER", proxy.process.pid, "/chain-joined")
             assert (joined["trace_id"], joined["parent_span_id"]) == (OWN[3:35], OWN[36:52])
             outcomes = _outcomes(receiver)
-            assert outcomes["injected"] == 3  # /plain and the two calls downstream
+            assert outcomes["injected"] == 3 + REPEAT  # /plain, /again and the two calls downstream
             assert outcomes["already_present"] == 1
             assert outcomes["head_too_long"] == 1
             assert outcomes["head_split"] == 1

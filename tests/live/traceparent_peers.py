@@ -2,11 +2,13 @@
 ``python -m tests.live.traceparent_peers`` from the repository; every peer talks HTTP/1.1 on loopback.
 
 ``recorder [CERT KEY]``: prints its port, then for every request one JSON line ``{"head": ...}``: the
-request's head exactly as it arrived (latin-1), up to and with its blank line. Answers ``200 ok`` and
-closes. With a certificate and key, over TLS.
+request's head exactly as it arrived (latin-1), up to and with its blank line. Answers ``200 ok``;
+keeps the connection open. With a certificate and key, over TLS.
 ``client PORT [CA]``: prints ``ready``, then per JSON line on stdin makes one request on a new
 connection and prints its status: ``{"path": P, "headers": {...}}`` with http.client (HTTPS when a CA
-is given), or ``{"raw": [chunk, ...]}`` sent as one write per chunk, 50 ms apart.
+is given), ``{"raw": [chunk, ...]}`` sent as one write per chunk, 50 ms apart, or
+``{"repeat": N, "path": P}``: N requests on one connection, without TCP_NODELAY (Nagle on, as a
+socket has it by default), printing the milliseconds they took.
 ``proxy PORT``: prints its port; serves each request by calling the same path on 127.0.0.1:PORT
 (on the thread that read it), then answers ``200 ok``.
 """
@@ -25,14 +27,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class _Recorder(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            line = self.rfile.readline()
-            if not line:
-                return
-            head += line
-        print(json.dumps({"head": head.decode("latin-1")}), flush=True)
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline()
+                if not line:
+                    return
+                head += line
+            print(json.dumps({"head": head.decode("latin-1")}), flush=True)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            self.wfile.flush()
 
 
 class _TLSServer(socketserver.ThreadingTCPServer):
@@ -58,7 +62,16 @@ def client(port: int, ca: str | None) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        if "raw" in request:
+        if "repeat" in request:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                for _ in range(request["repeat"]):
+                    sock.sendall(f"GET {request['path']} HTTP/1.1\r\nHost: recorder\r\n\r\n".encode())
+                    answer = b""
+                    while not answer.endswith(b"ok"):
+                        answer += sock.recv(4096)
+            status = str(round((time.monotonic() - started) * 1000))
+        elif "raw" in request:
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 for chunk in request["raw"]:
                     sock.sendall(chunk.encode("latin-1"))
