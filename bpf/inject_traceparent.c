@@ -14,8 +14,9 @@
 //   The ids are left for the thread (inject_ids); the syscall's exit emits them (EV_TRACE) after
 //   its data event, and user space gives the CLIENT span those very ids.
 //   A traced server thread's read that starts a request sets the thread's trace: the request's own
-//   valid traceparent, else a new random trace id (inject_serving). Its requests made meanwhile
-//   continue that trace; the thread's first write on that connection (the response) ends it.
+//   valid traceparent, else a new random trace id (inject_serving notes the read, inject_exit reads
+//   it: tail-called, for stack). Its requests made meanwhile continue that trace; the thread's
+//   first write on that connection (the response) ends it.
 //
 // What the kernel does around the verdict (net/ipv4/tcp_bpf.c, net/core/filter.c):
 // - It runs in the sending task's context, inside the syscall, once per chunk of the user's bytes
@@ -44,7 +45,7 @@
 
 #define HEAD_SCAN 1024       // bytes of a request head searched for its end and a traceparent
 #define SERVER_SCAN (HEAD_SCAN < PAYLOAD_CAP ? HEAD_SCAN : PAYLOAD_CAP)
-#define TRACEPARENT_LINE 70  // "traceparent: 00-" + 32 + "-" + 16 + "-0f" + "\r\n"
+#define TRACEPARENT_LINE 70  // "traceparent: 00-" + 32 + "-" + 16 + "-" + 2 + "\r\n"
 #define TRACEPARENT_VALUE 55 // "00-" + 32 + "-" + 16 + "-" + 2
 
 BPF_PERCPU_ARRAY(inject_stats, u64, INJ_NSTATS);
@@ -159,7 +160,7 @@ static __always_inline int read_traceparent(const char *buf, u32 len, struct tra
                                             struct inject_work *w) {
     struct head_scan *s = &w->scan;
     u32 cpu = bpf_get_smp_processor_id();
-    struct data_event *scratch = data_scratch.lookup(&cpu);  // emit_data overwrites it next
+    struct data_event *scratch = data_scratch.lookup(&cpu);  // free: the data event is out already
     if (!scratch)
         return 0;
     u32 n = len < SERVER_SCAN ? len : SERVER_SCAN;
