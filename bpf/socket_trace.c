@@ -23,7 +23,7 @@
 #define EV_EXEC 4
 #define EV_EXIT 5
 #define EV_DGRAM 6  // one UDP datagram, with its peer's address
-#define EV_TRACE 7  // INJECT: the trace context the kernel decided for the data event that follows
+#define EV_TRACE 7  // INJECT: the ids the kernel decided for the request a data event (just before) started
 
 #define ROLE_UNKNOWN 0
 #define ROLE_CLIENT 1
@@ -153,7 +153,7 @@ struct trace_ids {
     u8 pad[6];
 };
 
-// Precedes the data event (same thread) whose syscall started the request with these ids.
+// Follows the data event (same thread) of the syscall that started the request with these ids.
 struct trace_event {
     struct event_header h;
     struct trace_ids ids;
@@ -200,10 +200,7 @@ struct active_io;
 static __always_inline void inject_connecting(u64 sk);
 static __always_inline void inject_serving(struct active_io *iop, u64 conn, u32 generation, const char *buf,
                                            u32 len, u64 ts);
-#endif
-
-#ifdef INJECT
-BPF_PROG_ARRAY(inject_tail, 1);  // [0]: inject_exit (inject_traceparent.c)
+BPF_PROG_ARRAY(inject_tail, 1);  // [0]: inject_exit
 #endif
 
 struct conn_info {
