@@ -83,6 +83,9 @@ struct red_value {
 };
 
 BPF_TABLE("percpu_hash", struct red_key, struct red_value, http_red, MAX_RED_SERIES);
+// A new series' first value, never written: all zeros, kept off the callers' stacks (the syscall
+// exit's is nearly full).
+BPF_ARRAY(red_zero, struct red_value, 1);
 
 static __always_inline void count(u32 slot, u64 n);
 static __always_inline u32 setting(u32 slot);
@@ -108,8 +111,9 @@ static __always_inline struct red_value *http_series(u32 tgid, u8 role, u8 tls, 
         key.family = h->family;
         __builtin_memcpy(key.server_addr, h->peer_addr, 16);
     }
-    struct red_value zero = {};
-    return http_red.lookup_or_try_init(&key, &zero);
+    u32 slot = 0;
+    struct red_value *zero = red_zero.lookup(&slot);
+    return zero ? http_red.lookup_or_try_init(&key, zero) : 0;
 }
 
 // The response in flight started (resp_end == 0) or moved more bytes at ts. A request is counted

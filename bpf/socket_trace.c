@@ -14,7 +14,8 @@
 // synthetic id (its tuple then comes from /proc too).
 //
 // Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
-// MAX_TARGETS, RINGBUF_PAGES, NR_CPUS (possible CPUs); FD_TRACKING optional.
+// MAX_TARGETS, RINGBUF_PAGES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
+// injection (inject_traceparent.c, appended).
 
 #define EV_DATA 1
 #define EV_OPEN 2
@@ -22,6 +23,7 @@
 #define EV_EXEC 4
 #define EV_EXIT 5
 #define EV_DGRAM 6  // one UDP datagram, with its peer's address
+#define EV_TRACE 7  // INJECT: the ids the kernel decided for the request a data event (just before) started
 
 #define ROLE_UNKNOWN 0
 #define ROLE_CLIENT 1
@@ -138,6 +140,23 @@ struct dgram_event {
     char data[PAYLOAD_CAP * 3];
 };
 
+// The ids the kernel decided for a request (INJECT): a CLIENT request's trace and span, the
+// ones its injected traceparent carries; a SERVER request's trace only (span 0).
+struct trace_ids {
+    u64 trace_hi;  // the trace id's first 16 hex digits
+    u64 trace_lo;
+    u64 span;
+    u8 set;
+    u8 sampled;
+    u8 pad[6];
+};
+
+// Follows the data event (same thread) of the syscall that started the request with these ids.
+struct trace_event {
+    struct event_header h;
+    struct trace_ids ids;
+};
+
 struct open_event {
     struct event_header h;
     u32 role;
@@ -171,6 +190,15 @@ struct tuple {
 // Defined in tcp_health.c, appended to this program: which sockets traced processes own.
 static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t);
 static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t, u64 conn);
+#endif
+
+#ifdef INJECT
+// Defined in inject_traceparent.c, appended to this program.
+struct active_io;
+static __always_inline void inject_connecting(u64 sk);
+static __always_inline void inject_serving(struct active_io *iop, u64 conn, u32 generation, const char *buf,
+                                           u32 len, u64 ts);
+BPF_PROG_ARRAY(inject_tail, 1);  // [0]: inject_exit
 #endif
 
 struct conn_info {
@@ -218,7 +246,8 @@ struct active_io {
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
     u32 udp;         // the socket is UDP (from the sock tracepoint): emit datagram events
-    u32 pad;
+    u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
+    u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
     struct tuple conn;  // IO_CONNECT: the destination, then the local end once established
 #endif
@@ -408,7 +437,7 @@ static __always_inline int same_addr(const u8 *a, const u8 *b) {
 }
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
-#ifdef TCP_HEALTH
+#if defined(TCP_HEALTH) || defined(INJECT)
     int connecting = args->newstate == TCP_SYN_SENT;  // inside connect(): the owner is current
 #else
     int connecting = 0;
@@ -429,12 +458,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         __builtin_memcpy(t.laddr, args->saddr_v6, 16);
         __builtin_memcpy(t.raddr, args->daddr_v6, 16);
     }
-#ifdef TCP_HEALTH
     if (connecting) {
+#ifdef TCP_HEALTH
         tcp_health_connecting(sk, &t);
+#endif
+#ifdef INJECT
+        inject_connecting(sk);
+#endif
         return 0;
     }
-#endif
 #ifdef TCP_SND_UNA
     // The handshake is over and no data has moved yet: the first byte not acknowledged and the
     // next one expected are one past the two SYNs' sequence numbers. The offsets come from the
@@ -896,7 +928,7 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
 
 // mmsg: a compile-time constant, 1 only in the sendmmsg/recvmmsg programs, so that the other
 // programs carry none of the batch loop.
-static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
+static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     u64 id = current_pid_tgid();
     u32 tid = id;
     struct active_io *iop = current_io();
@@ -952,8 +984,14 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
     struct uiovec first = {.base = (const char *)io.buf, .len = ret};
     if (io.iovcnt && bpf_probe_read_user(&first, sizeof(first), iov))
         first.base = 0;
-    if (!http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, first.base,
-                      first.len < ret ? first.len : ret, ts))
+    u32 first_len = first.len < ret ? first.len : ret;
+    int copy = http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, first.base, first_len, ts);
+#ifdef INJECT
+    // A server's read that started a request (last_req_ts: http_observe), or its response.
+    if (ci->role == ROLE_SERVER && (io.direction == DIR_EGRESS || ci->http.last_req_ts == ts))
+        inject_serving(iop, key, generation, first.base, first_len, ts);
+#endif
+    if (!copy)
         return;
     if (!io.iovcnt) {
         emit_data(ts, id, io.fd, ci, io.direction, (const char *)io.buf, ret, 0);
@@ -977,6 +1015,15 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
         emit_data(ts, id, io.fd, ci, io.direction, 0, left, 0);
         count(STAT_IOV_BYTES, left);
     }
+}
+
+static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
+    exit_io_body(ctx, ret, mmsg);
+#ifdef INJECT
+    // After the data event, what the syscall decided goes to user space: inject_exit, a program of
+    // its own (a tail call costs this one no stack, and it has none to spare).
+    inject_tail.call(ctx, 0);
+#endif
 }
 
 static __always_inline void exit_io(void *ctx, long ret) { exit_io_(ctx, ret, 0); }

@@ -161,12 +161,17 @@ class Agent:
         """Event time up to which trace assembly is complete: CPU samples up to it can be linked."""
         return max(self.pipeline.last_timestamp_ns, time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
 
-    def record_kernel_stats(self, stats: Mapping[str, int], shed: Mapping[str, int]) -> None:
-        """The kernel side's own drop counters and the requests it shed (totals since start)."""
+    def record_kernel_stats(
+        self, stats: Mapping[str, int], shed: Mapping[str, int], injections: Mapping[str, int] | None = None
+    ) -> None:
+        """The kernel side's own drop counters, the requests it shed and, with traceparent injection,
+        the requests by what it did to them (totals since start)."""
         for reason, total in stats.items():
             self.selfmetrics.set("otel_ebpf.kernel.drops", total, {"reason": reason})
         for reason, total in shed.items():
             self.selfmetrics.set("otel_ebpf.spans.shed", total, {"reason": reason})
+        for outcome, total in (injections or {}).items():
+            self.selfmetrics.set("otel_ebpf.traceparent.requests", total, {"outcome": outcome})
 
     def _export_spans(self) -> None:
         spans = self.telemetry.take_spans()
@@ -206,7 +211,12 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     stop.install()
     kernel_http_metrics = config.capture.kernel_http_metrics
     agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
-    probe = SocketProbe(config.capture, config.targets, ContainerResolver(str(config.resource.host_root)))
+    probe = SocketProbe(
+        config.capture,
+        config.targets,
+        ContainerResolver(str(config.resource.host_root)),
+        config.trace.inject_traceparent,
+    )
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
     header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)
@@ -229,7 +239,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if config.capture.tcp_health:
             take(probe.tcp_health_counts(), now_ns)
         if agent is not None:
-            agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests())
+            agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests(), probe.injections())
 
     profiling: CpuProfiling | None = None
     gpu: GpuMonitor | None = None

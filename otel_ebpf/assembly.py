@@ -21,6 +21,12 @@ served starts after that request did and completes before it does. The rules, in
    parent: the outgoing request starts a trace of its own, with links to the candidates, counted.
 6. Otherwise the request starts a new trace.
 
+With ``traceparent`` injection (``trace.inject_traceparent``) the kernel decides some ids itself
+(:class:`~otel_ebpf.events.KernelTrace`), and they win, because they are what went on the wire: an
+outgoing request it inserted a ``traceparent`` into takes that header's trace and span ids, and as
+parent the request its thread serves in that trace, if any; an incoming request without a
+propagated context takes the trace the kernel gave its thread (so the thread's calls continue it).
+
 Messaging (a :class:`RequestStart` with ``message_id``, e.g. RTPS's (writer GUID, sequence
 number)) replaces rules 1–3: an outgoing message (PRODUCER, CLIENT request) takes its parent by
 rules 4–5 and is remembered under its id; an incoming one with the same id (CONSUMER, SERVER) is
@@ -47,7 +53,7 @@ from typing import TypeVar
 
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
-from .events import ConnKey
+from .events import ConnKey, KernelTrace
 from .propagation import PropagatedContext, read_carrier
 from .protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
 from .selfmetrics import SelfMetrics
@@ -138,6 +144,8 @@ class TraceAssembler:
         self._sent: OrderedDict[Hashable, RequestContext] = OrderedDict()
         self._consuming: OrderedDict[Thread, RequestContext] = OrderedDict()
         self.consume_window_ns = CONSUME_WINDOW_NS
+        # ids the kernel decided, by (connection, start) of the request they are for, until it starts
+        self._kernel: OrderedDict[tuple[ConnKey, int], KernelTrace] = OrderedDict()
 
     @property
     def inflight(self) -> int:
@@ -154,6 +162,14 @@ class TraceAssembler:
 
     # ---- the two events of a request's life ----------------------------------------------------
 
+    def kernel_decided(self, ids: KernelTrace) -> None:
+        """The kernel decided the ids of a request that is about to start (it is reported just
+        before the request's bytes): its :meth:`start` uses them."""
+        self._kernel[(ids.key, ids.start_ns)] = ids
+        if len(self._kernel) > self._max_inflight:
+            self._kernel.popitem(last=False)
+            self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "kernel_ids"})
+
     def start(self, key: ConnKey, conn: ConnectionInfo, request: RequestStart, tid: int) -> None:
         """A request began on connection ``key``, announced by a syscall of thread ``tid``."""
         start_ns, stream = request.start_ns, request.stream
@@ -164,7 +180,8 @@ class TraceAssembler:
         announced = self._started.get(slot)
         ordinal = len(announced) if announced else 0
         propagated, correlation = read_carrier(request.carrier) if request.carrier else (None, None)
-        context = self._decide(key, conn, start_ns, ordinal, propagated, correlation, stream, tid)
+        kernel = self._kernel.pop(slot, None) if self._kernel and not ordinal else None
+        context = self._decide(key, conn, start_ns, ordinal, propagated, correlation, stream, tid, kernel)
         self._announce(slot, start_ns, context)
         if conn.role is Role.SERVER:
             self._serve_on((key[0], tid), context)
@@ -201,6 +218,10 @@ class TraceAssembler:
     def expire(self, now_ns: int) -> None:
         """Forget requests that started more than the timeout before ``now_ns`` (event time)."""
         order, horizon = self._order, now_ns - self._timeout_ns
+        kernel = self._kernel
+        while kernel and next(iter(kernel.values())).start_ns < horizon:  # their request never started
+            kernel.popitem(last=False)
+            self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "kernel_ids"})
         while order and (order[0].done or order[0].start_ns < horizon):
             context = order.popleft()
             if not context.done:
@@ -227,6 +248,7 @@ class TraceAssembler:
         correlation: str | None,
         stream: int | None,
         tid: int,
+        kernel: KernelTrace | None = None,
     ) -> RequestContext:
         trace_id, span_id = request_ids(key, start_ns, ordinal)
         if conn.role is Role.SERVER:
@@ -237,7 +259,11 @@ class TraceAssembler:
             if propagated is not None:
                 self._metrics.add("otel_ebpf.trace.propagated", 1, {"format": propagated.format, "side": "server"})
                 return _under_propagated(propagated, span_id)
+            if kernel is not None:  # the trace the kernel gave the thread: its calls carry it
+                return RequestContext(kernel.trace_id, span_id, _SAMPLED if kernel.sampled else _NOT_SAMPLED)
             return RequestContext(trace_id, span_id, _SAMPLED)
+        if kernel is not None and kernel.span_id:
+            return self._injected((key[0], tid), kernel)
         if propagated is not None:
             self._metrics.add("otel_ebpf.trace.propagated", 1, {"format": propagated.format, "side": "client"})
             if self._skip_instrumented:
@@ -253,6 +279,22 @@ class TraceAssembler:
             self._metrics.add("otel_ebpf.trace.correlated_parents")
             return self._child(forwarded[0], span_id)
         return self._on_thread((key[0], tid), start_ns, trace_id, span_id)
+
+    def _injected(self, thread: Thread, kernel: KernelTrace) -> RequestContext:
+        """An outgoing request the kernel inserted a ``traceparent`` into: the ids on the wire, and as
+        parent the request its thread serves in that trace (the kernel continued the trace of the
+        last request the thread read), else none."""
+        flags = _SAMPLED if kernel.sampled else _NOT_SAMPLED
+        for serving in reversed(self._threads.get(thread, ())):
+            if serving.trace_id == kernel.trace_id:
+                return RequestContext(
+                    kernel.trace_id,
+                    kernel.span_id,
+                    flags,
+                    parent=serving.span_context(),
+                    trace_state=serving.trace_state,
+                )
+        return RequestContext(kernel.trace_id, kernel.span_id, flags)
 
     def _on_thread(self, thread: Thread, start_ns: int, trace_id: int, span_id: int) -> RequestContext:
         """Thread causality for an outgoing request or message (rules 4 and 5, then the message

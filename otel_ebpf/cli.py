@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--profile-frequency", type=int, metavar="HZ", help="samples per second per CPU (default 49)")
     prof.add_argument("--pyroscope-url", metavar="URL", help="also send profiles to this Pyroscope server")
     run.add_argument(
+        "--inject-traceparent",
+        action="store_const",
+        const=True,
+        help="insert W3C traceparent into traced processes' HTTP/1 requests (docs/kubernetes.md)",
+    )
+    run.add_argument(
         "--gpu",
         choices=("auto", "true", "false"),
         help="CUDA/NCCL views (docs/gpu.md): auto (default) once a target maps a GPU library",

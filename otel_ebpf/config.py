@@ -187,6 +187,8 @@ class TraceConfig:
     reorder_window_ms: int = 50  # event time held back to put the CPUs' events in order
     sample_ratio: float = 1.0  # share of plain spans kept (errors and slow requests always are)
     keep_slower_than_ms: float = 1000.0  # a request at least this slow always keeps its span
+    # insert W3C traceparent into traced processes' HTTP/1 requests, in the kernel (docs/kubernetes.md)
+    inject_traceparent: bool = False
 
 
 @dataclass(frozen=True)
@@ -612,6 +614,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trace.reorder_window_ms", _integer(0, 10_000), env="OTEL_EBPF_TRACE_REORDER_WINDOW_MS"),
     Setting("trace.sample_ratio", _ratio, env="OTEL_EBPF_TRACE_SAMPLE_RATIO"),
     Setting("trace.keep_slower_than_ms", _positive_number, env="OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS"),
+    Setting("trace.inject_traceparent", _boolean, env="OTEL_EBPF_TRACE_INJECT_TRACEPARENT", flag="inject_traceparent"),
     Setting("profiling.enabled", _boolean, env="OTEL_EBPF_PROFILING", flag="profile"),
     Setting(
         "profiling.frequency_hz", _integer(1, 1000), env="OTEL_EBPF_PROFILING_FREQUENCY_HZ", flag="profile_frequency"

@@ -96,6 +96,31 @@ class ConnData:
 
 
 @dataclass(slots=True)
+class KernelTrace:
+    """The ids the kernel decided for a request (``trace.inject_traceparent``, docs/kubernetes.md):
+    the one whose first bytes are the data event of connection (pid, fd, generation) stamped
+    ``start_ns``. For a CLIENT request, the trace and span of the ``traceparent`` it inserted on the
+    wire; for a SERVER request, its trace only (``span_id`` 0), which its thread's calls carry on.
+    Trace assembly must use them.
+
+    The kernel reports them after that data event; ``timestamp_ns`` is one nanosecond before
+    ``start_ns`` so that the pipeline's reordering hands them over first."""
+
+    timestamp_ns: int
+    pid: int
+    fd: int
+    generation: int
+    start_ns: int
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+    @property
+    def key(self) -> ConnKey:
+        return (self.pid, self.fd, self.generation)
+
+
+@dataclass(slots=True)
 class ConnClose:
     timestamp_ns: int
     pid: int
@@ -186,4 +211,14 @@ class TcpHealthCounts:
     flows: tuple[TcpFlow, ...] = ()  # by cgroup
 
 
-Event = ProcessInfo | ConnOpen | ConnData | ConnClose | ProcessExit | KernelLoss | HttpRequestCounts | TcpHealthCounts
+Event = (
+    ProcessInfo
+    | ConnOpen
+    | ConnData
+    | KernelTrace
+    | ConnClose
+    | ProcessExit
+    | KernelLoss
+    | HttpRequestCounts
+    | TcpHealthCounts
+)

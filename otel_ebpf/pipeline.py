@@ -23,6 +23,7 @@ from .events import (
     Event,
     HttpRequestCounts,
     KernelLoss,
+    KernelTrace,
     ProcessExit,
     ProcessInfo,
     TcpHealthCounts,
@@ -83,6 +84,8 @@ class Pipeline:
                 self.last_timestamp_ns = event.timestamp_ns
             if isinstance(event, ConnData):
                 self._report(self.tracker.data(event))
+            elif isinstance(event, KernelTrace):
+                self.assembler.kernel_decided(event)
             elif isinstance(event, ConnOpen):
                 self.tracker.open(event)
             elif isinstance(event, ConnClose):

@@ -1,7 +1,8 @@
 """Reading a propagated trace context out of a request's header fields (W3C Trace Context, B3).
 
-The agent never injects headers (it cannot change the bytes a program sends); it only reads the
-context that an instrumented caller already put on the wire. Invalid or partial headers count as
+This reads the context that a caller already put on the wire: an instrumented program's, or the one
+the kernel inserted (``trace.inject_traceparent``, bpf/inject_traceparent.c, which reads the same
+header the same way on the server side). Invalid or partial headers count as
 absent, as the specifications ask: a malformed ``traceparent`` must not make a request join a
 trace that does not exist.
 """

@@ -21,6 +21,7 @@ from .events import (
     Event,
     HttpRequestCounts,
     KernelLoss,
+    KernelTrace,
     ProcessExit,
     ProcessInfo,
     TcpFlow,
@@ -32,7 +33,17 @@ FORMAT = "otel-ebpf-events"
 VERSION = 1
 _TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ProcessInfo, ConnOpen, ConnData, ConnClose, ProcessExit, KernelLoss, HttpRequestCounts, TcpHealthCounts)
+    for cls in (
+        ProcessInfo,
+        ConnOpen,
+        ConnData,
+        KernelTrace,
+        ConnClose,
+        ProcessExit,
+        KernelLoss,
+        HttpRequestCounts,
+        TcpHealthCounts,
+    )
 }
 
 

@@ -91,6 +91,12 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "otel_ebpf.trace.propagated": ("{request}", "Requests that carried a trace context (traceparent, b3)", False),
+    "otel_ebpf.traceparent.requests": (
+        "{request}",
+        "HTTP/1 requests the kernel looked at for traceparent injection, by outcome: injected, "
+        "already_present, or why it refused (tls, request_line, head_split, head_too_long, kernel, not_watched)",
+        False,
+    ),
     "otel_ebpf.profiles.samples": ("{sample}", "CPU profile samples received from the kernel", False),
     "otel_ebpf.profiles.samples.dropped": (
         "{sample}",

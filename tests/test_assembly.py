@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf.assembly import TraceAssembler, request_ids
 from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import Event
+from otel_ebpf.events import Event, KernelTrace
 from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
 from otel_ebpf.protocol import ConnectionInfo, Endpoint, RequestStart, Role
@@ -352,3 +352,52 @@ def test_recorded_chain_replays_into_one_trace_per_request() -> None:
     assert sorted(sorted(s.context.span_id for s in t) for t in recorded_traces(reshuffled)) == sorted(
         sorted(s.context.span_id for s in t) for t in traces
     )
+
+
+# ---- ids the kernel decided (traceparent injection) ---------------------------------------------
+
+KERNEL_TRACE, KERNEL_SPAN = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+REMOTE = Endpoint("10.1.2.3", 8080)
+
+
+def kernel_ids(ms: float, pid: int, fd: int, trace_id: int, span_id: int) -> KernelTrace:
+    """What the kernel reports after the data event stamped ``at(ms)``: one nanosecond before it."""
+    return KernelTrace(at(ms) - 1, pid, fd, 0, at(ms), trace_id, span_id, True)
+
+
+def served_then_called(client_trace: int) -> list[Event]:
+    """A gateway request whose call to another node the kernel gave a traceparent of
+    ``client_trace``; the kernel's reports arrive after the bytes they are about, as they do."""
+    return [
+        info(GATEWAY),
+        opened(0, GATEWAY, 5, 0, Role.SERVER, GW, LOADER),
+        data(0, GATEWAY, 5, IN, get("/in", "gw"), tid=101),
+        kernel_ids(0, GATEWAY, 5, KERNEL_TRACE, 0),
+        opened(1, GATEWAY, 1005, 0, Role.CLIENT, GW_OUT, REMOTE),
+        data(1, GATEWAY, 1005, OUT, get("/out", "remote"), tid=101),
+        kernel_ids(1, GATEWAY, 1005, client_trace, KERNEL_SPAN),
+        data(2, GATEWAY, 1005, IN, ok(b"r"), tid=101),
+        data(3, GATEWAY, 5, OUT, ok(b"gw"), tid=101),
+    ]
+
+
+def test_the_kernels_ids_are_the_exported_ones() -> None:
+    s = named(Assembly().run(served_then_called(KERNEL_TRACE)))
+    server, client = s[(GATEWAY, "SERVER")], s[(GATEWAY, "CLIENT")]
+    assert server.context.trace_id == KERNEL_TRACE and server.parent is None
+    assert (client.context.trace_id, client.context.span_id) == (KERNEL_TRACE, KERNEL_SPAN)
+    assert parent_id(client) == server.context.span_id
+
+
+def test_a_call_in_another_trace_than_its_threads_request_is_a_root() -> None:
+    """The kernel gave the call a trace the served request does not have (the kernel saw no request
+    on that thread): the wire is what counts, so the span is a root of that trace."""
+    s = named(Assembly().run(served_then_called(0x1234)))
+    client = s[(GATEWAY, "CLIENT")]
+    assert (client.context.trace_id, client.context.span_id, client.parent) == (0x1234, KERNEL_SPAN, None)
+
+
+def test_kernel_ids_whose_request_never_starts_are_forgotten_and_counted() -> None:
+    run = Assembly(inflight_timeout_ns=10 * MS)
+    run.run([info(GATEWAY), kernel_ids(0, GATEWAY, 5, KERNEL_TRACE, 0), opened(100, GATEWAY, 6, 0)])
+    assert run.total("otel_ebpf.trace.inflight_evicted") == 1

@@ -250,6 +250,14 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
         1000.0,
         [("yaml", "", 250, 250.0), ("env", "OTEL_EBPF_TRACE_KEEP_SLOWER_THAN_MS", "2000", 2000.0)],
     ),
+    "trace.inject_traceparent": (
+        False,
+        [
+            ("yaml", "", True, True),
+            ("env", "OTEL_EBPF_TRACE_INJECT_TRACEPARENT", "true", True),
+            ("cli", "inject_traceparent", True, True),
+        ],
+    ),
     "gpu.enabled": (
         "auto",
         [("yaml", "", True, "true"), ("env", "OTEL_EBPF_GPU", "off", "false"), ("cli", "gpu", "auto", "auto")],

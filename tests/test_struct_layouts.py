@@ -257,6 +257,10 @@ def test_socket_data_event() -> None:
     assert_layout(_socket(), "data_event", [socket._HEADER, socket._DATA, socket._RETRANSMISSIONS], then="data")
 
 
+def test_socket_trace_event() -> None:
+    assert_layout(_socket(), "trace_event", [socket._HEADER, socket._TRACE])
+
+
 def test_socket_datagram_event() -> None:
     assert_layout(_socket(), "dgram_event", [socket._HEADER, socket._DATA, socket._DGRAM_PEER], then="data")
 

@@ -33,6 +33,7 @@ from ..events import (
     Event,
     HttpRequestCounts,
     KernelLoss,
+    KernelTrace,
     ProcessExit,
     ProcessInfo,
     TcpHealthCounts,
@@ -42,6 +43,7 @@ from . import tcp_health
 from .addresses import endpoint
 from .btf import Btf, BtfError
 from .http_red import HttpRedReader
+from .inject import Injection
 from .loading import (
     close_program,
     compile_program,
@@ -56,7 +58,7 @@ from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
 
 log = logging.getLogger(__name__)
 
-EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM = 1, 2, 3, 4, 5, 6
+EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM, EV_TRACE = 1, 2, 3, 4, 5, 6, 7
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
 SET_SHED_BACKLOG, SET_KEEP_1024 = 5, 6
 STAT_NAMES = (
@@ -87,6 +89,7 @@ DATA_TLS = 1
 _OPEN = struct.Struct("<IHHHH4x16s16s16sII")
 _DGRAM_PEER = struct.Struct("<HH4x16s")  # family, port, pad, addr: after _DATA in a datagram event
 IPPROTO_UDP = 17
+_TRACE = struct.Struct("<QQQBB6x")  # after the header of an EV_TRACE: struct trace_ids
 _ROLES = {1: Role.CLIENT, 2: Role.SERVER}
 
 
@@ -194,8 +197,18 @@ class _UprobeCloser:
 class SocketProbe:
     """Kernel side of socket capture. ``poll`` returns decoded events in ring-buffer order."""
 
-    def __init__(self, capture: CaptureConfig, targets: TargetsConfig, containers: ContainerResolver) -> None:
+    def __init__(
+        self,
+        capture: CaptureConfig,
+        targets: TargetsConfig,
+        containers: ContainerResolver,
+        inject_traceparent: bool = False,
+    ) -> None:
+        """``inject_traceparent``: insert W3C ``traceparent`` into traced processes' HTTP/1 requests
+        (bpf/inject_traceparent.c, docs/kubernetes.md)."""
         self.capture = capture
+        self.inject_traceparent = inject_traceparent
+        self._injection: Injection | None = None
         self.targets = targets
         self._containers = containers
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
@@ -238,6 +251,7 @@ class SocketProbe:
         parts = ["socket_trace.c", "tls_trace.c"]
         parts += ["tcp_health.c"] if self.tcp_health else []
         parts += ["tcp_flows.c"] if self._cgroup_mount else []
+        parts += ["inject_traceparent.c"] if self.inject_traceparent else []
         source = inline_headers("".join(bpf_dir.joinpath(part).read_text() for part in parts))
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
@@ -259,7 +273,11 @@ class SocketProbe:
             cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}", *self._drop_flags()]
         if self._cgroup_mount:
             cflags.append("-DTCP_FLOWS")
+        if self.inject_traceparent:
+            cflags.append("-DINJECT")
         self._bpf = compile_program(source, cflags, "socket probe")
+        if self.inject_traceparent:
+            self._injection = Injection(self._bpf)
         filtering = self.targets.selects_processes
         write_settings(
             self._bpf,
@@ -374,6 +392,9 @@ class SocketProbe:
             for fd in self._flow_fds:
                 os.close(fd)
             self._flow_fds = []
+            if self._injection is not None:
+                self._injection.close()
+                self._injection = None
             close_program(self._bpf)
             self._bpf = None
 
@@ -484,6 +505,10 @@ class SocketProbe:
             stats.update({name: sum(tcp_table[ctypes.c_int(i)]) for i, name in enumerate(tcp_health.STAT_NAMES)})
         return stats
 
+    def injections(self) -> dict[str, int]:
+        """traceparent injection: requests by outcome since start (none when it is off)."""
+        return self._injection.counts() if self._injection is not None else {}
+
     def shed_requests(self) -> dict[str, int]:
         """HTTP/1 requests the kernel shed since start, by reason."""
         table = self._bpf["stats"]
@@ -499,7 +524,7 @@ class SocketProbe:
         ts += self.clock_offset_ns
         if ts > self.latest_event_ns:
             self.latest_event_ns = ts
-        if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE):
+        if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE, EV_TRACE):
             comm = _OPEN.unpack_from(raw, _HEADER.size)[-3] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
@@ -520,6 +545,11 @@ class SocketProbe:
                     after_loss=bool(flags & HDR_AFTER_LOSS),
                     retransmissions=retransmissions,
                 )
+            )
+        elif kind == EV_TRACE:
+            trace_hi, trace_lo, span, _, sampled = _TRACE.unpack_from(raw, _HEADER.size)
+            self._events.append(
+                KernelTrace(ts - 1, tgid, fd, generation, ts, trace_hi << 64 | trace_lo, span, bool(sampled))
             )
         elif kind == EV_DGRAM:
             direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
