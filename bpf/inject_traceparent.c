@@ -288,7 +288,7 @@ static __always_inline void server_read(u64 id) {
 int inject_exit(void *ctx) {
     u64 id = current_pid_tgid();
     u32 tid = id;
-    struct active_io *io = active_io.lookup(&tid);
+    struct active_io *io = current_io();
     if (!io || !io->inject)
         return 0;
     u32 what = io->inject;

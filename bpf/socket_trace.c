@@ -256,8 +256,10 @@ struct active_io {
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 // The syscall in flight of each thread of the traced processes: written at every enter, read at
 // every exit, so its lookup is on every traced syscall's path twice.
-#ifdef FD_TRACKING
-// Kernels before 6.3 may predate task storage (5.11): a hash keyed by thread id.
+#if defined(FD_TRACKING) || defined(INJECT)
+// A hash keyed by thread id: kernels before 6.3 may predate task storage (5.11), and traceparent
+// injection's sk_msg program (inject_traceparent.c) must read the slot, which a socket program
+// cannot reach through task storage.
 BPF_HASH(active_io, u32, struct active_io, 65536);
 
 static __always_inline struct active_io *current_io(void) {
