@@ -47,3 +47,11 @@ def start_file_agent(
             raise AssertionError(f"{ready} did not appear within {timeout}s")
         time.sleep(0.05)
     return agent
+
+
+def kill_all(*processes: subprocess.Popen | None) -> None:
+    """Kill and reap each process still running: what a live test's ``finally`` owes its peers."""
+    for process in processes:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()

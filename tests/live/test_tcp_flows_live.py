@@ -26,7 +26,7 @@ import pytest
 
 from otel_ebpf.cgroups import cgroup2_mount
 from otel_ebpf.probes.cgroup_link import CGROUP_INET_EGRESS, CGROUP_INET_INGRESS
-from tests.live.file_agent import start_file_agent
+from tests.live.file_agent import kill_all, start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics
 
 pytestmark = pytest.mark.bpf
@@ -145,13 +145,7 @@ def flows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             "cgroups": {"client": _cgroup_of(client.pid), "server": f"/{name}"},
         }
     finally:
-        if agent is not None and agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        for process in (client, server):
-            if process is not None:
-                process.kill()
-                process.wait()
+        kill_all(agent, client, server)
         child.rmdir()
 
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import pytest
 
 from otel_ebpf.probes.tc import TcAttachment
-from tests.live.file_agent import start_file_agent
+from tests.live.file_agent import kill_all, start_file_agent
 from tests.live.veth_pair import veth_pair
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
@@ -192,13 +192,7 @@ def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 "server": (server.pid, pair.outer_ipv4),
             }
         finally:
-            if agent is not None and agent.poll() is None:
-                agent.kill()
-                agent.wait()
-            for process in (client, server):
-                if process is not None:
-                    process.kill()
-                    process.wait()
+            kill_all(agent, client, server)
 
 
 def _points(health: dict, name: str, side: str) -> dict[str, list[dict]]:
