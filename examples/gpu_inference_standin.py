@@ -21,11 +21,11 @@ ELEMENTS = 1024
 FLOAT16 = 6
 
 
-def main() -> int:
-    gpu = Gpu(build())
+def inference_server(gpu: Gpu, generate_s: float, launches: int = 2) -> HTTPServer:
+    """A server on a free loopback port whose ``POST`` handler all-reduces ``ELEMENTS`` float16 on
+    ``gpu``, launches ``launches`` kernels, then sleeps ``generate_s`` before it answers."""
     comm = gpu.comm(2, 0)
     buffer = gpu.malloc(ELEMENTS * 2)
-    generate_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -36,7 +36,7 @@ def main() -> int:
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             assert gpu.nccl.ncclAllReduce(buffer, buffer, ELEMENTS, FLOAT16, 0, comm, None) == 0
-            for _ in range(2):
+            for _ in range(launches):
                 assert gpu.rt.cudaLaunchKernel(gpu.kernel, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None) == 0
             time.sleep(generate_s)
             body = b'{"text": "ok"}'
@@ -46,7 +46,11 @@ def main() -> int:
             self.end_headers()
             self.wfile.write(body)
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
+    return HTTPServer(("127.0.0.1", 0), Handler)
+
+
+def main() -> int:
+    server = inference_server(Gpu(build()), float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
     Path(sys.argv[1]).write_text(str(server.server_address[1]))
     try:
         server.serve_forever()

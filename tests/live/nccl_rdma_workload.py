@@ -5,7 +5,8 @@ writes on one queue pair from the calling thread and on another from a proxy thr
     python tests/live/nccl_rdma_workload.py PORT_FILE
 
 Each ``POST /generate`` all-reduces 1024 float16 (2048 bytes) on the thread serving it, then
-"generates" for 1.5 s before it answers. Commands on stdin, one per line, each answered by one JSON
+"generates" for 1.5 s before it answers (examples/gpu_inference_standin.py's server, without its
+kernel launches). Commands on stdin, one per line, each answered by one JSON
 line: ``connect`` (the queue pairs: {"ring": [local, peer], "tree": [...], "spare": [...]}) and
 ``idle`` (a write on the spare queue pair, outside any collective).
 """
@@ -16,17 +17,14 @@ import ctypes
 import json
 import sys
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.gpu_inference_standin import inference_server
 from examples.gpu_training_standin import Gpu
 from tests.gpu.standin.build import build as build_gpu
 from tests.rdma.standin import build as verbs
 
-ELEMENTS = 1024
-FLOAT16 = 6
 GENERATE_S = 1.5
 PAIRS = ("ring", "tree", "spare")
 
@@ -36,27 +34,7 @@ def main() -> int:
     net = ctypes.CDLL(str(verbs.build() / verbs.NET))
     net.net_transport.argtypes = net.net_idle.argtypes = (ctypes.c_size_t,)
     gpu.nccl.standinNcclSetNet(ctypes.cast(net.net_transport, ctypes.c_void_p))
-    comm = gpu.comm(2, 0)
-    buffer = gpu.malloc(ELEMENTS * 2)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 -- keep output clean
-            pass
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            assert gpu.nccl.ncclAllReduce(buffer, buffer, ELEMENTS, FLOAT16, 0, comm, None) == 0
-            time.sleep(GENERATE_S)
-            body = b'{"text": "ok"}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
+    server = inference_server(gpu, GENERATE_S, launches=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Path(sys.argv[1]).write_text(str(server.server_address[1]))
     for line in sys.stdin:
