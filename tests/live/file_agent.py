@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -55,3 +56,12 @@ def kill_all(*processes: subprocess.Popen | None) -> None:
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()
+
+
+def stop_file_agent(agent: subprocess.Popen) -> str:
+    """Stop an agent as a user would (SIGINT), wait for its final flush, and return its stderr;
+    it must exit cleanly."""
+    agent.send_signal(signal.SIGINT)
+    stderr = agent.communicate(timeout=60)[1]
+    assert agent.returncode == 0, stderr
+    return stderr

@@ -14,7 +14,6 @@ something. The agent's resident memory, sampled through the run, must not grow.
 from __future__ import annotations
 
 import http.client
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import grpc
 import pytest
 
 from tests.conftest import REPO
-from tests.live.file_agent import start_file_agent
+from tests.live.file_agent import start_file_agent, stop_file_agent
 from tests.otlp_receiver import OTLPReceiver, latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
@@ -95,9 +94,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
             for client in clients:
                 client.join()
             time.sleep(1.5)  # a metric interval and the kernel's once-a-second report
-            agent.send_signal(signal.SIGINT)
-            stderr = agent.communicate(timeout=60)[1]
-            assert agent.returncode == 0, stderr
+            stop_file_agent(agent)
             return {
                 "requests": sum(statuses.values()),
                 "statuses": statuses,

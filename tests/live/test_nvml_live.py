@@ -4,14 +4,13 @@ with the rest of its metrics; the device memory a process holds lands on that pr
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.gpu.standin.build import build
-from tests.live.file_agent import start_file_agent
+from tests.live.file_agent import start_file_agent, stop_file_agent
 from tests.otlp_receiver import load_file_metrics
 
 pytestmark = pytest.mark.bpf
@@ -39,9 +38,7 @@ def test_device_state_and_process_memory_reach_the_exporter(tmp_path: Path, monk
     try:
         agent = start_file_agent(tmp_path, holder.pid, "export:\n  metric_interval_s: 0.5\n")
         subprocess.run(["sleep", "2"], check=True)
-        agent.send_signal(signal.SIGINT)
-        stderr = agent.communicate(timeout=60)[1]
-        assert agent.returncode == 0, stderr
+        stderr = stop_file_agent(agent)
         agent = None
     finally:
         if agent is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import pytest
 
 from otel_ebpf.cgroups import cgroup2_mount
 from otel_ebpf.probes.cgroup_link import CGROUP_INET_EGRESS, CGROUP_INET_INGRESS
-from tests.live.file_agent import kill_all, start_file_agent
+from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics
 
 pytestmark = pytest.mark.bpf
@@ -133,9 +132,7 @@ def flows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         client.stdin.flush()
         kernel = {"client": json.loads(client.stdout.readline()), "server": json.loads(server.stdout.readline())}
         time.sleep(2.5)  # the kernel's once-a-second read, then a metric interval
-        agent.send_signal(signal.SIGINT)
-        stderr = agent.communicate(timeout=60)[1]
-        assert agent.returncode == 0, stderr
+        stop_file_agent(agent)
         return {
             **family,
             "metrics": load_file_metrics(tmp / "out"),

@@ -14,7 +14,6 @@ client's address.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from contextlib import contextmanager
 import pytest
 
 from otel_ebpf.probes.tc import TcAttachment
-from tests.live.file_agent import kill_all, start_file_agent
+from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
 from tests.live.veth_pair import veth_pair
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
@@ -179,9 +178,7 @@ def health(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 assert client.stdout.readline().strip() == "done"
                 filter_dropped = int(server.stdout.readline())
             time.sleep(2.5)  # the kernel's once-a-second read, then a metric interval
-            agent.send_signal(signal.SIGINT)
-            stderr = agent.communicate(timeout=60)[1]
-            assert agent.returncode == 0, stderr
+            stop_file_agent(agent)
             return {
                 "metrics": load_file_metrics(tmp / "out"),
                 "spans": load_file_spans(tmp / "out"),
