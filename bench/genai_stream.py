@@ -44,16 +44,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import ConnData, ConnOpen
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, ConnOpen
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.protocol import ConnectionInfo, Endpoint, Role, load_protocols
 from otel_ebpf.protocol_testing import Chunk, load_recording, replay
 from otel_ebpf.protocols.genai import Api, ResponseBody, Route
 from otel_ebpf.protocols.http1 import HTTP1
 from otel_ebpf.recording import read_recording
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
 from harness import AGENT, REPO, cpu_seconds, wait_for

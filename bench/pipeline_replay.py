@@ -36,7 +36,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from otel_ebpf.agent import REPLAY_BATCH
-from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
+from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
@@ -97,11 +97,11 @@ def use_protocols_from(directory: Path) -> None:
 
 def run_pipeline(events: list[Event]) -> tuple[float, int]:
     """Seconds to run ``events`` through a fresh pipeline, and the spans it produced."""
-    from otel_ebpf.connections import ConnectionTracker
     from otel_ebpf.pipeline import Pipeline
+    from otel_ebpf.pipeline.connections import ConnectionTracker
+    from otel_ebpf.pipeline.telemetry import Telemetry
     from otel_ebpf.protocol import load_protocols
     from otel_ebpf.selfmetrics import SelfMetrics
-    from otel_ebpf.telemetry import Telemetry
 
     selfmetrics = SelfMetrics()
     protocols = load_protocols()

@@ -68,7 +68,7 @@ def _user_data(datagram: bytes) -> bool:
 
 
 def build_events(samples: int) -> list:
-    from otel_ebpf.events import ConnData, ConnOpen, ProcessInfo
+    from otel_ebpf.pipeline.events import ConnData, ConnOpen, ProcessInfo
     from otel_ebpf.protocol import Direction, Endpoint, Transport
     from otel_ebpf.recording import read_recording
 

@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from otel_ebpf.agent import REPLAY_BATCH
-from otel_ebpf.assembly import TraceAssembler
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import Event, ProcessExit, ProcessInfo
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.assembly import TraceAssembler
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import Event, ProcessExit, ProcessInfo
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.protocol import Protocol, load_protocols
 from otel_ebpf.recording import read_recording
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
 from harness import AGENT, REPO, cpu_seconds, wait_for

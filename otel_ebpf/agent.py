@@ -21,27 +21,27 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
 from . import __version__
-from .assembly import TraceAssembler
 from .budget import CpuBudget
 from .config import AgentConfig
-from .connections import ConnectionTracker
 from .containers import ContainerResolver
-from .events import Event
 from .exporters import build_sink
 from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
-from .metrics import DELTA_KINDS, merged_by_resource
 from .pii import build_scrubber
 from .pipeline import Pipeline
+from .pipeline.assembly import TraceAssembler
+from .pipeline.connections import ConnectionTracker
+from .pipeline.events import Event
+from .pipeline.metrics import DELTA_KINDS, merged_by_resource
+from .pipeline.reorder import EventReorderer
+from .pipeline.telemetry import SDK_ATTRIBUTES, Telemetry
 from .preflight import StartupError, exited, write_ready_file
 from .protocol import load_protocols
 from .recording import RecordingHeader, RecordingWriter
-from .reorder import EventReorderer
 from .resources import ProcessResources
 from .sampling import SpanSampler
 from .selfmetrics import SelfMetrics
-from .telemetry import SDK_ATTRIBUTES, Telemetry
 
 if TYPE_CHECKING:
     from .gpu.nvml import NvmlReader

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .containers import ContainerResolver
-from .events import ProcessInfo
+from .pipeline.events import ProcessInfo
 from .protocol import Endpoint, Role
 
 # Environment variables of an observed process that decide its resource (README.md, "What you get",

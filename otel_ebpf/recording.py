@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from . import __version__
-from .events import (
+from .pipeline.events import (
     ConnClose,
     ConnData,
     ConnOpen,

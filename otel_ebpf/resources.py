@@ -12,9 +12,9 @@ from collections import OrderedDict
 
 from . import procfs
 from .containers import ContainerResolver
-from .events import ProcessInfo
+from .pipeline.events import ProcessInfo
+from .pipeline.telemetry import SDK_ATTRIBUTES, process_resource_attributes
 from .protocol import Attributes
-from .telemetry import SDK_ATTRIBUTES, process_resource_attributes
 
 MAX_PROCESSES = 4096
 

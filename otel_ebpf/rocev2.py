@@ -17,7 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import __version__
-from .metrics import ProcessMetrics
+from .pipeline.metrics import ProcessMetrics
 from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 
 # IBTA vol. 1, 9.2: the top 3 bits of a BTH opcode are the transport, the low 5 the operation

@@ -6,7 +6,7 @@ semantic conventions' ``network.*`` and ``server.*`` ones. docs/network.md says 
 
 from __future__ import annotations
 
-from .events import TcpHealthCounts
+from .pipeline.events import TcpHealthCounts
 from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, Role
 
 RETRANSMISSIONS = "otel_ebpf.tcp.retransmissions"

@@ -16,16 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.assembly import TraceAssembler, request_ids
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import Event, KernelTrace
-from otel_ebpf.metrics import DELTA_KINDS
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.assembly import TraceAssembler, request_ids
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import Event, KernelTrace
+from otel_ebpf.pipeline.metrics import DELTA_KINDS
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.protocol import ConnectionInfo, Endpoint, RequestStart, Role
 from otel_ebpf.recording import read_recording
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
 from tests.test_pipeline import HOST, IN, MS, OUT, PROTOCOLS, at, data, get, info, ok, opened
 
 GATEWAY, SERVICE, BACKEND = 100, 200, 300

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from otel_ebpf.containers import ContainerResolver, identity_from_cgroup, runtime_names
-from otel_ebpf.events import ProcessInfo
+from otel_ebpf.pipeline.events import ProcessInfo
+from otel_ebpf.pipeline.telemetry import process_resource_attributes
 from otel_ebpf.recording import decode_event, encode_event
-from otel_ebpf.telemetry import process_resource_attributes
 
 CID = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
 UID = "6b1e4a9c-2d3f-4e5a-8b7c-9d0e1f2a3b4c"

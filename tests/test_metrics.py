@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_ebpf.metrics import DEFAULT_BOUNDARIES, DELTA_KINDS, ProcessMetrics, merged_by_resource
+from otel_ebpf.pipeline.metrics import DEFAULT_BOUNDARIES, DELTA_KINDS, ProcessMetrics, merged_by_resource
 from otel_ebpf.protocol import InstrumentKind, InstrumentSpec, MetricPoint
 from otel_ebpf.selfmetrics import DESCRIPTIONS, SelfMetrics
 

@@ -20,8 +20,9 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, ResourceMet
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf import __version__
-from otel_ebpf.connections import SNIFF_MAX_BYTES, SNIFF_MAX_EVENTS, ConnectionTracker
-from otel_ebpf.events import (
+from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import SNIFF_MAX_BYTES, SNIFF_MAX_EVENTS, ConnectionTracker
+from otel_ebpf.pipeline.events import (
     ConnClose,
     ConnData,
     ConnKey,
@@ -32,14 +33,13 @@ from otel_ebpf.events import (
     ProcessExit,
     ProcessInfo,
 )
-from otel_ebpf.metrics import DELTA_KINDS
-from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.metrics import DELTA_KINDS
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import EXITED_GRACE_NS, Telemetry
 from otel_ebpf.protocol import Direction, Endpoint, Protocol, Role, Session, Sniff, Stitcher, Transport, load_protocols
 from otel_ebpf.protocols.http_semconv import DURATION_BUCKETS
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.sampling import SpanSampler
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import EXITED_GRACE_NS, Telemetry
 
 PROTOCOLS = load_protocols()
 HOST = "node-1"

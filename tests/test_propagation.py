@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_ebpf.propagation import B3, W3C, PropagatedContext, read_carrier
+from otel_ebpf.pipeline.propagation import B3, W3C, PropagatedContext, read_carrier
 
 
 def extract(carrier: list[tuple[str, str]]) -> PropagatedContext | None:

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from otel_ebpf.events import (
+from otel_ebpf.pipeline.events import (
     ConnClose,
     ConnData,
     ConnOpen,

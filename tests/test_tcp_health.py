@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from otel_ebpf.events import ProcessInfo, TcpFlow, TcpHealthCounts
-from otel_ebpf.metrics import DELTA_KINDS
+from otel_ebpf.pipeline.events import ProcessInfo, TcpFlow, TcpHealthCounts
+from otel_ebpf.pipeline.metrics import DELTA_KINDS
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.probes.tcp_health import KFREE_SKB, TRACEPOINTS, TcpHealthReader, drop_reasons, missing_tracepoints
 from otel_ebpf.protocol import Role
 from otel_ebpf.recording import decode_event, encode_event
 from otel_ebpf.selfmetrics import SelfMetrics
 from otel_ebpf.tcp_metrics import RTT_BOUNDARIES_S, series_attributes
-from otel_ebpf.telemetry import Telemetry
 from tests.test_struct_layouts import GCC, c_structs
 
 NBUCKETS = len(RTT_BOUNDARIES_S) + 1

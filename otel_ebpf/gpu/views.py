@@ -26,8 +26,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
-from ..events import EXITED
-from ..metrics import ProcessMetrics
+from ..pipeline.events import EXITED
+from ..pipeline.metrics import ProcessMetrics
 from ..profiles.model import Frame, FrameKind, Profile, ProfileBuilder, Stack, ValueType
 from ..protocol import Attributes, AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics

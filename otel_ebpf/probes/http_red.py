@@ -1,7 +1,7 @@
 """The kernel's exact HTTP/1 counts (``http_red`` in ``bpf/http1_summary.h``), read once per interval.
 
 The kernel keeps running totals per series and CPU; each read sums the CPUs and reports what grew
-since the previous read as :class:`~otel_ebpf.events.HttpRequestCounts` events, so that recordings
+since the previous read as :class:`~otel_ebpf.pipeline.events.HttpRequestCounts` events, so that recordings
 carry them and replay reproduces the metrics. Series of processes that exited are read one last
 time and then deleted from the kernel table, which keeps it within its cap.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import HttpRequestCounts
+from ..pipeline.events import HttpRequestCounts
 from ..protocol import Role
 from .addresses import endpoint
 

@@ -25,7 +25,7 @@ from .. import procfs
 from ..cgroups import CgroupPaths, cgroup2_mount
 from ..config import CaptureConfig, TargetsConfig
 from ..containers import ContainerResolver
-from ..events import (
+from ..pipeline.events import (
     ConnClose,
     ConnData,
     ConnKey,

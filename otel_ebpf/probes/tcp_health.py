@@ -3,7 +3,7 @@
 programs.
 
 Each read sums the CPUs and reports what grew since the previous read as
-:class:`~otel_ebpf.events.TcpHealthCounts` events (a series' dropped packets, by reason, and its
+:class:`~otel_ebpf.pipeline.events.TcpHealthCounts` events (a series' dropped packets, by reason, and its
 bytes and packets, by cgroup, with it), so that recordings carry them and replay reproduces the
 metrics. Series of processes that exited are read one last time and then deleted from the kernel
 tables, which keeps them within their caps; as their sockets can outlive them (closed, still
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..events import TcpFlow, TcpHealthCounts
+from ..pipeline.events import TcpFlow, TcpHealthCounts
 from ..protocol import Role
 from ..tcp_metrics import RTT_BOUNDARIES_S
 from .addresses import endpoint

@@ -12,7 +12,7 @@ from collections import deque
 
 from otel_ebpf.config import AgentConfig
 from otel_ebpf.containers import ContainerResolver
-from otel_ebpf.events import EXITED
+from otel_ebpf.pipeline.events import EXITED
 from otel_ebpf.profiles.cpu import CpuProfiler, LinkFor, cpu_builder
 from otel_ebpf.profiles.exporter import ProfileSink, build_profile_sink
 from otel_ebpf.resources import ProcessResources

@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
-from ..metrics import ProcessMetrics
+from ..pipeline.metrics import ProcessMetrics
 from ..protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 from ..selfmetrics import SelfMetrics
 from . import datapath

@@ -284,7 +284,7 @@ def test_no_parse_errors_or_unknown_writers(rtps_run: tuple) -> None:
 def test_every_datagram_syscall_is_captured_with_its_peer(rtps_run: tuple) -> None:
     """sendto/recvfrom, sendmsg/recvmsg with iovecs, sendmmsg/recvmmsg: one event per datagram,
     its iovecs gathered, the peer of each, the bound local end of each socket."""
-    from otel_ebpf.events import ConnData, ConnOpen
+    from otel_ebpf.pipeline.events import ConnData, ConnOpen
     from otel_ebpf.protocol import Direction, Endpoint, Transport
     from otel_ebpf.recording import read_recording
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from otel_ebpf.assembly import TraceAssembler, request_ids
+from otel_ebpf.pipeline.assembly import TraceAssembler, request_ids
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
 from otel_ebpf.selfmetrics import SelfMetrics
 

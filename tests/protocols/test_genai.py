@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_ebpf.events import ConnData, ConnOpen
+from otel_ebpf.pipeline.events import ConnData, ConnOpen
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role, StatusCode
 from otel_ebpf.protocol_testing import Chunk, capped, every_split, mutate, replay
 from otel_ebpf.protocols.genai import Api, GenAICall, RequestBody, ResponseBody, Route, genai_option

@@ -10,14 +10,14 @@ from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.protocol import Direction, Endpoint, Role, load_protocols
 from otel_ebpf.protocol_testing import Chunk, as_client
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
 
 CLIENT_PID, SERVER_PID = 100, 200
 CLIENT_END, SERVER_END = Endpoint("10.0.0.2", 51000), Endpoint("10.0.0.1", 50051)

@@ -18,8 +18,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import ConnData, ConnOpen
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, ConnOpen
 from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Endpoint, Role, SpanKind, StatusCode, Transport
 from otel_ebpf.protocol_testing import Chunk
 from otel_ebpf.protocols import grpc_semconv

@@ -11,17 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
 from otel_ebpf.protocol import Direction, Endpoint, Transport, load_protocols
 from otel_ebpf.protocols.rtps import RTPS, Call, Control, FragmentStitcher, Sample
 from otel_ebpf.protocols.rtps.discovery import DiscoveryTable, ros_names
 from otel_ebpf.protocols.rtps.session import Fragment, RTPSSession, RTPSState
 from otel_ebpf.protocols.rtps.wire import Data, parse_message
-from otel_ebpf.reorder import EventReorderer
 from otel_ebpf.selfmetrics import SelfMetrics
-from otel_ebpf.telemetry import Telemetry
 
 CHATTER, BIG_SIZE, FRAMES, CALLS = 60, 200012, 10, 5
 PREFIX_A, PREFIX_B = bytes.fromhex("0110aaaa0000000000000001"), bytes.fromhex("0110bbbb0000000000000002")
@@ -394,7 +394,7 @@ def test_mutated_recorded_datagrams_never_raise(seed: bytes, flips: list, cut: i
 def test_a_call_made_while_processing_a_sample_continues_its_trace() -> None:
     """Thread causality for messages reaches other protocols: an HTTP call the subscriber makes on
     the thread that received the sample is the CONSUMER span's child — within the window."""
-    from otel_ebpf.assembly import TraceAssembler
+    from otel_ebpf.pipeline.assembly import TraceAssembler
     from otel_ebpf.protocol import RequestStart
 
     assembler = TraceAssembler(SelfMetrics())

@@ -11,8 +11,8 @@ from pathlib import Path
 import rtps_bytes as rb
 
 from otel_ebpf import procfs
-from otel_ebpf.connections import ConnectionTracker
-from otel_ebpf.events import ConnData, ConnOpen
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, ConnOpen
 from otel_ebpf.protocol import Direction, Endpoint, Transport, load_protocols
 from otel_ebpf.recording import RecordingHeader, RecordingWriter, decode_event, encode_event, read_recording
 from otel_ebpf.selfmetrics import SelfMetrics

@@ -15,8 +15,8 @@ import heapq
 import math
 from collections.abc import Iterable
 
+from ..selfmetrics import SelfMetrics
 from .events import Event
-from .selfmetrics import SelfMetrics
 
 
 class EventReorderer:

@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from .protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
+from ..protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
 
 # OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE presets: which kinds report DELTA.
 DELTA_KINDS = {

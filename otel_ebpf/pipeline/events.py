@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from .protocol import Direction, Endpoint, Role, Transport
+from ..protocol import Direction, Endpoint, Role, Transport
 
 ConnKey = tuple[int, int, int]  # (pid, fd, generation)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import TraceState
 
-from .protocol import Carrier
+from ..protocol import Carrier
 
 W3C = "w3c"
 B3 = "b3"

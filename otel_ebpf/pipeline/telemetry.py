@@ -1,6 +1,6 @@
 """Exchanges become OpenTelemetry spans and metric points, one resource per observed process.
 
-Trace contexts come from :mod:`otel_ebpf.assembly` (derived from each request's identity, not
+Trace contexts come from :mod:`otel_ebpf.pipeline.assembly` (derived from each request's identity, not
 drawn at random) and metric points are stamped with event times, so that replaying a recording
 produces the very same telemetry (docs/architecture.md, "Deterministic after the ring buffer").
 """
@@ -19,12 +19,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status
 
-from . import __version__, tcp_metrics
-from .assembly import RequestContext
-from .events import HttpRequestCounts, ProcessInfo, TcpHealthCounts
-from .metrics import ProcessMetrics
-from .pii import filter_content
-from .protocol import (
+from .. import __version__, tcp_metrics
+from ..pii import filter_content
+from ..protocol import (
     AttributeValue,
     ConnectionInfo,
     Exchange,
@@ -36,10 +33,13 @@ from .protocol import (
     SpanKind,
     StatusCode,
 )
-from .protocols.http_semconv import counted_duration
-from .redaction import redact_command_line
-from .sampling import SpanSampler
-from .selfmetrics import SelfMetrics
+from ..protocols.http_semconv import counted_duration
+from ..redaction import redact_command_line
+from ..sampling import SpanSampler
+from ..selfmetrics import SelfMetrics
+from .assembly import RequestContext
+from .events import HttpRequestCounts, ProcessInfo, TcpHealthCounts
+from .metrics import ProcessMetrics
 
 _KINDS = {
     SpanKind.SERVER: trace.SpanKind.SERVER,

@@ -22,7 +22,7 @@ served starts after that request did and completes before it does. The rules, in
 6. Otherwise the request starts a new trace.
 
 With ``traceparent`` injection (``trace.inject_traceparent``) the kernel decides some ids itself
-(:class:`~otel_ebpf.events.KernelTrace`), and they win, because they are what went on the wire: an
+(:class:`~otel_ebpf.pipeline.events.KernelTrace`), and they win, because they are what went on the wire: an
 outgoing request it inserted a ``traceparent`` into takes that header's trace and span ids, and as
 parent the request its thread serves in that trace, if any; an incoming request without a
 propagated context takes the trace the kernel gave its thread (so the thread's calls continue it).
@@ -53,10 +53,10 @@ from typing import TypeVar
 
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
+from ..protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
+from ..selfmetrics import SelfMetrics
 from .events import ConnKey, KernelTrace
 from .propagation import PropagatedContext, read_carrier
-from .protocol import ConnectionInfo, Direction, Endpoint, RequestStart, Role
-from .selfmetrics import SelfMetrics
 
 SKIP, CHILD = "skip", "child"
 INSTRUMENTED_CLIENT_MODES = (SKIP, CHILD)

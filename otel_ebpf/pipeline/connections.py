@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .events import ConnClose, ConnData, ConnKey, ConnOpen
-from .protocol import (
+from ..protocol import (
     ConnectionInfo,
     Direction,
     Endpoint,
@@ -29,7 +28,8 @@ from .protocol import (
     Stitcher,
     Transport,
 )
-from .selfmetrics import SelfMetrics
+from ..selfmetrics import SelfMetrics
+from .events import ConnClose, ConnData, ConnKey, ConnOpen
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Live capture and replay both feed :class:`Pipeline` the same typed events; it puts them back in
 timestamp order, tracks connections, runs protocol plugins, gives every request its trace context
-when it starts (:mod:`otel_ebpf.assembly`) and hands spans and metrics to
-:mod:`otel_ebpf.telemetry` as exchanges complete. Its place in the data flow, and why it stays
+when it starts (:mod:`otel_ebpf.pipeline.assembly`) and hands spans and metrics to
+:mod:`otel_ebpf.pipeline.telemetry` as exchanges complete. Its place in the data flow, and why it stays
 pure: docs/architecture.md, "Sockets: from a syscall to a span" and "Deterministic after the ring
 buffer".
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from ..protocol import AttributeValue, RequestStart
+from ..selfmetrics import SelfMetrics
 from .assembly import TraceAssembler
 from .connections import ConnectionTracker, Outcome
 from .events import (
@@ -28,9 +30,7 @@ from .events import (
     ProcessInfo,
     TcpHealthCounts,
 )
-from .protocol import AttributeValue, RequestStart
 from .reorder import EventReorderer
-from .selfmetrics import SelfMetrics
 from .telemetry import Telemetry
 
 # On the spans of a connection between hosts: the same on both ends, so a backend joins the
