@@ -6,8 +6,8 @@ exporter). Untraced and traced alternate so drift on a shared machine hits both 
 
 - throughput traced / untraced                     (target >= 0.90)
 - server spans captured per request wrk completed  (target 1.000)
-- agent CPU seconds per 1,000 requests
-- agent RSS: steady state under load (max of samples) and start-up peak (VmHWM, which includes
+- agent CPU per request: its whole run less its start-up, the final flush after SIGINT included
+- agent RSS: steady state under load (max of samples) and the run's peak (ru_maxrss, which includes
   BCC's in-process compile)                        (target <= 150 MB)
 
 Usage: ``python bench/http_load.py [--quick] [--duration S] [--connections N] [--rounds R] [--rates 1000,5000,max]``
@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, SPAN_KIND, Watch, cpu_seconds, span_counts, status_mb, wrk
+from harness import REPO, SPAN_KIND, Agent, Watch, kill, span_counts, wrk
 from results import write_result
 
 SERVICE = [sys.executable, str(REPO / "examples" / "http_service.py")]
@@ -40,7 +40,7 @@ class Result:
     spans: int = 0
     agent_cpu_s: float = 0.0
     agent_rss_mb: float = 0.0  # steady state: max VmRSS sampled under load
-    agent_peak_mb: float = 0.0  # VmHWM: start-up compile included
+    agent_peak_mb: float = 0.0  # the whole run's peak (ru_maxrss): start-up compile included
 
 
 def _wrk(port: int, duration: float, connections: int, rate: int | None) -> tuple[int, float]:
@@ -73,48 +73,18 @@ def run_untraced(duration: float, connections: int, rate: int | None) -> Result:
 
 def run_traced(duration: float, connections: int, rate: int | None) -> Result:
     service, port = _start_service()
-    with tempfile.TemporaryDirectory() as tmp:
-        ready = Path(tmp) / "ready"
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        stack.callback(kill, service)
         _wrk(port, 1, connections, rate)  # warm-up, before the agent: not counted
-        agent = subprocess.Popen(
-            [
-                *AGENT,
-                "run",
-                "--pid",
-                str(service.pid),
-                "--exporter",
-                "file",
-                "--output",
-                tmp,
-                "--ready-file",
-                str(ready),
-            ],
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not ready.exists():
-                if agent.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"agent did not start: {agent.stderr.read()}")
-                time.sleep(0.05)
-            cpu_before = cpu_seconds(agent.pid)
-            sampler = Watch(agent.pid)
-            sampler.start()
-            requests, rps = _wrk(port, duration, connections, rate)
-            time.sleep(0.5)  # let the agent drain the ring buffer
-            sampler.finish()
-            cpu = cpu_seconds(agent.pid) - cpu_before
-            peak = status_mb(agent.pid, "VmHWM")
-        finally:
-            agent.send_signal(signal.SIGINT)
-            stderr = agent.communicate(timeout=120)[1]
-            service.kill()
-            service.wait()
-        if agent.returncode != 0:
-            raise SystemExit(f"agent failed ({agent.returncode}): {stderr}")
-        return Result(requests, rps, _count_server_spans(Path(tmp) / "traces.jsonl"), cpu, sampler.peak, peak)
+        agent = stack.enter_context(Agent(["--pid", str(service.pid)], Path(tmp) / "out"))
+        sampler = Watch(agent.pid)
+        sampler.start()
+        requests, rps = _wrk(port, duration, connections, rate)
+        time.sleep(0.5)  # let the agent drain the ring buffer
+        sampler.finish()
+        usage = agent.stop()  # SIGINT: the final flush is part of the run
+        spans = _count_server_spans(Path(tmp) / "out" / "traces.jsonl")
+        return Result(requests, rps, spans, usage.cpu_total_s - usage.cpu_startup_s, sampler.peak, usage.maxrss_mb)
 
 
 def _parse_rates(text: str) -> list[int | None]:

@@ -19,8 +19,9 @@ agent, a live test: its probes fire here too) is done again. Reported: calls/s (
 with ``url.scheme=https``, over calls the client completed; wrk leaves out the <= 10 requests in
 flight when it stops, so a row is met when each traced run has calls <= spans <= calls + 10),
 events lost in the kernel / spans dropped at export (self-metrics), agent CPU per call
-(utime+stime of the agent process: user space only, probe time is charged to the traced
-processes), agent RSS (max sampled under load), p50/p99 latency.
+(utime+stime of the agent process over its whole run less its start-up, the final flush after
+SIGINT included: user space only, probe time is charged to the traced processes), agent RSS
+(max sampled under load), p50/p99 latency.
 Target: spans per call 1.000 and ratio >= 0.90.
 
 Usage: ``python bench/protocol_load.py [--quick] [--duration S] [--rounds R] [--paced 0.5,...] [--only grpc|https]``
@@ -33,18 +34,19 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, Watch, cpu_seconds, parse_live_args, self_counter, unshared, wait_for, wrk
+from harness import REPO, Agent, Watch, kill, parse_live_args, self_counter, unshared, wait_for, wrk
 from results import write_result
 
 sys.path.insert(0, str(REPO))
@@ -141,58 +143,31 @@ def https_load(port: int, seconds: float, rate: float | None) -> Run:
 
 def measure(workload: Workload, rate: float | None, seconds: float, traced: bool) -> Run:
     """One run: a fresh server, a 1 s warm-up, then (traced) the agent attached, then the load."""
-    with tempfile.TemporaryDirectory() as tmp:
-        port_file, ready, log, out = (Path(tmp) / name for name in ("port", "agent.ready", "agent.log", "out"))
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        port_file, out = Path(tmp) / "port", Path(tmp) / "out"
         server = subprocess.Popen(workload.serve(port_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        agent: subprocess.Popen | None = None
-        try:
-            port = int(wait_for(port_file, server, f"{workload.name} server"))
-            workload.load(port, 1, rate)  # warm-up, before any agent: not counted
-            if traced:
-                with log.open("w") as stderr:
-                    agent = subprocess.Popen(
-                        [
-                            *AGENT,
-                            "run",
-                            "--pid",
-                            str(server.pid),
-                            "--exporter",
-                            "file",
-                            "--output",
-                            str(out),
-                            "--ready-file",
-                            str(ready),
-                        ],
-                        cwd=REPO,
-                        stderr=stderr,
-                    )
-                wait_for(ready, agent, "the agent", log)
-            cpu_before, watch = cpu_seconds(agent.pid) if agent else 0.0, Watch(agent and agent.pid)
-            watch.start()
-            run = workload.load(port, seconds, rate)
-            if agent:
-                time.sleep(0.5)  # let the agent drain the ring buffer
-            watch.stop.set()
-            run.shared = tuple(sorted(watch.others))
-            if agent is None:
-                return run
-            run.agent_cpu_s, run.agent_rss_mb = cpu_seconds(agent.pid) - cpu_before, watch.peak
-            agent.send_signal(signal.SIGINT)
-            if agent.wait(timeout=120) != 0:
-                raise SystemExit(f"agent failed ({agent.returncode}):\n{log.read_text()}")
-            spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
-            run.spans, run.error_spans = len(spans), sum(1 for s in spans if s["status_code"] == "ERROR")
-            metrics = load_file_metrics(out)
-            run.lost = (
-                self_counter(metrics, "otel_ebpf.events.lost"),
-                self_counter(metrics, "otel_ebpf.spans.dropped"),
-            )
+        stack.callback(kill, server)
+        port = int(wait_for(port_file, server, f"{workload.name} server"))
+        workload.load(port, 1, rate)  # warm-up, before any agent: not counted
+        agent = stack.enter_context(Agent(["--pid", str(server.pid)], out)) if traced else None
+        watch = Watch(agent and agent.pid)
+        watch.start()
+        run = workload.load(port, seconds, rate)
+        if agent is None:
+            run.shared = tuple(sorted(watch.finish().others))
             return run
-        finally:
-            for proc in (agent, server):
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        time.sleep(0.5)  # let the agent drain the ring buffer
+        run.shared, run.agent_rss_mb = tuple(sorted(watch.finish().others)), watch.peak
+        usage = agent.stop()  # SIGINT: the final flush is part of the run
+        run.agent_cpu_s = usage.cpu_total_s - usage.cpu_startup_s
+        spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
+        run.spans, run.error_spans = len(spans), sum(1 for s in spans if s["status_code"] == "ERROR")
+        metrics = load_file_metrics(out)
+        run.lost = (
+            self_counter(metrics, "otel_ebpf.events.lost"),
+            self_counter(metrics, "otel_ebpf.spans.dropped"),
+        )
+        return run
 
 
 def quiet_measure(workload: Workload, rate: float | None, traced: bool, args: argparse.Namespace) -> Run:
@@ -202,8 +177,8 @@ def quiet_measure(workload: Workload, rate: float | None, traced: bool, args: ar
     )
 
 
-def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tuple[list[str], list[Run]]:
-    """The table row of one offered load, and its untraced runs."""
+def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tuple[dict[str, Any], list[Run]]:
+    """The figures of one offered load, and its untraced runs."""
     label = "max" if rate is None else f"{rate:,.0f}/s"
     u: list[Run] = []
     t: list[Run] = []
@@ -227,27 +202,49 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
                 )
                 + (f", {run.errors} client ERRORS" if run.errors else "")
             )
-    ratio = statistics.median(b.rate / a.rate for a, b in zip(u, t, strict=True))
+    med = statistics.median
+    ratio = med(b.rate / a.rate for a, b in zip(u, t, strict=True))
     calls = sum(r.calls for r in t)
-    spans, errs = sum(r.spans for r in t) / calls, sum(r.error_spans for r in t)
     captured = all(r.calls <= r.spans <= r.calls + workload.in_flight for r in t)
-    misses = [what for what, ok in (("spans", captured), ("ratio", ratio >= 0.90)) if not ok]
-    notes = [f"{n} errors" for n in [sum(r.errors for r in u + t)] if n]
-    notes += [f"{n} of {len(u + t)} runs shared" for n in [sum(1 for r in u + t if r.shared)] if n]
+    return {
+        "workload": workload.name,
+        "offered": label,
+        "untraced_rps": round(med(r.rate for r in u)),
+        "traced_rps": round(med(r.rate for r in t)),
+        "ratio": round(ratio, 3),
+        "spans_per_call": round(sum(r.spans for r in t) / calls, 4),
+        "error_spans": sum(r.error_spans for r in t),
+        "events_lost": sum(r.lost[0] for r in t),
+        "spans_dropped": sum(r.lost[1] for r in t),
+        "agent_cpu_us_per_call": round(sum(r.agent_cpu_s for r in t) / calls * 1e6),
+        "agent_rss_mb": round(max(r.agent_rss_mb for r in t)),
+        "p50_ms": [round(med(r.p50_ms for r in runs), 2) for runs in (u, t)],
+        "p99_ms": [round(med(r.p99_ms for r in runs), 2) for runs in (u, t)],
+        "client_errors": sum(r.errors for r in u + t),
+        "runs_shared": sum(1 for r in u + t if r.shared),
+        "misses": [what for what, ok in (("spans", captured), ("ratio", ratio >= 0.90)) if not ok],
+    }, u
+
+
+def cells(load: dict[str, Any]) -> list[str]:
+    """A load's figures as the printed table's cells (HEADER)."""
+    notes = [f"{n} errors" for n in [load["client_errors"]] if n]
+    notes += [f"{n} runs shared" for n in [load["runs_shared"]] if n]
+    errs = load["error_spans"]
     return [
-        workload.name,
-        label,
-        f"{statistics.median(r.rate for r in u):,.0f}/s",
-        f"{statistics.median(r.rate for r in t):,.0f}/s",
-        f"{ratio:.3f}",
-        f"{spans:.4f}" + (f" ({errs} ERROR)" if errs else ""),
-        f"{sum(r.lost[0] for r in t)} / {sum(r.lost[1] for r in t)}",
-        f"{sum(r.agent_cpu_s for r in t) / calls * 1e6:.0f} µs",
-        f"{max(r.agent_rss_mb for r in t):.0f} MB",
-        f"{statistics.median(r.p50_ms for r in u):.2f} / {statistics.median(r.p50_ms for r in t):.2f}",
-        f"{statistics.median(r.p99_ms for r in u):.2f} / {statistics.median(r.p99_ms for r in t):.2f}",
-        ("yes" if not misses else f"NO ({', '.join(misses)})") + "".join(f" [{n}]" for n in notes),
-    ], u
+        load["workload"],
+        load["offered"],
+        f"{load['untraced_rps']:,}/s",
+        f"{load['traced_rps']:,}/s",
+        f"{load['ratio']:.3f}",
+        f"{load['spans_per_call']:.4f}" + (f" ({errs} ERROR)" if errs else ""),
+        f"{load['events_lost']} / {load['spans_dropped']}",
+        f"{load['agent_cpu_us_per_call']} µs",
+        f"{load['agent_rss_mb']} MB",
+        "{:.2f} / {:.2f}".format(*load["p50_ms"]),
+        "{:.2f} / {:.2f}".format(*load["p99_ms"]),
+        ("yes" if not load["misses"] else f"NO ({', '.join(load['misses'])})") + "".join(f" [{n}]" for n in notes),
+    ]
 
 
 def main() -> None:
@@ -280,16 +277,17 @@ def main() -> None:
             WRK_CONNECTIONS,
         ),
     }
-    table = [HEADER]
+    loads: list[dict[str, Any]] = []
     try:
         for key, workload in workloads.items():
             if args.only in (None, key):
-                cells, untraced = row(workload, None, args)
-                table.append(cells)
+                top_load, untraced = row(workload, None, args)
+                loads.append(top_load)
                 top = statistics.median(r.rate for r in untraced)
-                table += [row(workload, workload.pace(top * float(f)), args)[0] for f in args.paced.split(",") if f]
+                loads += [row(workload, workload.pace(top * float(f)), args)[0] for f in args.paced.split(",") if f]
     finally:
         shutil.rmtree(certs, ignore_errors=True)
+    table = [HEADER, *(cells(load) for load in loads)]
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
     print(
         f"\n{args.rounds} round(s) of {args.duration:g} s per load, medians; gRPC: {args.grpc_concurrency} threads "
@@ -313,7 +311,7 @@ def main() -> None:
                 "https_connections": WRK_CONNECTIONS,
                 "paced": args.paced,
             },
-            "loads": [dict(zip(HEADER, line, strict=True)) for line in table[1:]],
+            "loads": loads,
         },
     )
 
