@@ -116,12 +116,13 @@ struct event_header {
 struct data_event {
     struct event_header h;
     u32 direction;
-    u32 length;    // bytes the syscall moved (for one iovec segment)
-    u32 captured;  // bytes copied into data[]
+    u32 length;    // bytes the syscall moved (for the run of iovec segments this event covers)
+    u32 captured;  // bytes copied into data[], from its start
     u32 flags;     // DATA_*
     u32 retransmissions;  // the connection's so far (TCP_HEALTH; 0 without)
-    // Twice the cap so that a length masked with (2 * PAYLOAD_CAP - 1) is provably in bounds.
-    char data[PAYLOAD_CAP * 2];
+    // Room for a copy starting below PAYLOAD_CAP (segments gathered) of up to 2 * PAYLOAD_CAP - 1
+    // bytes (a length masked so the verifier can bound it).
+    char data[PAYLOAD_CAP * 3];
 };
 
 // A UDP datagram (sockets are unconnected: every datagram names its peer). The payload of all
@@ -811,13 +812,9 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
 }
 
 // One data event of connection ci; one that is lost sheds the rest of its HTTP/1 exchange.
-static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *ci, u32 direction,
-                                     const char *buf, u32 length, u32 flags) {
-    u32 cpu = bpf_get_smp_processor_id();
-    struct data_event *ev = data_scratch.lookup(&cpu);
-    if (!ev)
-        return -1;
-    u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
+// Sends the per-CPU data event whose data[] holds `captured` bytes of the `length` the syscall moved.
+static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
+                                       u32 direction, u32 length, u32 captured, u32 flags) {
     fill_header(&ev->h, EV_DATA, id, fd, ci->generation);
     ev->h.ts = ts;
     ev->h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
@@ -825,19 +822,82 @@ static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *c
     ev->length = length;
     ev->flags = flags;
     ev->retransmissions = ci->retransmissions;
+    // The mask gives the verifier a bound it can see (captured <= 2 * PAYLOAD_CAP - 1 fits data[]).
+    asm volatile("" : "+r"(captured));
+    captured &= (PAYLOAD_CAP << 1) - 1;
+    ev->captured = captured;
+    if (submit(ev, offsetof(struct data_event, data) + captured, wakeup_flag())) {
+        http_lost(&ci->http);
+        return -1;
+    }
+    ci->http.lost = 0;
+    return 0;
+}
+
+static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *ci, u32 direction,
+                                     const char *buf, u32 length, u32 flags) {
+    u32 cpu = bpf_get_smp_processor_id();
+    struct data_event *ev = data_scratch.lookup(&cpu);
+    if (!ev)
+        return -1;
+    u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
     // clang may drop the compare above from the register it passes on; the barrier and mask
     // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
     asm volatile("" : "+r"(n));
     n &= (PAYLOAD_CAP << 1) - 1;
     if (!buf || bpf_probe_read_user(ev->data, n, buf))
         n = 0;  // sendfile: bytes moved from a file, never through a user buffer
-    ev->captured = n;
-    if (submit(ev, offsetof(struct data_event, data) + n, wakeup_flag())) {
-        http_lost(&ci->http);
+    return submit_data(ev, ts, id, fd, ci, direction, length, n, flags);
+}
+
+// A vectored write or read on a stream: its segments gathered into as few events as the cap
+// allows, each event a run of consecutive bytes (grpcio writes one small segment per HPACK field
+// and frame header: an event each would cost user space a record apiece). An event's captured
+// bytes are a prefix of its length: a segment that does not fit what is gathered starts the next
+// event, and one past the cap (or unreadable) ends its event with its uncopied rest.
+// Returns the bytes of ret that no event covered (segments past MAX_IOV), or -1 when an event
+// was lost.
+static __always_inline long emit_segments(u64 ts, u64 id, struct active_io *io, struct conn_info *ci, u64 ret) {
+    u32 cpu = bpf_get_smp_processor_id();
+    struct data_event *ev = data_scratch.lookup(&cpu);
+    if (!ev)
         return -1;
+    struct uiovec *iov = (struct uiovec *)io->buf;
+    u64 left = ret;
+    // What is gathered lives in the event (captured, length), not in locals: the verifier then
+    // knows it only as bounded, so the paths through one iteration meet again at the next one
+    // instead of multiplying over MAX_IOV iterations; and the loop has one send.
+    ev->captured = 0;
+    ev->length = 0;
+// a bounded loop (Linux 5.3+): unrolling MAX_IOV iterations would multiply the program and its compile memory
+    for (int i = 0; i < MAX_IOV; i++) {
+        if (i >= io->iovcnt || left == 0)
+            break;
+        struct uiovec seg = {};
+        if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
+            break;
+        u32 len = seg.len < left ? seg.len : left;  // left <= ret, a syscall's count: fits u32
+        u32 off = ev->captured;
+        if (ev->length && (ev->length != off || off + len > PAYLOAD_CAP)) {  // ended, or full
+            if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, 0))
+                return -1;
+            off = 0;
+        }
+        u32 at = off, n = len < PAYLOAD_CAP ? len : PAYLOAD_CAP;
+        // Masks the verifier can see: at < PAYLOAD_CAP, n < 2 * PAYLOAD_CAP, inside data[].
+        asm volatile("" : "+r"(at));
+        asm volatile("" : "+r"(n));
+        at &= PAYLOAD_CAP - 1;
+        n &= (PAYLOAD_CAP << 1) - 1;
+        if (n && bpf_probe_read_user(ev->data + at, n, seg.base))
+            n = 0;  // unreadable: moved, not copied
+        ev->captured = at + n;
+        ev->length = at + len;
+        left -= len;
     }
-    ci->http.lost = 0;
-    return 0;
+    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
+        return -1;
+    return left;
 }
 
 // One datagram: its peer from the sockaddr at name (sendto/sendmsg's destination, or where
@@ -999,21 +1059,8 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
         emit_data(ts, id, io.fd, ci, io.direction, (const char *)io.buf, ret, 0);
         return;
     }
-    // Vectored I/O: one event per iovec segment, in order, until ret bytes are accounted for.
-    u64 left = ret;
-// a bounded loop (Linux 5.3+): unrolling 64 iterations would multiply the program and its compile memory
-    for (int i = 0; i < MAX_IOV; i++) {
-        if (i >= io.iovcnt || left == 0)
-            break;
-        struct uiovec seg = {};
-        if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
-            break;
-        u64 len = seg.len < left ? seg.len : left;
-        if (len && emit_data(ts, id, io.fd, ci, io.direction, seg.base, len, 0))
-            return;
-        left -= len;
-    }
-    if (left) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
+    long left = emit_segments(ts, id, &io, ci, ret);
+    if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
         emit_data(ts, id, io.fd, ci, io.direction, 0, left, 0);
         count(STAT_IOV_BYTES, left);
     }

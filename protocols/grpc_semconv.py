@@ -60,7 +60,14 @@ from otel_ebpf.protocol import (
     StatusCode,
 )
 
-from .http_semconv import DURATION_BUCKETS, Headers, header_attributes, split_authority
+from .http_semconv import (
+    CAPTURE_GAP,
+    CAPTURE_GAP_ATTRIBUTE,
+    DURATION_BUCKETS,
+    Headers,
+    header_attributes,
+    split_authority,
+)
 
 SYSTEM = "grpc"
 OTHER_METHOD = "_OTHER"
@@ -223,7 +230,7 @@ def status_name(code: int) -> str:
 def _error_type(call: GrpcCall, is_server: bool) -> str | None:
     status = call.status
     if status is None:
-        return call.error
+        return None if call.error == CAPTURE_GAP else call.error
     if (status in _SERVER_ERRORS) if is_server else (status != OK):
         return status_name(status)
     return None
@@ -300,6 +307,8 @@ def describe_span(
             attributes[f"otel_ebpf.rpc.{side}.compressed"] = True
     if error_type is not None:
         attributes["error.type"] = error_type
+    elif call.error == CAPTURE_GAP:
+        attributes[CAPTURE_GAP_ATTRIBUTE] = True
     if capture_metadata:
         for prefix_old, prefix_new, metadata in (
             ("rpc.grpc.request.metadata.", "rpc.request.metadata.", call.request_metadata),

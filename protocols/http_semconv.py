@@ -57,6 +57,11 @@ KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH
 
 # error.type values for exchanges that did not end with a complete response
 RESPONSE_MISSING = "response_missing"  # the connection ended before any final response
+# Why the end of a message was not seen, when the capture lost it (the bytes were moved but not
+# copied, or dropped under load): the agent's loss, not the peer's failure, so no error.type; the
+# span says so in CAPTURE_GAP_ATTRIBUTE instead.
+CAPTURE_GAP = "capture_gap"
+CAPTURE_GAP_ATTRIBUTE = "otel_ebpf.capture.gap"
 # Request-correlation headers, captured by default: they join an exchange to the logs of the
 # programs at both ends, whatever the trace assembly concluded.
 CORRELATION_HEADERS = frozenset({"x-request-id", "x-correlation-id"})
@@ -315,10 +320,11 @@ def _server(target: Target, authority: str | None, scheme: str, conn: Connection
 
 def _error_type(tx: HttpTransaction, is_server: bool) -> str | None:
     """``error.type``: why the response is missing or cut short, else an error status code."""
-    if tx.error is not None:
+    gap = tx.error == CAPTURE_GAP
+    if tx.error is not None and not gap:
         return tx.error
     if tx.status is None:
-        return RESPONSE_MISSING
+        return None if gap else RESPONSE_MISSING
     if tx.status == UNKNOWN_STATUS:
         return None
     if tx.status >= (500 if is_server else 400):
@@ -408,6 +414,8 @@ def describe_span(tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Co
         attributes["http.response.body.size"] = tx.response_body_size
     if error_type is not None:
         attributes["error.type"] = error_type
+    elif tx.error == CAPTURE_GAP:
+        attributes[CAPTURE_GAP_ATTRIBUTE] = True
     if capture_headers:
         attributes.update(header_attributes("http.request.header.", tx.request_headers, capture_headers))
         attributes.update(header_attributes("http.response.header.", tx.response_headers, capture_headers))

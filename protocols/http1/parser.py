@@ -29,8 +29,8 @@ from otel_ebpf.protocol import Direction, RequestStart, SessionOutput
 
 from ..caching import memoize
 from ..genai import GenAIOptions, RequestBody, ResponseBody, Route
-from ..http_semconv import CONNECTION_CLOSED, KNOWN_METHODS, Headers
-from .types import CAPTURE_GAP, MALFORMED, Request, Response
+from ..http_semconv import CAPTURE_GAP, CONNECTION_CLOSED, KNOWN_METHODS, Headers
+from .types import MALFORMED, Request, Response
 
 MAX_HEAD = 64 * 1024  # start line + header section, and the trailer section
 MAX_LINE = 8 * 1024  # start line, chunk-size line

@@ -26,9 +26,8 @@ from ..http_semconv import (
     server_endpoint,
 )
 
-# Why a message's end was not seen (``incomplete``); CONNECTION_CLOSED (shared with error.type)
-# means the connection ended mid-message.
-CAPTURE_GAP = "capture_gap"  # bytes past the capture cap hid the framing
+# Why a message's end was not seen (``incomplete``): CAPTURE_GAP (bytes past the capture cap hid
+# the framing) and CONNECTION_CLOSED (the connection ended mid-message) are HTTP's, or
 MALFORMED = "malformed"  # framing the parser could not follow
 
 

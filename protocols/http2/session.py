@@ -38,7 +38,7 @@ from otel_ebpf.protocol import Direction, RequestStart, Role, Session, SessionOu
 
 from ..genai import GenAIOptions, RequestBody, ResponseBody, Route
 from ..http1.session import HTTP1Session
-from ..http_semconv import UNKNOWN_STATUS, Headers
+from ..http_semconv import CAPTURE_GAP, UNKNOWN_STATUS, Headers
 from .frames import (
     CONTINUATION,
     DEFAULT_MAX_FRAME_SIZE,
@@ -51,7 +51,7 @@ from .frames import (
 )
 from .grpc_framing import MessageCounter
 from .hpack_context import HpackContext
-from .types import CAPTURE_GAP, CONNECTION_CLOSED, REFUSED_STREAM, Request, Response, StreamDropped, pseudo
+from .types import CONNECTION_CLOSED, REFUSED_STREAM, Request, Response, StreamDropped, pseudo
 from .upgrade import Handshake, http1_request
 
 MAX_STREAMS = 1024  # streams followed per connection; the oldest is dropped beyond
@@ -89,7 +89,7 @@ class _Half:
 
 
 class _Stream:
-    __slots__ = ("id", "request", "response", "status", "reported", "route")
+    __slots__ = ("id", "request", "response", "status", "reported", "route", "response_lost")
 
     def __init__(self, stream_id: int) -> None:
         self.id = stream_id
@@ -98,6 +98,7 @@ class _Stream:
         self.response: _Half | None = None
         self.status = UNKNOWN_STATUS
         self.reported = False  # its request message was returned
+        self.response_lost = False  # a gap in the responses' direction may have hidden its HEADERS
 
 
 class _Block:
@@ -367,7 +368,9 @@ class HTTP2Session(Session):
         self._blocks.pop(direction, None)
         for stream in self._streams.values():
             half = stream.request if direction is self._requests else stream.response
-            if half is not None and not half.ended:
+            if half is None and direction is self._responses:
+                stream.response_lost = True
+            elif half is not None and not half.ended:
                 half.body = None
                 if half.counter is not None:
                     half.counter.lost = True
@@ -591,6 +594,8 @@ class HTTP2Session(Session):
         """The connection ended with the stream open."""
         if stream.request is None:
             self._drop(stream, timestamp_ns)
+        elif stream.response is None and stream.response_lost:  # the capture, not the peer, lost it
+            self._finish(stream, timestamp_ns, incomplete=CAPTURE_GAP)
         elif stream.response is None:  # unanswered: the stitcher reports it so
             request = stream.request
             self._report_request(stream, None if request.ended else request.incomplete(CONNECTION_CLOSED))

@@ -19,6 +19,7 @@ from .. import grpc_semconv, http_semconv
 from ..genai import GenAICall, GenAIRequest, GenAIResponse
 from ..grpc_semconv import GrpcCall, Semconv
 from ..http_semconv import (
+    CAPTURE_GAP,
     CONNECTION_CLOSED,
     RESPONSE_MISSING,
     UNKNOWN_METHOD,
@@ -29,8 +30,6 @@ from ..http_semconv import (
     first_header,
 )
 
-# Why a message's end was not seen (``incomplete``); CONNECTION_CLOSED is shared with HTTP/1.
-CAPTURE_GAP = "capture_gap"  # a gap in the capture hid its end
 # HTTP/2 error codes (RFC 9113 section 7), as error.type of a reset stream
 ERROR_CODES = (
     "NO_ERROR",
@@ -277,6 +276,8 @@ def _response_error(response: Response) -> str | None:
         return None  # the LLM stream had ended: a client that stops reading there cancels nothing
     if response.reset is not None:
         return ERROR_CODES[response.reset] if response.reset < len(ERROR_CODES) else hex(response.reset)
+    if response.incomplete == CAPTURE_GAP:
+        return CAPTURE_GAP  # not an error: the span says the capture lost its end
     if response.status is None:
         return RESPONSE_MISSING
     if response.incomplete == CONNECTION_CLOSED:
@@ -295,8 +296,8 @@ def _grpc_outcome(response: Response) -> tuple[int | None, str | None, str | Non
         return grpc_semconv.status_from_http(response.status), message, None
     if response.reset is not None:
         return grpc_semconv.status_from_reset(response.reset), message, None
-    if response.incomplete == CONNECTION_CLOSED:
-        return None, message, CONNECTION_CLOSED
+    if response.incomplete in (CONNECTION_CLOSED, CAPTURE_GAP):
+        return None, message, response.incomplete
     if response.incomplete is None and not response.unknown and response.status is not None:
         return grpc_semconv.INTERNAL, message or "missing trailers", None  # ended without a status
     return None, message, None  # the capture could not tell

@@ -87,7 +87,8 @@ STATUS_CODES = {"OK": 0, "NOT_FOUND": 5}
 
 
 # grpcio (gRPC C-core) writes a call with one sendmsg of many iovecs (each HPACK literal its own):
-# the probe copies up to 64 and reports the rest as a gap, so the plugin knows what it missed.
+# the probe gathers up to 64 of them into as few events as the cap allows and reports the rest as a
+# gap, so the plugin knows what it missed.
 
 
 @SOCKET_MODES

@@ -9,8 +9,8 @@ from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Message, Role, Sn
 from otel_ebpf.protocol_testing import Replay
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING, parse_fields
-from otel_ebpf.protocols.http1.types import CAPTURE_GAP, MALFORMED
-from otel_ebpf.protocols.http_semconv import CONNECTION_CLOSED
+from otel_ebpf.protocols.http1.types import MALFORMED
+from otel_ebpf.protocols.http_semconv import CAPTURE_GAP, CONNECTION_CLOSED
 
 IN, OUT = Direction.INGRESS, Direction.EGRESS
 GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"

@@ -184,6 +184,28 @@ def test_capture_cap_in_grpc_calls() -> None:
     assert run.session.parse_errors == 2  # one resynchronisation per direction
 
 
+def test_a_response_lost_whole_is_a_capture_gap_not_an_error() -> None:
+    """A gap that swallows a stream's whole response (HEADERS, DATA, trailers: what a loss under
+    load does) leaves the call unanswered in the capture, not at the peer: at the connection's end
+    it is reported as ``capture_gap``, and its span is not an ERROR but says the capture is
+    incomplete. The calls before and after it are unaffected."""
+    chunks = load("grpc_unary")
+    lost = chunks[10]  # stream 3's whole response
+    assert lost.data[:9] == b"\x00\x00\x03\x01\x04\x00\x00\x00\x03"
+    chunks[10] = Chunk(lost.direction, lost.t_ns, b"", len(lost.data))
+    run = replay(chunks)
+    by_stream = {e.request.stream: e for e in run.exchanges}
+    assert sorted(by_stream) == [1, 3, 5]
+    gone = by_stream[3]
+    assert gone.response is not None and gone.response.incomplete == "capture_gap"
+    span = gone.span(conn(Role.SERVER))
+    assert span.status is StatusCode.UNSET and "error.type" not in span.attributes
+    assert span.attributes["otel_ebpf.capture.gap"] is True
+    for stream in (1, 5):
+        span = by_stream[stream].span(conn(Role.SERVER))
+        assert span.status is StatusCode.UNSET and "otel_ebpf.capture.gap" not in span.attributes
+
+
 def _truth(name: str) -> dict[int, tuple[tuple, tuple]]:
     full = replay(load(name))
     return {e.request.stream: (e.request.headers, e.response.headers + e.response.trailers) for e in full.exchanges}

@@ -1,0 +1,113 @@
+"""Vectored writes (sendmsg with many iovecs, as grpcio and nginx write) captured as byte runs:
+the probe gathers a call's segments into as few events as the payload cap allows, so a request
+written as dozens of small segments costs user space a record or two, not one per segment; a
+segment past the cap ends its event with its uncopied rest, and the stream stays in step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
+from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
+
+pytestmark = pytest.mark.bpf
+
+REQUESTS = 20
+HEADERS = 40  # one iovec each: with the request line and the blank line, 42 segments per request
+BODY = 10_000  # the body request's one large segment, past the 4 KiB cap
+
+# The client: waits for a line on stdin (the agent is attached), then on one keep-alive connection
+# sends REQUESTS GETs, each one sendmsg of HEADERS + 2 segments, then a POST whose body is a
+# segment of its own between small ones, then a last GET; prints the statuses it read.
+CLIENT = r"""
+import socket, sys
+port, requests, headers, body = map(int, sys.argv[1:5])
+sys.stdin.readline()
+sock = socket.create_connection(("127.0.0.1", port))
+reader = sock.makefile("rb")
+
+def exchange(segments):
+    assert sock.sendmsg(segments) == sum(map(len, segments))
+    status = reader.readline().split()[1].decode()
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    reader.read(length)
+    return status
+
+def get(path):
+    return [f"GET {path} HTTP/1.1\r\n".encode(), b"Host: 127.0.0.1\r\n",
+            *(f"X-Segment-{i}: value-{i}\r\n".encode() for i in range(headers)), b"\r\n"]
+
+statuses = [exchange(get(f"/items/{n}")) for n in range(requests)]
+statuses.append(exchange([b"POST /upload HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n",
+                          f"Content-Length: {body}\r\n".encode(), b"\r\n", b"b" * body]))
+statuses.append(exchange(get("/last")))
+sock.close()
+print(" ".join(statuses), flush=True)
+"""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._answer(b"ok")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._answer(b"stored")
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
+def test_many_segments_make_few_events(tmp_path: Path, socket_mode: str) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(server.server_address[1]), str(REQUESTS), str(HEADERS), str(BODY)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    agent = None
+    try:
+        agent = start_file_agent(tmp_path, client.pid, f"capture:\n  socket_mode: {socket_mode}\n")
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        statuses = client.stdout.readline().split()
+        assert client.wait(timeout=30) == 0
+        stop_file_agent(agent)
+    finally:
+        kill_all(client, agent)
+        server.shutdown()
+    assert statuses == ["200"] * (REQUESTS + 2)
+
+    out = tmp_path / "out"
+    spans = sorted((s for s in load_file_spans(out) if s["kind"] == "CLIENT"), key=lambda s: s["start_ns"])
+    paths = [s["attributes"]["url.full"].split("/", 3)[3] for s in spans]
+    assert paths == [f"items/{n}" for n in range(REQUESTS)] + ["upload", "last"], json.dumps(spans[:2])
+    for span in spans:
+        a = span["attributes"]
+        assert a["http.response.status_code"] == 200 and span["status_code"] == "UNSET"
+        assert "otel_ebpf.capture.gap" not in a
+    assert spans[-2]["attributes"]["http.request.body.size"] == BODY
+    # Per request: the gathered request, the response read, and little else; one event per
+    # segment would be HEADERS + 2 per request alone.
+    assert latest_total(load_file_metrics(out), "otel_ebpf.events.received") < (REQUESTS + 2) * 6
