@@ -37,8 +37,9 @@ class NodeProcess(subprocess.Popen):
 
 
 class Node:
-    def __init__(self, holder: subprocess.Popen, init: int) -> None:
-        self._holder = holder
+    """Starts commands in a node, given its PID namespace's init (host pid)."""
+
+    def __init__(self, init: int) -> None:
         self._enter = ["nsenter", f"--target={init}", "--pid", "--mount", "--net", "--"]
 
     def popen(self, args: Sequence[str], **kwargs: Any) -> NodeProcess:
@@ -50,8 +51,8 @@ class Node:
 def node(netns: str | None = None) -> Iterator[Node]:
     """A node in network namespace ``netns`` (the root one when None). Every process in it dies when
     the context ends, however it ends: the PID namespace's init is killed with its holder."""
-    enter_net = ["nsenter", f"--net=/var/run/netns/{netns}"] if netns else []  # not `ip netns exec`:
-    # it remounts /sys, hiding the tracing, BPF and cgroup file systems the agent needs
+    # not `ip netns exec`: it mounts a new /sys, hiding the tracing, BPF and cgroup file systems under it
+    enter_net = ["nsenter", f"--net=/var/run/netns/{netns}"] if netns else []
     holder = subprocess.Popen(
         [*enter_net, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"]
     )
@@ -60,7 +61,7 @@ def node(netns: str | None = None) -> Iterator[Node]:
         while not (init := _children(holder.pid)):
             assert holder.poll() is None and time.monotonic() < deadline, "the node's PID namespace did not start"
             time.sleep(0.01)
-        yield Node(holder, init[0])
+        yield Node(init[0])
     finally:
         holder.kill()
         holder.wait()
