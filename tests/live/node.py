@@ -26,14 +26,15 @@ class NodeProcess(subprocess.Popen):
             for child in _children(self.pid):
                 os.kill(child, sig)
 
-    @property
-    def pid_in_node(self) -> int:
-        """The command's pid as its node numbers it (what its agent exports as ``process.pid``)."""
-        (child,) = _children(self.pid)
-        for line in Path(f"/proc/{child}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-        raise AssertionError(f"no NSpid in /proc/{child}/status")
+
+def pid_in_node(process: subprocess.Popen) -> int:
+    """The pid a node numbers the command of ``process`` (a ``NodeProcess``) with: what its agent
+    exports as ``process.pid``."""
+    (child,) = _children(process.pid)
+    for line in Path(f"/proc/{child}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid in /proc/{child}/status")
 
 
 class Node:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
-from tests.live.node import node
+from tests.live.node import node, pid_in_node
 from tests.live.test_inject_live import Peer, _head, _outcomes, _sent, _span, _without_injected
 from tests.live.test_isn_join_live import CLIENT_ISN, SERVER_ISN, HandshakeCapture
 from tests.live.veth_pair import veth_pair
@@ -54,7 +54,7 @@ def test_one_call_across_two_nodes(tmp_path: Path, socket_mode: str, inject: boo
         proxy = Peer("proxy", "--listen", pair.inner_ipv4, f"{pair.outer_ipv4}:{server_port}", popen=node_b.popen)
         proxy_port = int(proxy.first)
         client = Peer("client", f"{pair.inner_ipv4}:{proxy_port}", popen=node_a.popen)
-        pids = {peer: peer.process.pid_in_node for peer in (server, proxy, client)}
+        pids = {peer: pid_in_node(peer.process) for peer in (server, proxy, client)}
         agents = []
         try:
             for name, where in (("a", node_a), ("b", node_b)):
