@@ -5,22 +5,27 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.conftest import AGENT, REPO
 
 
 def start_file_agent(
-    tmp: Path, pid: int | Sequence[int], config_yaml: str, timeout: float = 90, args: Sequence[str] = ()
+    tmp: Path,
+    pid: int | Sequence[int],
+    config_yaml: str,
+    timeout: float = 90,
+    args: Sequence[str] = (),
+    popen: Callable[..., subprocess.Popen] = subprocess.Popen,
 ) -> subprocess.Popen:
     """``otel-ebpf run --pid PID --exporter file --output TMP/out`` with ``config_yaml`` (a ``--pid``
-    for each of several pids) and more ``args``, returned once its ready file says the probes are
-    attached."""
+    for each of several pids, none for none) and more ``args``, started by ``popen`` (another PID
+    namespace's, say) and returned once its ready file says the probes are attached."""
     config = tmp / "agent.yaml"
     config.write_text(config_yaml)
     ready = tmp / "ready"
-    agent = subprocess.Popen(
+    agent = popen(
         [
             *AGENT,
             "run",

@@ -14,7 +14,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,10 +35,8 @@ REPEAT = 20
 class Peer:
     """A peer process of tests/live/traceparent_peers.py, talked to by lines."""
 
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [*PEERS, *args], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+    def __init__(self, *args: str, popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
+        self.process = popen([*PEERS, *args], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.first = self.readline()
 
     def readline(self) -> str:
@@ -67,10 +65,10 @@ def _head(recorder: Peer) -> bytes:
     return json.loads(recorder.readline())["head"].encode("latin-1")
 
 
-def _sent(path: str, port: int, headers: dict[str, str] | None = None) -> bytes:
-    """The head http.client writes for GET ``path``."""
+def _sent(path: str, port: int, headers: dict[str, str] | None = None, host: str = "127.0.0.1") -> bytes:
+    """The head http.client writes for GET ``path`` to ``host``:``port``."""
     fields = [
-        f"Host: 127.0.0.1:{port}",
+        f"Host: {host}:{port}",
         "Accept-Encoding: identity",
         *(f"{k}: {v}" for k, v in (headers or {}).items()),
     ]
@@ -98,9 +96,9 @@ def _span(spans: list[dict], kind: str, pid: int, path: str) -> dict:
     return found[0]
 
 
-def _outcomes(receiver: OTLPReceiver) -> dict[str, int]:
+def _outcomes(metrics: dict[str, list[dict]]) -> dict[str, int]:
     outcomes: dict[str, int] = {}
-    for point in receiver.metrics().get("otel_ebpf.traceparent.requests", []):
+    for point in metrics.get("otel_ebpf.traceparent.requests", []):
         outcome = point["attributes"]["outcome"]
         outcomes[outcome] = max(outcomes.get(outcome, 0), int(point["value"]))
     return outcomes
@@ -166,7 +164,7 @@ def test_injected_ids_are_the_exported_client_spans(tmp_path: Path, recorder: Pe
                 assert call["trace_id"] == server["trace_id"] and call["parent_span_id"] == server["span_id"]
             joined = _span(spans, "SERVER", proxy.process.pid, "/chain-joined")
             assert (joined["trace_id"], joined["parent_span_id"]) == (OWN[3:35], OWN[36:52])
-            outcomes = _outcomes(receiver)
+            outcomes = _outcomes(receiver.metrics())
             assert outcomes["injected"] == 3 + REPEAT  # /plain, /again and the two calls downstream
             assert outcomes["already_present"] == 1
             assert outcomes["head_too_long"] == 1

@@ -40,13 +40,16 @@ def other_host() -> Iterator[VethPair]:
         yield pair
 
 
-class HandshakeCapture:
-    """The sequence numbers of the SYN and the SYN-ACK to ``port`` that cross ``interface``."""
+Connection = tuple[str, int, str, int]  # client address and port, server address and port
 
-    def __init__(self, interface: str, port: int) -> None:
-        self.port = port
-        self.client_isn: int | None = None
-        self.server_isn: int | None = None
+
+class HandshakeCapture:
+    """The sequence numbers of the SYNs and SYN-ACKs to ``ports`` that cross ``interface``, IPv4, by
+    connection: ``handshakes[connection]`` is (the SYN's, the SYN-ACK's; None till it is seen)."""
+
+    def __init__(self, interface: str, *ports: int) -> None:
+        self.ports = ports
+        self.handshakes: dict[Connection, tuple[int, int | None]] = {}
         self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         self._sock.bind((interface, 0))
         self._sock.settimeout(0.2)
@@ -55,20 +58,24 @@ class HandshakeCapture:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set() and (self.client_isn is None or self.server_isn is None):
+        while not self._stop.is_set():
             try:
                 frame = self._sock.recv(65535)
             except TimeoutError:
                 continue
             if len(frame) < 14 + 20 + 20 or frame[12:14] != b"\x08\x00" or frame[14 + 9] != socket.IPPROTO_TCP:
                 continue
+            source, destination = socket.inet_ntoa(frame[26:30]), socket.inet_ntoa(frame[30:34])
             tcp = 14 + (frame[14] & 0x0F) * 4
             sport, dport, seq = struct.unpack_from("!HHI", frame, tcp)
             flags = frame[tcp + 13]
-            if flags & (SYN | ACK) == SYN and dport == self.port:
-                self.client_isn = seq
-            elif flags & (SYN | ACK) == SYN | ACK and sport == self.port:
-                self.server_isn = seq
+            if flags & (SYN | ACK) == SYN and dport in self.ports:
+                self.handshakes[(source, sport, destination, dport)] = (seq, None)
+            elif (
+                flags & (SYN | ACK) == SYN | ACK
+                and (connection := (destination, dport, source, sport)) in self.handshakes
+            ):
+                self.handshakes[connection] = (self.handshakes[connection][0], seq)
 
     def close(self) -> None:
         self._stop.set()
@@ -137,7 +144,8 @@ def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
             process.kill()
             process.wait()
 
-    assert capture.client_isn is not None and capture.server_isn is not None, "the handshake was not seen"
+    [isns] = capture.handshakes.values()  # the client's keep-alive connection
+    assert None not in isns, "the handshake was not seen"
     addresses = (other_host.outer_ipv4, other_host.inner_ipv4)
     between_hosts = [s for s in spans if s["attributes"]["network.peer.address"] in addresses]
     on_loopback = [s for s in spans if s["attributes"]["network.peer.address"] == "127.0.0.1"]
@@ -145,7 +153,7 @@ def test_both_halves_of_a_connection_between_hosts_carry_its_isns(
     assert len(on_loopback) == 2 * CALLS
     for span in between_hosts:
         attributes = span["attributes"]
-        assert (attributes.get(CLIENT_ISN), attributes.get(SERVER_ISN)) == (capture.client_isn, capture.server_isn), (
+        assert (attributes.get(CLIENT_ISN), attributes.get(SERVER_ISN)) == isns, (
             span["kind"],
             attributes,
         )
