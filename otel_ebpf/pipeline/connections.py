@@ -79,6 +79,8 @@ class Connection:
     retransmissions: int = 0
     retransmission_marks: list[tuple[int, int]] = field(default_factory=list)
     retransmitted_before: int = 0
+    # info() as last made, with what it was made of: made again only when that changed
+    _info: tuple[tuple, ConnectionInfo] | None = field(default=None, repr=False, compare=False)
 
     def claimed(self) -> Claim:
         """What ``ConnectionTracker._claim`` set, all together; only for a claimed connection."""
@@ -109,8 +111,16 @@ class Connection:
         return count_at(end_ns) - count_at(start_ns)
 
     def info(self) -> ConnectionInfo:
+        """What the exchanges of this connection are told about it: one object for as long as it
+        holds (a UDP socket's peer changes with its datagrams), since they treat it as a value."""
+        made = (self.role, self.local, self.peer, self.transport, self.tls, self.isns)
+        cached = self._info
+        if cached is not None and cached[0] == made:
+            return cached[1]
         scheme = "https" if self.tls else "http"
-        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme, self.isns)
+        info = ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme, self.isns)
+        self._info = (made, info)
+        return info
 
     def start_tls(self) -> None:
         """Plaintext from the SSL probes from now on: what the ciphertext before it looked like
