@@ -299,22 +299,23 @@ class ConnectionTracker:
         return done
 
     def _feed(self, conn: Connection, event: ConnData) -> list[Outcome]:
-        session = conn.claimed().session
-        done = self._stitch(conn, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
+        claim = conn.claimed()  # once per event: the calls below use what it holds
+        session, stitcher = claim.session, claim.stitcher
+        done = self._stitch(conn, stitcher, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
         gap = event.length - len(event.data)
         if gap > 0:
-            done += self._stitch(conn, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
-        self._account(conn)
+            done += self._stitch(conn, stitcher, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
+        self._account(conn, claim)
         return done
 
     @staticmethod
-    def _stitch(conn: Connection, outputs: Iterable[SessionOutput], tid: int) -> list[Outcome]:
+    def _stitch(conn: Connection, stitcher: Stitcher, outputs: Iterable[SessionOutput], tid: int) -> list[Outcome]:
         done: list[Outcome] = []
         for output in outputs:
             if isinstance(output, RequestStart):
                 done.append((conn, output, tid))
             else:
-                done += [(conn, exchange, tid) for exchange in conn.claimed().stitcher.add(output)]
+                done += [(conn, exchange, tid) for exchange in stitcher.add(output)]
         return done
 
     def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Outcome]:
@@ -325,12 +326,12 @@ class ConnectionTracker:
             return []
         claim = conn.claimed()
         try:
-            done = self._stitch(conn, claim.session.close(timestamp_ns), 0) if closed else []
+            done = self._stitch(conn, claim.stitcher, claim.session.close(timestamp_ns), 0) if closed else []
             done += [(conn, exchange, 0) for exchange in claim.stitcher.flush(timestamp_ns)]
         except Exception as exc:  # noqa: BLE001 -- as in data()
             self._give_up(conn, exc)
             return []
-        self._account(conn)
+        self._account(conn, claim)
         return done
 
     def _give_up(self, conn: Connection, exc: Exception) -> None:
@@ -368,11 +369,14 @@ class ConnectionTracker:
         conn.stitcher = protocol.new_stitcher(role)
         conn.reported_errors = conn.reported_unmatched = conn.reported_partial = 0
 
-    def _account(self, conn: Connection) -> None:
-        """Report growth of the session's and stitcher's own error counters."""
-        if conn.session is None:
-            return
-        protocol, _, session, stitcher = conn.claimed()
+    def _account(self, conn: Connection, claim: Claim | None = None) -> None:
+        """Report growth of the session's and stitcher's own error counters; ``claim``: the
+        connection's, when the caller holds it."""
+        if claim is None:
+            if conn.session is None:
+                return
+            claim = conn.claimed()
+        protocol, _, session, stitcher = claim
         drops = protocol.drops()
         if drops:
             self._account_protocol(protocol.name, drops)
