@@ -182,11 +182,12 @@ class ConnectionTracker:
             conn.isns = (event.client_isn, event.server_isn)
 
     def data(self, event: ConnData) -> list[Outcome]:
-        conn = self._table.get(event.key)
+        key = event.key  # a property that builds the tuple
+        conn = self._table.get(key)
         if conn is None:
-            conn = self._insert(event.key)  # its open event was lost or predates a restart
+            conn = self._insert(key)  # its open event was lost or predates a restart
         else:
-            self._table.move_to_end(event.key)
+            self._table.move_to_end(key)
             if event.after_loss:
                 self._drop_partial(conn)
         not_captured = event.length - len(event.data)

@@ -274,7 +274,8 @@ class _Parser(ABC):
             buf = self._buf
             out = []
             pos = 0
-        pos = self._run(buf, timestamp_ns, out, pos)
+        if pos < len(buf):  # no whole head, or bytes after it (a body, the next message)
+            pos = self._run(buf, timestamp_ns, out, pos)
         if self._state == _OPAQUE:
             self.stop()
             return out
