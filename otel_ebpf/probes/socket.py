@@ -290,34 +290,38 @@ class SocketProbe:
             },
             targets=targets,
         )
-        injection = Injection(bpf) if self.inject_traceparent else None
-        if self.targets.ports:
-            ports = bpf["ports"]
-            for port in self.targets.ports:
-                ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
-            write_settings(bpf, {SET_FILTER_PORTS: 1})
-        flows, cgroup_path, flow_fds = self._attach_flows(bpf) if self.tcp_health else (None, None, [])
-        self._started = started = _Started(
-            bpf,
-            TargetTable(bpf["targets"], targets),
-            # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
-            TLSAttacher(
-                _tls_symbols, self._attach_tls, self._detach_tls, targets=self._is_target if filtering else None
-            ),
-            RingBufferReader(bpf["events"].map_fd, ring_bytes),
-            HttpRedReader(bpf["http_red"]),
-            tcp_health.TcpHealthReader(
-                bpf["tcp_series"],
-                bpf["tcp_drops"] if drop_reasons is not None else None,
-                drop_reasons,
-                flows,
-                cgroup_path,
+        try:  # until _started holds it, close() cannot free the program
+            injection = Injection(bpf) if self.inject_traceparent else None
+            if self.targets.ports:
+                ports = bpf["ports"]
+                for port in self.targets.ports:
+                    ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
+                write_settings(bpf, {SET_FILTER_PORTS: 1})
+            flows, cgroup_path, flow_fds = self._attach_flows(bpf) if self.tcp_health else (None, None, [])
+            self._started = started = _Started(
+                bpf,
+                TargetTable(bpf["targets"], targets),
+                # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
+                TLSAttacher(
+                    _tls_symbols, self._attach_tls, self._detach_tls, targets=self._is_target if filtering else None
+                ),
+                RingBufferReader(bpf["events"].map_fd, ring_bytes),
+                HttpRedReader(bpf["http_red"]),
+                tcp_health.TcpHealthReader(
+                    bpf["tcp_series"],
+                    bpf["tcp_drops"] if drop_reasons is not None else None,
+                    drop_reasons,
+                    flows,
+                    cgroup_path,
+                )
+                if self.tcp_health
+                else None,
+                injection,
+                flow_fds,
             )
-            if self.tcp_health
-            else None,
-            injection,
-            flow_fds,
-        )
+        except BaseException:
+            close_program(bpf)
+            raise
         for pid in targets:
             self._follow(pid)
         if not filtering:
