@@ -403,6 +403,11 @@ def test_settings_slots_match(source: str, module: Any) -> None:
         assert numbers and {name: slots.get(name) for name in numbers} == numbers, python.__name__
 
 
+def test_model_guard_settings_slot_matches() -> None:
+    """The model guard's program has no targets.h: its one slot, enforce or audit."""
+    assert c_settings("model_guard.c")["SET_ENFORCE"] == model_guard_probe.SET_ENFORCE
+
+
 # ---- the extraction itself ---------------------------------------------------------------------
 
 

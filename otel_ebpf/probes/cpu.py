@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from otel_ebpf import procfs
@@ -21,11 +20,10 @@ from otel_ebpf.config import TargetsConfig
 from otel_ebpf.probes.loading import (
     SET_AGENT_TGID,
     SET_FILTER_PIDS,
-    compile_program,
-    inline_headers,
-    pid_namespace_flags,
+    TargetTable,
+    close_program,
+    load_program,
     ring_buffer_pages,
-    write_settings,
 )
 from otel_ebpf.profiles import cpython
 from otel_ebpf.profiles.cpython import PythonProcess
@@ -101,7 +99,7 @@ class CpuProbe:
         self._thread_refresh: dict[int, float] = {}
         self.exited: list[int] = []  # pids forgotten since the caller last emptied this
         self.python_table_full = 0  # Python processes py_procs had no room for (walked without frames)
-        self._target_pids: set[int] = set()
+        self._targets: TargetTable  # the program's targets map: start() makes it
         self._next_scan = 0.0
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -109,21 +107,20 @@ class CpuProbe:
         """Compile, configure, attach. Raises RuntimeError with BCC's message on failure."""
         from bcc import PerfSWConfig, PerfType  # noqa: PLC0415 — only the probe layer needs bcc
 
-        bpf_dir = resources.files("otel_ebpf.bpf")
-        pages = ring_buffer_pages(self.ring_buffer_kb)
-        cflags = [
-            f"-DUSER_FRAMES={USER_FRAMES}",
-            f"-DKERNEL_FRAMES={KERNEL_FRAMES}",
-            f"-DPY_MAX_FRAMES={PY_MAX_FRAMES}",
-            f"-DPY_MAX_PROCS={PY_MAX_PROCS}",
-            f"-DMAX_TARGETS={MAX_TARGETS}",
-            f"-DRINGBUF_PAGES={pages}",
-            "-Wno-macro-redefined",
-            *pid_namespace_flags(),
-        ]
-        source = inline_headers(bpf_dir.joinpath("cpu_profile.c").read_text())
-        self._bpf = compile_program(source, cflags, "CPU profiler")
-        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes})
+        self._bpf = load_program(
+            ["cpu_profile.c"],
+            "CPU profiler",
+            defines={
+                "USER_FRAMES": USER_FRAMES,
+                "KERNEL_FRAMES": KERNEL_FRAMES,
+                "PY_MAX_FRAMES": PY_MAX_FRAMES,
+                "PY_MAX_PROCS": PY_MAX_PROCS,
+                "MAX_TARGETS": MAX_TARGETS,
+                "RINGBUF_PAGES": ring_buffer_pages(self.ring_buffer_kb),
+            },
+            settings={SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes},
+        )
+        self._targets = TargetTable(self._bpf["targets"])
         self._scan_targets()
         self._bpf["samples"].open_ring_buffer(self._on_sample)
         try:
@@ -138,7 +135,7 @@ class CpuProbe:
 
     def close(self) -> None:
         if self._bpf is not None:
-            self._bpf.cleanup()
+            close_program(self._bpf)
             self._bpf = None
 
     # ---- targets and interpreters --------------------------------------------------------------
@@ -168,20 +165,14 @@ class CpuProbe:
                 if parent in wanted and pid not in wanted:
                     wanted.add(pid)
                     changed = True
-        table = self._bpf["targets"]
-        for pid in wanted - self._target_pids:
-            if len(self._target_pids) >= MAX_TARGETS:
+        for pid in wanted - self._targets.pids:
+            if len(self._targets) >= MAX_TARGETS:
                 break
-            table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-            self._target_pids.add(pid)
+            self._targets.add(pid)
             self._check_python(pid)
-        for pid in self._target_pids - wanted:
+        for pid in self._targets.pids - wanted:
             if not os.path.exists(f"/proc/{pid}"):
-                self._target_pids.discard(pid)
-                try:
-                    del table[ctypes.c_uint32(pid)]
-                except KeyError:
-                    pass
+                self._targets.discard(pid)
                 self.forget(pid)
 
     def _check_python(self, pid: int) -> PythonProcess | None:

@@ -14,13 +14,11 @@ import ctypes
 import logging
 import os
 import time
-from importlib import resources
 from typing import Any
 
 from .. import procfs
 from ..config import TargetsConfig
 from ..gpu.calls import OPS, GpuCall
-from .compiler_memory import release_compiler_memory
 from .gpu_discovery import GpuAttacher, GpuLibraries, gpu_symbols
 from .gpu_records import (
     KERNEL_NAME_LEN,
@@ -34,10 +32,10 @@ from .gpu_records import (
 from .loading import (
     SET_AGENT_TGID,
     SET_FILTER_PIDS,
-    inline_headers,
-    pid_namespace_flags,
+    TargetTable,
+    close_program,
+    load_program,
     ring_buffer_pages,
-    write_settings,
 )
 from .usdt import UsdtProbe, attach_usdt, read_usdt_probes
 
@@ -65,53 +63,45 @@ class GpuProbe:
         self._attacher = GpuAttacher(gpu_symbols, read_usdt_probes, self._attach_function, self._attach_usdt)
         self._usdt_slots: dict[tuple[int, int], int] = {}  # (dev, ino) of a file -> slot
         self._out: list[GpuCall | ProcessEvent] = []
-        self._target_pids: set[int] = set()
+        self._targets: TargetTable  # the program's targets map: start() makes it
         self.gpu_pids: set[int] = set()  # processes that map a hooked library (their stacks matter)
         self._pairing = CallPairing()
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
 
     def start(self) -> None:
         """Compile, configure, attach to what target processes map now. Raises RuntimeError."""
-        from bcc import BPF  # noqa: PLC0415
-
-        bpf_dir = resources.files("otel_ebpf.bpf")
-        source = inline_headers(bpf_dir.joinpath("gpu_trace.c").read_text())
-        pages = ring_buffer_pages(self.ring_buffer_kb)
-        cflags = [
-            f"-DRINGBUF_PAGES={pages}",
-            f"-DUSER_FRAMES={USER_FRAMES}",
-            f"-DKERNEL_NAME_LEN={KERNEL_NAME_LEN}",
-            f"-DMAX_TARGETS={self.max_targets}",
-            "-Wno-macro-redefined",
-            *pid_namespace_flags(),
-        ]
-        attempts = [True, False] if self.stacks == "python" else [False]
-        error: Exception | None = None
-        for python in attempts:
+        mode = {"none": 0, "native": STACKS_NATIVE, "python": STACKS_NATIVE | STACKS_PYTHON}[self.stacks]
+        settings = {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes, SET_STACKS: mode}
+        targets = {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}
+        defines = {
+            "RINGBUF_PAGES": ring_buffer_pages(self.ring_buffer_kb),
+            "USER_FRAMES": USER_FRAMES,
+            "KERNEL_NAME_LEN": KERNEL_NAME_LEN,
+            "MAX_TARGETS": self.max_targets,
+        }
+        for python in [True, False] if self.stacks == "python" else [False]:
             try:
-                bpf = BPF(text=source, cflags=cflags + (["-DPYTHON_STACKS"] if python else []))
-                bpf.load_func(b"enter_cudaMalloc", BPF.KPROBE)  # the verifier's verdict, now
-                bpf.load_func(b"usdt_torch_malloc_0", BPF.KPROBE)
-            except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception with the compiler's or verifier's verdict
-                error = exc
-                if python:
-                    log.warning(
-                        "GPU: Python stacks unavailable (python_stack.h did not load: %s); native stacks only",
-                        str(exc).splitlines()[0] if str(exc) else exc,
-                    )
+                self._bpf = load_program(
+                    ["gpu_trace.c"],
+                    "GPU probe",
+                    defines={**defines, "PYTHON_STACKS": python},
+                    verify=["enter_cudaMalloc", "usdt_torch_malloc_0"],
+                    settings=settings,
+                    targets=targets,
+                )
+            except RuntimeError as exc:
+                if not python:
+                    raise
+                cause = str(exc.__cause__)
+                log.warning(
+                    "GPU: Python stacks unavailable (python_stack.h did not load: %s); native stacks only",
+                    cause.splitlines()[0] if cause else exc.__cause__,
+                )
                 continue
-            self._bpf, self.python_stacks = bpf, python
+            self.python_stacks = python
             self._py_frames = PY_MAX_FRAMES if python else 0
             break
-        if self._bpf is None:
-            raise RuntimeError(f"cannot load the GPU probe: {error} (run `otel-ebpf doctor`)") from error
-        release_compiler_memory()
-        mode = {"none": 0, "native": STACKS_NATIVE, "python": STACKS_NATIVE | STACKS_PYTHON}[self.stacks]
-        write_settings(
-            self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes, SET_STACKS: mode}
-        )
-        for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
-            self.add_target(pid)
+        self._targets = TargetTable(self._bpf["targets"], targets)
         self._bpf["gpu_events"].open_ring_buffer(self._on_event)
         self.gpu_pids |= self._attacher.scan(self._scan_pids())
 
@@ -127,12 +117,8 @@ class GpuProbe:
 
     def _scan_pids(self) -> set[int]:
         if self.targets.selects_processes:
-            return {pid for pid in self._target_pids if os.path.exists(f"/proc/{pid}")}
+            return {pid for pid in self._targets.pids if os.path.exists(f"/proc/{pid}")}
         return set(procfs.iter_pids()) - {os.getpid()}
-
-    def add_target(self, pid: int) -> None:
-        self._target_pids.add(pid)
-        self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
 
     def _attach_function(self, path: str, symbol: str) -> None:
         self._bpf.attach_uprobe(name=path, sym=symbol, fn_name=f"enter_{symbol}")
@@ -155,7 +141,7 @@ class GpuProbe:
 
     def close(self) -> None:
         if self._bpf is not None:
-            self._bpf.cleanup()
+            close_program(self._bpf)
             self._bpf = None
 
     def poll(self, timeout_ms: int) -> list[GpuCall | ProcessEvent]:
@@ -167,13 +153,13 @@ class GpuProbe:
         if execs and self.targets.executables:
             for pid in execs:
                 if procfs.executable_matches(pid, self.targets.executables):
-                    self.add_target(pid)
+                    self._targets.add(pid)
         if self._attacher.scan_due():
             self.gpu_pids = self._attacher.scan(self._scan_pids())
         elif execs:
             # A fresh image maps its libraries at once; dlopen-ed ones come with the next rescan.
             self.gpu_pids |= self._attacher.scan(
-                execs & self._target_pids if self.targets.selects_processes else execs, False
+                execs & self._targets.pids if self.targets.selects_processes else execs, False
             )
         return out
 

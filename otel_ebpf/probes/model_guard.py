@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from dataclasses import replace
-from importlib import resources
 
 from opentelemetry.sdk.resources import Resource
 
@@ -24,7 +23,7 @@ from ..config import ModelGuardConfig
 from ..exporters.logs import LogSink
 from ..selfmetrics import SelfMetrics
 from .btf import Btf
-from .loading import compile_program, ring_buffer_pages
+from .loading import Define, close_program, load_program, ring_buffer_pages
 from .lsm import lsm_load_error
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,7 @@ OFFSETS = {
 }
 OPTIONAL_SYSCALLS = ("openat2", "open")  # openat is everywhere; open is not on arm64, openat2 before 5.6
 MECHANISM_NAMES = {"lsm": "BPF LSM", "tracepoints": "syscall tracepoints"}
+SET_ENFORCE = 0  # settings[] in bpf/model_guard.c
 # counters[] in bpf/model_guard.c
 C_ALLOWED, C_DENIED, C_RING_FULL, C_READ_FAILED, C_PATH_FAILED = range(5)
 
@@ -94,21 +94,22 @@ class ModelGuard:
             cgroups = {path: rules_.cgroup_id(path) for path in self.config.allow_cgroups}
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"model_guard allow-list: {exc}") from exc
-        cflags = [f"-D{name}={btf.offset(*member)}" for name, member in OFFSETS.items()]
-        cflags.append(f"-DRINGBUF_PAGES={ring_buffer_pages(RING_BUFFER_KB)}")
+        defines: dict[str, Define] = {name: btf.offset(*member) for name, member in OFFSETS.items()}
+        defines["RINGBUF_PAGES"] = ring_buffer_pages(RING_BUFFER_KB)
         if self.mechanism == "tracepoints":
             from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
-            cflags.append("-DTRACEPOINTS")
-            cflags += [
-                f"-DHAVE_{call.upper()}"
-                for call in OPTIONAL_SYSCALLS
-                if BPF.tracepoint_exists("syscalls", f"sys_enter_{call}")
-            ]
-        source = resources.files("otel_ebpf.bpf").joinpath("model_guard.c").read_text()
+            defines["TRACEPOINTS"] = True
+            for call in OPTIONAL_SYSCALLS:
+                defines[f"HAVE_{call.upper()}"] = BPF.tracepoint_exists("syscalls", f"sys_enter_{call}")
         # BCC attaches LSM_PROBE and TRACEPOINT_PROBE programs as it loads them: with the
         # extension map still empty nothing matches until the maps below are complete.
-        self._bpf = bpf = compile_program(source, cflags, f"model guard ({MECHANISM_NAMES[self.mechanism]})")
+        self._bpf = bpf = load_program(
+            ["model_guard.c"],
+            f"model guard ({MECHANISM_NAMES[self.mechanism]})",
+            defines=defines,
+            settings={SET_ENFORCE: self.config.mode == "enforce"},
+        )
         one = ctypes.c_uint8(1)
         bpf["allowed_tgids"][ctypes.c_uint32(os.getpid())] = one  # never lock the agent out
         for ino, dev in exes.values():
@@ -122,7 +123,6 @@ class ModelGuard:
             bpf["prefixes"][ctypes.c_int(index)] = _Prefix(
                 (ctypes.c_uint64 * 16)(*words), (ctypes.c_uint64 * 16)(*masks)
             )
-        bpf["settings"][ctypes.c_int(0)] = ctypes.c_uint32(self.config.mode == "enforce")
         bpf["opens"].open_ring_buffer(self._on_record)
         for extension, mask in rules_.extension_masks(self.rules).items():
             bpf["extensions"][_ExtKey(extension)] = ctypes.c_uint32(mask)
@@ -205,6 +205,6 @@ class ModelGuard:
         """Detach (the hook stops denying at once), report what was left, flush the logs."""
         if self._bpf is not None:
             self.poll(0)
-            self._bpf.cleanup()
+            close_program(self._bpf)
             self._bpf = None
         self._log_sink.shutdown(timeout_s)

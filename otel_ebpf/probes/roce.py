@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from importlib import resources
 from typing import Any
 
 from ..config import RoceConfig
 from ..protocol import InstrumentKind
 from ..rocev2 import SYNDROMES, Flow, FlowCounts, OpcodeCounts, RoceMetrics, address
 from ..selfmetrics import SelfMetrics
-from .loading import close_program, compile_program
+from .loading import close_program, load_program
 from .tables import CumulativeTable
 from .tc import TcAttachment
 
@@ -53,10 +52,12 @@ class RoceProbe:
         """Compile, load and attach; ``TcError`` or ``RuntimeError`` saying what failed."""
         self._tc = TcAttachment()
         self._interfaces = {self._tc.ifindex(name): name for name in self._config.interfaces}
-        source = resources.files("otel_ebpf.bpf").joinpath("roce.c").read_text()
         qps = self._config.max_qp_pairs
-        cflags = [f"-DMAX_QPS={qps}", f"-DMAX_OPS={qps * OPS_PER_QP}", f"-DMAX_PENDING={qps * PENDING_PER_QP}"]
-        self._bpf = compile_program(source, cflags, "RoCEv2 classifier (bpf/roce.c)")
+        self._bpf = load_program(
+            ["roce.c"],
+            "RoCEv2 classifier (bpf/roce.c)",
+            defines={"MAX_QPS": qps, "MAX_OPS": qps * OPS_PER_QP, "MAX_PENDING": qps * PENDING_PER_QP},
+        )
         from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
         try:

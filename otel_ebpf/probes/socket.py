@@ -10,16 +10,16 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import logging
+import mmap
 import os
 import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .. import procfs
 from ..cgroups import CgroupPaths, cgroup2_mount
@@ -45,10 +45,9 @@ from .btf import Btf, BtfError
 from .http_red import HttpRedReader
 from .inject import Injection
 from .loading import (
+    TargetTable,
     close_program,
-    compile_program,
-    inline_headers,
-    pid_namespace_flags,
+    load_program,
     power_of_two_at_least,
     ring_buffer_pages,
     write_settings,
@@ -157,6 +156,20 @@ def _tls_symbols(path: str) -> set[str]:
         return set()
 
 
+@dataclass(slots=True)
+class _Started:
+    """What :meth:`SocketProbe.start` builds: the program, and what reads it or attaches through it."""
+
+    bpf: Any  # bcc.BPF, untyped (see loading.compile_program)
+    targets: TargetTable
+    tls: TLSAttacher
+    ring: RingBufferReader
+    http_red: HttpRedReader
+    tcp_health: tcp_health.TcpHealthReader | None  # with capture.tcp_health
+    injection: Injection | None  # with inject_traceparent
+    flow_fds: list[int]  # with capture.tcp_flows: what holds the flow programs attached
+
+
 class _UprobeCloser:
     """Closes detached uprobes off the poll loop. Each close waits for the kernel's RCU grace
     periods (~0.1 s measured here), so detaching an exited process's 14 SSL probes in line would
@@ -208,23 +221,17 @@ class SocketProbe:
         (bpf/inject_traceparent.c, docs/kubernetes.md)."""
         self.capture = capture
         self.inject_traceparent = inject_traceparent
-        self._injection: Injection | None = None
         self.targets = targets
         self._containers = containers
         self.payload_cap = power_of_two_at_least(capture.payload_cap)
         self.socket_mode = resolve_socket_mode(capture.socket_mode)
         self.tcp_health = capture.tcp_health and self._tcp_health_supported()
-        self._bpf: Any = None  # the BPF program (bcc.BPF, untyped: see loading.compile_program) once started
-        self._ring: RingBufferReader | None = None
+        self._started: _Started | None = None  # from start() to close()
         self.latest_event_ns = 0  # the newest timestamp decoded so far (Unix time)
-        self._http_red: HttpRedReader | None = None
-        self._tcp_health: tcp_health.TcpHealthReader | None = None  # with capture.tcp_health
-        # with capture.tcp_flows: the cgroup v2 mount, then what holds the flow programs attached
+        # with capture.tcp_flows: the cgroup v2 mount the flow programs attach to
         self._cgroup_mount = self._flows_mount() if self.tcp_health and capture.tcp_flows else None
         if capture.tcp_flows and not self.tcp_health:
             log.warning("TCP bytes and packets are not counted: they need TCP health (capture.tcp_health)")
-        self._flow_fds: list[int] = []
-        self._drop_reasons: dict[int, str] | None = None  # kernel drop reasons, where drops are counted
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
@@ -235,8 +242,6 @@ class SocketProbe:
         self._own_endpoints: set[Endpoint] = set()  # fd-tracking: the agent's own connections
         self._own_endpoints_fresh = False  # read from /proc during this poll
         self._unresolved: list[_Opening] = []  # this poll's sockets announced without a local end
-        self._target_pids: set[int] = set()
-        self._tls: TLSAttacher | None = None
         self._uprobe_closer = _UprobeCloser()
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
@@ -247,86 +252,105 @@ class SocketProbe:
 
     def start(self) -> None:
         """Compile, configure and attach. Raises RuntimeError with BCC's message on failure."""
-        bpf_dir = resources.files("otel_ebpf.bpf")
-        parts = ["socket_trace.c", "tls_trace.c"]
-        parts += ["tcp_health.c"] if self.tcp_health else []
-        parts += ["tcp_flows.c"] if self._cgroup_mount else []
-        parts += ["inject_traceparent.c"] if self.inject_traceparent else []
-        source = inline_headers("".join(bpf_dir.joinpath(part).read_text() for part in parts))
         pages = ring_buffer_pages(self.capture.ring_buffer_kb)
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
-        cflags = [
-            f"-DPAYLOAD_CAP={self.payload_cap}",
-            f"-DMAX_IOV={MAX_IOV}",
-            f"-DMAX_RED_SERIES={MAX_RED_SERIES}",
-            f"-DMAX_CONNS={self.capture.max_connections}",
-            f"-DMAX_TARGETS={self.capture.max_processes}",
-            f"-DRINGBUF_PAGES={pages}",
-            f"-DNR_CPUS={max(possible_cpus()) + 1}",
-            "-Wno-macro-redefined",
-            *_handshake_offsets(),
-            *pid_namespace_flags(),
-        ]
-        if self.socket_mode == "fd-tracking":
-            cflags.append("-DFD_TRACKING")
-        if self.tcp_health:
-            cflags += ["-DTCP_HEALTH", f"-DMAX_TCP_SERIES={tcp_health.MAX_TCP_SERIES}", *self._drop_flags()]
-        if self._cgroup_mount:
-            cflags.append("-DTCP_FLOWS")
-        if self.inject_traceparent:
-            cflags.append("-DINJECT")
-        self._bpf = compile_program(source, cflags, "socket probe")
-        if self.inject_traceparent:
-            self._injection = Injection(self._bpf)
+        drop_reasons, drop_flags = self._drops() if self.tcp_health else (None, [])
         filtering = self.targets.selects_processes
-        write_settings(
-            self._bpf,
-            {
+        targets = {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}
+        bpf = load_program(
+            [
+                "socket_trace.c",
+                "tls_trace.c",
+                *(["tcp_health.c"] if self.tcp_health else []),
+                *(["tcp_flows.c"] if self._cgroup_mount else []),
+                *(["inject_traceparent.c"] if self.inject_traceparent else []),
+            ],
+            "socket probe",
+            defines={
+                "PAYLOAD_CAP": self.payload_cap,
+                "MAX_IOV": MAX_IOV,
+                "MAX_RED_SERIES": MAX_RED_SERIES,
+                "MAX_CONNS": self.capture.max_connections,
+                "MAX_TARGETS": self.capture.max_processes,
+                "RINGBUF_PAGES": pages,
+                "NR_CPUS": max(possible_cpus()) + 1,
+                "FD_TRACKING": self.socket_mode == "fd-tracking",
+                "TCP_HEALTH": self.tcp_health,
+                "MAX_TCP_SERIES": tcp_health.MAX_TCP_SERIES if self.tcp_health else None,
+                "TCP_FLOWS": self._cgroup_mount is not None,
+                "INJECT": self.inject_traceparent,
+            },
+            cflags=[*_handshake_offsets(), *drop_flags],
+            settings={
                 SET_AGENT_TGID: os.getpid(),
                 SET_FILTER_PIDS: filtering,
                 SET_WATCH_EXEC: bool(self.targets.executables),
                 SET_SHED_BACKLOG: int(ring_bytes * SHED_BACKLOG_SHARE),
                 SET_KEEP_1024: 1024,
             },
+            targets=targets,
         )
-        if self.targets.ports:
-            ports = self._bpf["ports"]
-            for port in self.targets.ports:
-                ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
-            write_settings(self._bpf, {SET_FILTER_PORTS: 1})
-        # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
-        self._tls = TLSAttacher(
-            _tls_symbols, self._attach_tls, self._detach_tls, targets=self._is_target if filtering else None
-        )
-        for pid in {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}:
-            self.add_target(pid)
+        try:  # until _started holds it, close() cannot free the program
+            injection = Injection(bpf) if self.inject_traceparent else None
+            if self.targets.ports:
+                ports = bpf["ports"]
+                for port in self.targets.ports:
+                    ports[ctypes.c_uint16(port)] = ctypes.c_uint8(1)
+                write_settings(bpf, {SET_FILTER_PORTS: 1})
+            flows, cgroup_path, flow_fds = self._attach_flows(bpf) if self.tcp_health else (None, None, [])
+            self._started = started = _Started(
+                bpf,
+                TargetTable(bpf["targets"], targets),
+                # Tracing chosen processes, the SSL probes are attached for each of them only (see tls.py).
+                TLSAttacher(
+                    _tls_symbols, self._attach_tls, self._detach_tls, targets=self._is_target if filtering else None
+                ),
+                RingBufferReader(bpf["events"].map_fd, ring_bytes),
+                HttpRedReader(bpf["http_red"]),
+                tcp_health.TcpHealthReader(
+                    bpf["tcp_series"],
+                    bpf["tcp_drops"] if drop_reasons is not None else None,
+                    drop_reasons,
+                    flows,
+                    cgroup_path,
+                )
+                if self.tcp_health
+                else None,
+                injection,
+                flow_fds,
+            )
+        except BaseException:
+            close_program(bpf)
+            raise
+        for pid in targets:
+            self._follow(pid)
         if not filtering:
             self._note_existing_sockets(procfs.iter_pids())
-        self._ring = RingBufferReader(self._bpf["events"].map_fd, ring_bytes)
-        self._http_red = HttpRedReader(self._bpf["http_red"])
-        if self.tcp_health:
-            drops = self._bpf["tcp_drops"] if self._drop_reasons is not None else None
-            flows, cgroup_path = self._attach_flows()
-            self._tcp_health = tcp_health.TcpHealthReader(
-                self._bpf["tcp_series"], drops, self._drop_reasons, flows, cgroup_path
-            )
-        start_pids = self._target_pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
-        self._tls.scan(start_pids, system_libssl())
-        write_settings(self._bpf, {SET_READY: 1})
+        start_pids = started.targets.pids if filtering else set(procfs.iter_pids()) - {os.getpid()}
+        started.tls.scan(start_pids, system_libssl())
+        write_settings(bpf, {SET_READY: 1})
 
-    def _drop_flags(self) -> list[str]:
-        """The flags that count dropped packets of traced sockets, where the kernel can tell whose
-        they are (``skb:kfree_skb`` with ``rx_sk``, and BTF for ``sk_buff.sk``); none otherwise."""
-        self._drop_reasons = tcp_health.drop_reasons()
-        if self._drop_reasons is None:
+    @property
+    def _run(self) -> _Started:
+        """What start() built (a call before it, or after close(), is a bug)."""
+        if self._started is None:
+            raise RuntimeError("the socket probe is not started")
+        return self._started
+
+    @staticmethod
+    def _drops() -> tuple[dict[int, str] | None, list[str]]:
+        """The kernel's drop reasons and the flags that count dropped packets of traced sockets,
+        where the kernel can tell whose they are (``skb:kfree_skb`` with ``rx_sk``, and BTF for
+        ``sk_buff.sk``); (None, no flags) otherwise."""
+        reasons = tcp_health.drop_reasons()
+        if reasons is None:
             log.info("TCP drops not counted: skb:kfree_skb names no receiving socket on this kernel (Linux 6.8+)")
-            return []
+            return None, []
         try:
-            return ["-DTCP_DROPS", f"-DSKB_SK={Btf.from_file().offset('sk_buff', 'sk')}"]
+            return reasons, ["-DTCP_DROPS", f"-DSKB_SK={Btf.from_file().offset('sk_buff', 'sk')}"]
         except BtfError as exc:
             log.info("TCP drops not counted: %s", exc)
-            self._drop_reasons = None
-            return []
+            return None, []
 
     @staticmethod
     def _flows_mount() -> Path | None:
@@ -337,17 +361,17 @@ class SocketProbe:
             log.warning("TCP bytes and packets are not counted: %s", exc)
             return None
 
-    def _attach_flows(self) -> tuple[Any, Callable[[int], str] | None]:
-        """``tcp_flows`` and what names its cgroups, with the flow programs attached; (None,
-        None) without capture.tcp_flows or where the kernel refuses them (said in the log)."""
+    def _attach_flows(self, bpf: Any) -> tuple[Any, Callable[[int], str] | None, list[int]]:
+        """``tcp_flows``, what names its cgroups and what holds the flow programs attached; (None,
+        None, []) without capture.tcp_flows or where the kernel refuses them (said in the log)."""
         if self._cgroup_mount is None:
-            return None, None
+            return None, None, []
         try:
-            self._flow_fds = tcp_health.attach_flows(self._bpf, str(self._cgroup_mount))
+            fds = tcp_health.attach_flows(bpf, str(self._cgroup_mount))
         except Exception as exc:  # noqa: BLE001 — BCC raises bare Exception when the verifier refuses a program
             log.warning("TCP bytes and packets are not counted: %s", exc)
-            return None, None
-        return self._bpf["tcp_flows"], CgroupPaths(self._cgroup_mount).path
+            return None, None, []
+        return bpf["tcp_flows"], CgroupPaths(self._cgroup_mount).path, fds
 
     @staticmethod
     def _tcp_health_supported() -> bool:
@@ -360,60 +384,63 @@ class SocketProbe:
         """One SSL probe, for process ``pid`` only or (None) every process mapping ``path``; the
         names BCC gave what it attached, which are what ``_detach_tls`` needs (BCC's own detach
         looks the symbol up again, in a process that may be gone)."""
-        before = set(self._bpf.uprobe_fds)
-        attach = self._bpf.attach_uretprobe if is_return else self._bpf.attach_uprobe
+        bpf = self._run.bpf
+        before = set(bpf.uprobe_fds)
+        attach = bpf.attach_uretprobe if is_return else bpf.attach_uprobe
         attach(name=path, sym=symbol, fn_name=program, pid=-1 if pid is None else pid)
-        return [name for name in self._bpf.uprobe_fds if name not in before]
+        return [name for name in bpf.uprobe_fds if name not in before]
 
-    def _detach_tls(self, names: list[bytes]) -> None:
-        self._uprobe_closer.close(self._bpf, names)
+    def _detach_tls(self, handle: object) -> None:
+        """``handle``: what one ``_attach_tls`` returned (TLSAttacher keeps handles untyped)."""
+        self._uprobe_closer.close(self._run.bpf, cast("list[bytes]", handle))
 
     def _is_target(self, pid: int) -> bool:
         """Whether the kernel traces ``pid`` (children join at fork, exiting processes leave)."""
-        return self._bpf["targets"].get(ctypes.c_uint32(pid)) is not None
+        return pid in self._run.targets
 
     @property
     def tls_libraries(self) -> TLSLibraries:
         """TLS implementations found so far: hooked, and those without symbols."""
-        return self._tls.libraries
+        return self._run.tls.libraries
 
     def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        if self._bpf is not None:
-            if self._tls is not None and self._tls.libraries.refused:
-                log.warning(
-                    "TLS: %d (library, process) pairs were not hooked: more than %d at once",
-                    self._tls.libraries.refused,
-                    self._tls.max_attachments,
-                )
-            self._uprobe_closer.stop()
-            for fd in self._flow_fds:
-                os.close(fd)
-            self._flow_fds = []
-            if self._injection is not None:
-                self._injection.close()
-                self._injection = None
-            close_program(self._bpf)
-            self._bpf = None
+        started, self._started = self._started, None
+        if started is None:
+            return
+        started.ring.close()
+        if started.tls.libraries.refused:
+            log.warning(
+                "TLS: %d (library, process) pairs were not hooked: more than %d at once",
+                started.tls.libraries.refused,
+                started.tls.max_attachments,
+            )
+        self._uprobe_closer.stop()
+        for fd in started.flow_fds:
+            os.close(fd)
+        if started.injection is not None:
+            started.injection.close()
+        close_program(started.bpf)
 
     def keep_exchanges(self, share: float) -> None:
         """Copy only this share of new HTTP/1 exchanges (the rest are shed, counted, still in the
         kernel's exact counts): how the agent stays within its CPU budget."""
-        write_settings(self._bpf, {SET_KEEP_1024: max(1, min(1024, round(share * 1024)))})
+        write_settings(self._run.bpf, {SET_KEEP_1024: max(1, min(1024, round(share * 1024)))})
 
     def add_target(self, pid: int) -> None:
-        self._target_pids.add(pid)
-        self._bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        self._run.targets.add(pid)
+        self._follow(pid)
+
+    def _follow(self, pid: int) -> None:
+        """``pid`` is a target now: its existing connections noted, its SSL libraries watched."""
         self._note_existing_sockets([pid])
-        self._tls.watch(pid)
+        self._run.tls.watch(pid)
 
     def _note_existing_sockets(self, pids: Iterable[int]) -> None:
         """Connections made before the agent (or before a process became a target) showed the
         kernel no state change: take their tuples from /proc now, before their fds can be closed
         and reused. Tracking fds, they are also the connections the kernel should know."""
-        conns, listen_ports = self._bpf["conns"], self._bpf["listen_ports"]
+        bpf = self._run.bpf
+        conns, listen_ports = bpf["conns"], bpf["listen_ports"]
         for pid in pids:
             if pid == os.getpid():
                 continue
@@ -431,11 +458,11 @@ class SocketProbe:
 
     def ignore_connection(self, conn: ConnKey) -> None:
         """Tell the kernel to stop copying this connection's bytes (user space gave up on it)."""
-        if self._bpf is None:
+        if self._started is None:
             return
         pid, fd, generation = conn
         key = ctypes.c_uint64((pid << 32) | (fd & 0xFFFFFFFF))
-        self._bpf["ignored"][key] = ctypes.c_uint32(generation)
+        self._started.bpf["ignored"][key] = ctypes.c_uint32(generation)
 
     # ---- events ----------------------------------------------------------------------------------
 
@@ -444,17 +471,18 @@ class SocketProbe:
         ``max_records`` of the ring's records: the rest wait in the ring for the next poll."""
         # The kernel wakes us only every few dozen events; the timeout bounds the wait for the rest.
         self._own_endpoints_fresh = False
-        ring = self._ring
+        started = self._run
+        ring = started.ring
         ring.wait(timeout_ms)
         data = ring.data
         for offset, size in ring.records(max_records):
             self._on_record(data, offset, size)
-        self._bpf["ring_positions"][ctypes.c_int(1)] = ctypes.c_uint64(ring.consumed)
-        events, self._events = self._events, []
-        if self._unresolved:
-            self._resolve_openings(events)
-        if self._tls.scan_due():  # libraries loaded since (Python imports ssl on first use)
-            self._tls.scan(self._known_pids)
+        started.bpf["ring_positions"][ctypes.c_int(1)] = ctypes.c_uint64(ring.consumed)
+        pending, self._events = self._events, []
+        # placeholders are there only while openings wait to be resolved
+        events = self._resolve_openings(pending) if self._unresolved else cast("list[Event]", pending)
+        if started.tls.scan_due():  # libraries loaded since (Python imports ssl on first use)
+            started.tls.scan(self._known_pids)
         now = time.monotonic()
         if now >= self._next_loss_check:  # per-CPU map reads are syscalls: not every poll
             self._next_loss_check = now + LOSS_CHECK_S
@@ -468,53 +496,58 @@ class SocketProbe:
         """The kernel's HTTP/1 counts since the last call. The kernel counts a request when its
         response starts, which can be before the process's first event reaches user space: such a
         process is announced here, ahead of its counts."""
-        return self._announced(self._http_red.read(self.latest_event_ns))
+        return self._announced(self._run.http_red.read(self.latest_event_ns))
 
     def tcp_health_counts(self) -> list[Event]:
         """The kernel's TCP health counts since the last call (capture.tcp_health), each process
         announced ahead of its first counts as in :meth:`http_counts`. A process may have counts
         before any event of it was read (a refused connect moves no bytes): until then, the clock
         stamps them. None when the kernel lacks what TCP health needs."""
-        if self._tcp_health is None:
+        reader = self._run.tcp_health
+        if reader is None:
             return []
-        return self._announced(self._tcp_health.read(self.latest_event_ns or time.time_ns()))
+        return self._announced(reader.read(self.latest_event_ns or time.time_ns()))
 
-    def _announced(self, counts: list[HttpRequestCounts] | list[TcpHealthCounts]) -> list[Event]:
+    def _announced(self, counts: Sequence[HttpRequestCounts | TcpHealthCounts]) -> list[Event]:
         for counted in counts:
             if counted.pid not in self._known_pids:
                 self._announce_process(counted.pid, counted.timestamp_ns, "")
-        announced, self._events = self._events, []
+        # _announce_process queues ProcessInfo only: no placeholders here
+        announced, self._events = cast("list[Event]", self._events), []
         return [*announced, *counts]
 
     def drain(self) -> Iterator[list[Event]]:
         """The events the ring holds now, in bounded batches (the agent is stopping): at most one
         ring's worth, whatever traffic goes on meanwhile."""
-        target = self._ring.produced
-        while self._ring.consumed < target:
-            before = self._ring.consumed
+        ring = self._run.ring
+        target = ring.produced
+        while ring.consumed < target:
+            before = ring.consumed
             yield self.poll(0)
-            if self._ring.consumed == before:  # a record still being written: leave it
+            if ring.consumed == before:  # a record still being written: leave it
                 return
 
     def kernel_stats(self) -> dict[str, int]:
         """Totals of the kernel's per-CPU drop counters since start."""
-        table = self._bpf["stats"]
+        started = self._run
+        table = started.bpf["stats"]
         stats = {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(STAT_NAMES)}
-        if self._tcp_health is not None:
-            tcp_table = self._bpf["tcp_stats"]
+        if started.tcp_health is not None:
+            tcp_table = started.bpf["tcp_stats"]
             stats.update({name: sum(tcp_table[ctypes.c_int(i)]) for i, name in enumerate(tcp_health.STAT_NAMES)})
         return stats
 
     def injections(self) -> dict[str, int]:
         """traceparent injection: requests by outcome since start (none when it is off)."""
-        return self._injection.counts() if self._injection is not None else {}
+        injection = self._run.injection
+        return injection.counts() if injection is not None else {}
 
     def shed_requests(self) -> dict[str, int]:
         """HTTP/1 requests the kernel shed since start, by reason."""
-        table = self._bpf["stats"]
+        table = self._run.bpf["stats"]
         return {reason: sum(table[ctypes.c_int(len(STAT_NAMES) + i)]) for i, reason in enumerate(SHED_REASONS)}
 
-    def _on_record(self, data: bytes, offset: int, size: int) -> None:
+    def _on_record(self, data: mmap.mmap | bytes, offset: int, size: int) -> None:
         # Decoded where it lies in the ring: only a payload is copied out, once, as the bytes its
         # event keeps. ``size`` is the record's whole length, which the decoding does not need.
         ts, kind, tgid, tid, fd, generation, flags = _HEADER.unpack_from(data, offset)
@@ -580,7 +613,7 @@ class SocketProbe:
         elif kind == EV_EXIT:
             self._on_exit(ts, tgid)
 
-    def _conn_open(self, data: bytes, body: int, ts: int, tgid: int, fd: int, generation: int) -> None:
+    def _conn_open(self, data: mmap.mmap | bytes, body: int, ts: int, tgid: int, fd: int, generation: int) -> None:
         """The open record whose fields start at ``body`` in ``data``."""
         fields = _OPEN.unpack_from(data, body)
         role_code, family, lport, rport, protocol, laddr, raddr, _, client_isn, server_isn = fields
@@ -610,8 +643,9 @@ class SocketProbe:
         elif (opened := self._admit(opening)) is not None:
             self._events.append(opened)
 
-    def _resolve_openings(self, events: list[Event | _Opening]) -> None:
-        """Fill in the tuples of the sockets announced in this poll without their local end."""
+    def _resolve_openings(self, events: list[Event | _Opening]) -> list[Event]:
+        """``events`` with the tuples of the sockets announced in this poll without their local
+        end filled in (or those connections' events gone, where user space rejects them)."""
         openings, self._unresolved = self._unresolved, []
         rejected: set[ConnKey] = set()
         lookup: dict[int, list[int]] = {}
@@ -641,7 +675,7 @@ class SocketProbe:
             if admitted is None:
                 rejected.add(opening.key)
         # Placeholders go, and so do the rejected connections' events that came in the same poll.
-        events[:] = [e for e in events if not isinstance(e, _Opening) and getattr(e, "key", None) not in rejected]
+        return [e for e in events if not isinstance(e, _Opening) and getattr(e, "key", None) not in rejected]
 
     def _admit(self, opening: _Opening) -> ConnOpen | None:
         """The ConnOpen for ``opening``, or None when user space rejects the connection (then the
@@ -690,7 +724,7 @@ class SocketProbe:
             info = ProcessInfo(ts, pid, "", comm, {})
         self._known_pids.add(pid)
         self._events.append(info)
-        self._tls.watch(pid)  # tracing chosen processes, a child forked by a target is one too
+        self._run.tls.watch(pid)  # tracing chosen processes, a child forked by a target is one too
 
     def _on_exec(self, pid: int) -> None:
         if procfs.executable_matches(pid, self.targets.executables):
@@ -698,10 +732,11 @@ class SocketProbe:
             self._known_pids.discard(pid)  # a new image: announce its identity again
 
     def _on_exit(self, ts: int, pid: int) -> None:
-        self._tls.forget(pid)  # its per-process SSL probes, if it had some
+        started = self._run
+        started.tls.forget(pid)  # its per-process SSL probes, if it had some
         if pid in self._known_pids:  # others never had a connection event
             self._known_pids.discard(pid)
-            self._http_red.process_exited(pid)
-            if self._tcp_health is not None:
-                self._tcp_health.process_exited(pid)
+            started.http_red.process_exited(pid)
+            if started.tcp_health is not None:
+                started.tcp_health.process_exited(pid)
             self._events.append(ProcessExit(ts, pid))

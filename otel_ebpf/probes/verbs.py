@@ -24,7 +24,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,7 @@ from ..rdma.providers import place_of, virtual_address
 from ..rdma.views import VerbsViews
 from ..resources import ProcessResources
 from ..selfmetrics import SelfMetrics
-from .loading import (
-    SET_AGENT_TGID,
-    SET_FILTER_PIDS,
-    close_program,
-    compile_program,
-    inline_headers,
-    pid_namespace_flags,
-    write_settings,
-)
+from .loading import SET_AGENT_TGID, SET_FILTER_PIDS, TargetTable, close_program, load_program
 from .tables import CumulativeTable
 from .tls import mapped_files, seen_by
 
@@ -128,10 +119,10 @@ class VerbsProbe:
         self._seen: set[tuple[int, int]] = set()
         self.hooked: dict[str, tuple[str, ...]] = {}  # path -> functions hooked
         self.pids: set[int] = set()  # processes that map a hooked file
-        self._in_targets: set[int] = set()  # pids in the kernel's targets table
+        self._in_targets: TargetTable  # the kernel's targets table: start() makes it
         self._calls: list[VerbsCall] = []
         self._posts: list[Post] = []
-        self._post_pids: set[int] = set()  # pids in the kernel's post_pids table: they map NCCL
+        self._post_pids: TargetTable  # the kernel's post_pids table (they map NCCL): start() makes it
         self.follow_posts = False  # whether NCCL processes' post calls are wanted (NCCL spans are made)
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.providers: dict[str, str] = {}  # "path+0xaddress" -> the provider function hooked there
@@ -141,15 +132,18 @@ class VerbsProbe:
 
     def start(self) -> None:
         """Compile, configure, hook what target processes map now. Raises RuntimeError."""
-        source = inline_headers(resources.files("otel_ebpf.bpf").joinpath("verbs_trace.c").read_text())
-        cflags = [
-            f"-DRINGBUF_PAGES={RING_BUFFER_PAGES}",
-            f"-DPOST_RINGBUF_PAGES={POST_RING_BUFFER_PAGES}",
-            f"-DMAX_TARGETS={self._max_targets}",
-            *pid_namespace_flags(),
-        ]
-        self._bpf = compile_program(source, cflags, "RDMA verbs probe (bpf/verbs_trace.c)")
-        write_settings(self._bpf, {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self._targets.selects_processes})
+        self._bpf = load_program(
+            ["verbs_trace.c"],
+            "RDMA verbs probe (bpf/verbs_trace.c)",
+            defines={
+                "RINGBUF_PAGES": RING_BUFFER_PAGES,
+                "POST_RINGBUF_PAGES": POST_RING_BUFFER_PAGES,
+                "MAX_TARGETS": self._max_targets,
+            },
+            settings={SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self._targets.selects_processes},
+        )
+        self._in_targets = TargetTable(self._bpf["targets"])
+        self._post_pids = TargetTable(self._bpf["post_pids"])
         self._bpf["verbs_events"].open_ring_buffer(self._on_event)
         self._bpf["verbs_posts"].open_ring_buffer(self._on_post)
         tables = (("posted", _count_totals), ("completed", _count_totals), ("latencies", _latency_totals))
@@ -163,12 +157,7 @@ class VerbsProbe:
         target processes that map a hooked file (those that exited since are gone from it)."""
         pids = self._target_pids()
         if self._targets.selects_processes:  # the kernel's table follows: new targets in, exited ones out
-            targets = self._bpf["targets"]
-            for pid in pids - self._in_targets:
-                targets[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-            for pid in self._in_targets - pids:
-                targets.pop(ctypes.c_uint32(pid), None)
-            self._in_targets = pids
+            self._in_targets.replace(pids)
         mapping, nccl = set(), set()
         for pid in pids:
             files = mapped_files(pid)
@@ -180,18 +169,9 @@ class VerbsProbe:
                 if self.follow_posts and any(is_nccl_library(path) for path in files):
                     nccl.add(pid)
         self.pids = mapping
-        self._follow_posts(nccl)
+        self._post_pids.replace(nccl)  # the kernel sends their post calls, and no others'
         self._addresses_seen = {seen for seen in self._addresses_seen if seen[0] in mapping}
         return mapping
-
-    def _follow_posts(self, pids: set[int]) -> None:
-        """The kernel sends each post call of ``pids`` (they map NCCL), and no others'."""
-        table = self._bpf["post_pids"]
-        for pid in pids - self._post_pids:
-            table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-        for pid in self._post_pids - pids:
-            table.pop(ctypes.c_uint32(pid), None)
-        self._post_pids = pids
 
     def take_posts(self) -> list[Post]:
         """The post calls read from the ring since the last take."""
