@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import REPO
+
 
 def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -41,7 +43,9 @@ class Node:
     """Starts commands in a node, given its PID namespace's init (host pid)."""
 
     def __init__(self, init: int) -> None:
-        self._enter = ["nsenter", f"--target={init}", "--pid", "--mount", "--net", "--"]
+        # --wd: entering the mount namespace sets the working directory to its root, and the peers
+        # run as `python -m tests.live...` from the repository
+        self._enter = ["nsenter", f"--target={init}", "--pid", "--mount", "--net", f"--wd={REPO}", "--"]
 
     def popen(self, args: Sequence[str], **kwargs: Any) -> NodeProcess:
         """``subprocess.Popen`` of ``args`` inside the node."""
