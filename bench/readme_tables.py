@@ -128,53 +128,10 @@ def kernel_cost(figures: Figures) -> list[str]:
     return _table(header, rows)
 
 
-def protocol_load(figures: Figures) -> list[str]:
-    header = ["workload", "offered load", "untraced", "traced", "ratio", "spans / call", "agent CPU / call", "p50 ms"]
-    rows = [
-        [
-            load["workload"],
-            _offered(load["offered"]),
-            f"{load['untraced_rps']:,}/s",
-            f"{load['traced_rps']:,}/s",
-            f"{load['ratio']:.3f}",
-            f"{load['spans_per_call']:.4f}" + (f" ({n} ERROR)" if (n := load["error_spans"]) else ""),
-            f"{load['agent_cpu_us_per_call']:,} µs",
-            "{:.2f} → {:.2f}".format(*load["p50_ms"]),
-        ]
-        for load in figures["loads"]
-    ]
-    return _table(header, rows)
-
-
-def fastapi_load(figures: Figures) -> list[str]:
-    header = [
-        "variant",
-        "requests/s",
-        "ratio to plain",
-        "p50 / p99 ms",
-        "server spans / request",
-        "agent CPU / request",
-    ]
-    rows = [
-        [
-            variant["variant"],
-            f"{variant['rps']:,}/s",
-            f"{variant['ratio_to_plain']:.3f}",
-            f"{variant['p50_ms']:.2f} / {variant['p99_ms']:.2f}",
-            "" if (spans := variant["server_spans_per_request"]) is None else f"{spans:.4f}",
-            f"{cpu:,} µs" if (cpu := variant.get("agent_cpu_us_per_request")) is not None else "",
-        ]
-        for variant in figures["variants"]
-    ]
-    return _table(header, rows)
-
-
 TABLES: dict[str, Callable[[Figures], list[str]]] = {
     "nginx_load": nginx_load,
     "http_load": http_load,
     "kernel_cost": kernel_cost,
-    "protocol_load": protocol_load,
-    "fastapi_load": fastapi_load,
 }
 
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
