@@ -151,15 +151,9 @@ class Agent:
         """Attach the CPU profiler (docs/profiling.md); its samples link to this agent's spans."""
         from .profiles.session import CpuProfiling  # noqa: PLC0415 — the CPU profiler loads bcc: only when profiling
 
-        profiling = CpuProfiling(
-            self.config, self.selfmetrics, self.host_name, self.pipeline.assembler.active_server_span
-        )
+        profiling = CpuProfiling(self.config, self.selfmetrics, self.host_name, self.pipeline.assembler.server_span_at)
         profiling.start()
         return profiling
-
-    def profile_horizon_ns(self) -> int:
-        """Event time up to which trace assembly is complete: CPU samples up to it can be linked."""
-        return max(self.pipeline.last_timestamp_ns, time.time_ns() - self._reorder_window_ns - IDLE_RELEASE_NS)
 
     def record_kernel_stats(
         self, stats: Mapping[str, int], shed: Mapping[str, int], injections: Mapping[str, int] | None = None
@@ -278,9 +272,9 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             capture_cpu += time.thread_time() - busy
             if agent is not None:
                 if profiling is not None:
-                    profiling.poll(0, agent.profile_horizon_ns())
+                    profiling.poll(0, agent.pipeline.horizon_ns)
                 if gpu is not None:
-                    gpu.poll(0, agent.profile_horizon_ns())
+                    gpu.poll(0, agent.pipeline.horizon_ns)
                 if guard is not None:
                     guard.poll(0)
                 if verbs is not None:
@@ -351,7 +345,7 @@ def _start_gpu(agent: Agent, profiling: CpuProfiling | None, verbs: VerbsMonitor
         agent.host_name,
         DELTA_KINDS[agent.config.export.metric_temporality],
         profile_sink=getattr(profiling, "sink", None),
-        link_for=agent.pipeline.assembler.active_server_span,
+        link_for=agent.pipeline.assembler.server_span_at,
         export_spans=agent.sink.export_spans if verbs is None else verbs.join_collectives(agent.sink.export_spans),
     )
     gpu.start()

@@ -130,6 +130,12 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "otel_ebpf.gpu.calls": ("{call}", "GPU library calls decoded from the kernel (CUDA, NCCL, PyTorch USDT)", False),
+    "otel_ebpf.gpu.collectives.unlinked": (
+        "{call}",
+        "NCCL calls made while their thread served no single traced request (a training step, an "
+        "event loop serving several): no span, still counted in the GPU metrics",
+        False,
+    ),
     "otel_ebpf.gpu.libraries": (
         "{file}",
         "GPU library files hooked, by library (runtime, driver, nccl, pytorch)",

@@ -1,7 +1,7 @@
 """NCCL operations as spans, under the request their thread was serving.
 
 A collective issued while its thread serves exactly one incoming request (the trace assembler's
-``active_server_span``: an inference server doing a tensor-parallel all-reduce for a request) is
+``server_span_at``: an inference server doing a tensor-parallel all-reduce for a request) is
 part of that request's work, so it becomes an INTERNAL child span of the request's SERVER span:
 ``nccl AllReduce`` from the call's entry to its return (the enqueue; NCCL runs the transfer on the
 GPU afterwards), with the same attributes as the metrics. Outside a request nothing is emitted —

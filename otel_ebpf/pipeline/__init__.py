@@ -57,6 +57,7 @@ class Pipeline:
         self.reorderer = EventReorderer(selfmetrics) if reorderer is None else reorderer
         self._metrics = selfmetrics
         self.last_timestamp_ns = 0
+        self._advanced_ns = 0  # the latest horizon given to advance()
 
     def handle(self, events: Iterable[Event]) -> None:
         """Events as they arrived; those that the reorder window releases are processed."""
@@ -67,6 +68,14 @@ class Pipeline:
     def advance(self, horizon_ns: int) -> None:
         """No event stamped before ``horizon_ns`` can still arrive: process what is held."""
         self._process(self.reorderer.release_before(horizon_ns))
+        self._advanced_ns = max(self._advanced_ns, horizon_ns)
+
+    @property
+    def horizon_ns(self) -> int:
+        """Event time up to which every event has been processed (events still held for
+        reordering are later): trace assembly's state at any time before it is final, so records
+        from other rings stamped before it (CPU samples, NCCL calls) can be linked to requests."""
+        return max(self.last_timestamp_ns, self._advanced_ns)
 
     def flush(self) -> None:
         """Process everything held (the agent is stopping). Requests still waiting for a response
@@ -128,5 +137,7 @@ class Pipeline:
                     extra = {**(extra or {}), RETRANSMISSIONS: retransmitted}
             if extra:
                 description = replace(description, attributes={**description.attributes, **extra})
-            context = assembler.finish(conn.key, info, description.start_ns, tid, item.message_start)
+            context = assembler.finish(
+                conn.key, info, description.start_ns, tid, item.message_start, description.end_ns
+            )
             self.telemetry.exchange(conn.claimed().protocol.name, conn.key[0], item, description, info, context)

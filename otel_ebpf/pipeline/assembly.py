@@ -40,7 +40,10 @@ replay of a recording assembles the very same traces; a request whose state was 
 same span id when it completes, so its children still point at it.
 
 All state is bounded: contexts live from their request's start until its exchange completes, at
-most ``inflight_timeout_ns`` and at most ``max_inflight`` of them; evictions are counted.
+most ``inflight_timeout_ns`` and at most ``max_inflight`` of them; evictions are counted. Past
+that, the last few requests each thread served are remembered (``SERVED_PER_THREAD`` for each of
+the ``SERVED_THREADS`` threads that served last): records from other rings — CPU samples, NCCL
+calls — are linked once assembly has caught up with their time, when their request may be done.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ SKIP, CHILD = "skip", "child"
 INSTRUMENTED_CLIENT_MODES = (SKIP, CHILD)
 MAX_LINKS = 8  # candidate parents linked from an ambiguous request
 MAX_PER_THREAD = 256  # incoming requests in flight on one thread (an event loop's connections)
+SERVED_PER_THREAD = 4  # completed incoming requests remembered per thread, for server_span_at
+SERVED_THREADS = 4096  # threads whose completed requests are remembered, least recent forgotten
 # How long a received message stays its thread's context: processing a camera frame takes
 # milliseconds to seconds; a thread idle longer than this has moved on.
 CONSUME_WINDOW_NS = 10 * 10**9
@@ -137,6 +142,8 @@ class TraceAssembler:
         self._order: deque[RequestContext] = deque()  # the same, in announcement order (with done ones)
         self._live = 0
         self._threads: dict[Thread, list[RequestContext]] = {}  # incoming requests being served
+        # incoming requests completed, with their end time, by the thread that served them
+        self._served: OrderedDict[Thread, deque[tuple[int, RequestContext]]] = OrderedDict()
         self._pairs: dict[Pair, deque[RequestContext]] = {}  # outgoing requests by connection ends
         self._correlated: dict[tuple[int, str], list[RequestContext]] = {}  # incoming, by (pid, id)
         # messaging: sent messages by id (LRU, bounded like the in-flight table) and, per thread,
@@ -151,14 +158,19 @@ class TraceAssembler:
     def inflight(self) -> int:
         return self._live
 
-    def active_server_span(self, pid: int, tid: int) -> tuple[int, int] | None:
-        """(trace id, span id) of the one incoming request thread ``tid`` of ``pid`` is serving
-        now, or None: none, or several (an event loop — which one a CPU sample belongs to is
-        unknown, so no link rather than a guess). Profile samples link to it."""
-        serving = self._threads.get((pid, tid))
-        if not serving or len(serving) != 1 or not serving[0].emit:
+    def server_span_at(self, pid: int, tid: int, ts_ns: int) -> tuple[int, int] | None:
+        """(trace id, span id) of the one incoming request thread ``tid`` of ``pid`` was serving at
+        ``ts_ns`` (event time assembly has caught up with), or None: none, or several (an event
+        loop — which one a CPU sample belongs to is unknown, so no link rather than a guess), or
+        one completed too long ago to be remembered. CPU samples and NCCL calls link to it."""
+        thread = (pid, tid)
+        found = [c for c in self._threads.get(thread, ()) if c.start_ns <= ts_ns]
+        for end_ns, context in self._served.get(thread, ()):
+            if context.start_ns <= ts_ns <= end_ns:
+                found.append(context)
+        if len(found) != 1 or not found[0].emit:
             return None
-        return serving[0].trace_id, serving[0].span_id
+        return found[0].trace_id, found[0].span_id
 
     # ---- the two events of a request's life ----------------------------------------------------
 
@@ -201,15 +213,20 @@ class TraceAssembler:
         start_ns: int,
         tid: int,
         message_start: tuple[Direction, Hashable] | None = None,
+        end_ns: int | None = None,
     ) -> RequestContext:
-        """The exchange of the request that started at ``start_ns`` completed: its context.
-        ``message_start``: the (direction, message id) it was announced with instead."""
+        """The exchange of the request that started at ``start_ns`` completed (at ``end_ns``, when
+        known): its context. ``message_start``: the (direction, message id) it was announced with
+        instead."""
         if message_start is not None:
             return self._finish_message(key, start_ns, tid, message_start)
         announced = self._started.get((key, start_ns))
         if announced:
             context = announced[0]
+            thread = context.thread
             self._forget(context)
+            if thread is not None and end_ns is not None:
+                self._remember_served(thread, end_ns, context)
             return context
         # Never announced (the plugin does not announce, or the head was cut off) or evicted:
         # decided now, from what is still known.
@@ -394,6 +411,16 @@ class TraceAssembler:
             self._metrics.add("otel_ebpf.trace.inflight_evicted", 1, {"reason": "thread_capacity"})
         serving.append(context)
         context.thread = thread
+
+    def _remember_served(self, thread: Thread, end_ns: int, context: RequestContext) -> None:
+        served = self._served.get(thread)
+        if served is None:
+            served = self._served[thread] = deque(maxlen=SERVED_PER_THREAD)
+            if len(self._served) > SERVED_THREADS:
+                self._served.popitem(last=False)
+        else:
+            self._served.move_to_end(thread)
+        served.append((end_ns, context))
 
     def _evict_oldest(self) -> None:
         while self._order:

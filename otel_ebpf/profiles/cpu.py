@@ -17,7 +17,7 @@ from otel_ebpf.profiles.symbols import Symbolizer
 MAX_RAW_STACKS = 65536  # raw stack -> merged stack cache, per interval
 
 ResourceFor = Callable[[int], Mapping[str, Any]]
-LinkFor = Callable[[int, int], "Link | None"]
+LinkFor = Callable[[int, int, int], "Link | None"]  # (pid, tid, event time)
 
 
 class RawSampleLike(Protocol):
@@ -100,7 +100,7 @@ class CpuProfiler:
         """Aggregate resolved samples, each linked to the span its thread was serving (``link_for``)."""
         for sample, stack, resource in resolved:
             self.samples += 1
-            link = self.link_for(sample.pid, sample.tid) if self.link_for else None
+            link = self.link_for(sample.pid, sample.tid, sample.timestamp_ns) if self.link_for else None
             self.builder.add(
                 resource,
                 stack,

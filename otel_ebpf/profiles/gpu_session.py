@@ -93,13 +93,13 @@ class GpuMonitor:
         host_name: str,
         delta_kinds: frozenset = frozenset(),
         profile_sink: ProfileSink | None = None,
-        link_for: Callable[[int, int], tuple[int, int] | None] | None = None,
+        link_for: Callable[[int, int, int], tuple[int, int] | None] | None = None,
         export_spans: Callable[[list], None] | None = None,
     ) -> None:
         """``profile_sink``: a :class:`~otel_ebpf.profiles.exporter.ProfileSink` to share (the CPU
         profiler's, which owns it); by default the monitor builds and owns its own.
-        ``link_for(pid, tid)``: the (trace id, span id) of the request a thread serves now (the
-        trace assembler's); NCCL calls made under one become its child spans, handed to
+        ``link_for(pid, tid, ts_ns)``: the (trace id, span id) of the request a thread served at
+        that time (the trace assembler's); NCCL calls made under one become its child spans, handed to
         ``export_spans``."""
         from ..probes.gpu import GpuProbe  # noqa: PLC0415 -- the probe layer imports bcc
 
@@ -222,17 +222,21 @@ class GpuMonitor:
         if link_for is None or export_spans is None:  # then nothing is pending
             return
         spans = []
+        unlinked = 0
         pending = self._pending_nccl
         while pending and (horizon_ns is None or pending[0].ts_ns <= horizon_ns or len(pending) > MAX_PENDING):
             call = pending.popleft()
-            parent = link_for(call.pid, call.tid)
+            parent = link_for(call.pid, call.tid, call.ts_ns)
             if parent is None:
+                unlinked += 1
                 continue
             spec = call.spec
             rank = self.views.rank_of(call.pid, call.arg(spec.comm_arg)) if spec.comm_arg is not None else None
             span = collective_span(call, parent, self._resources.of(call.pid), rank)
             if span is not None:
                 spans.append(span)
+        if unlinked:
+            self._selfmetrics.add("otel_ebpf.gpu.collectives.unlinked", unlinked)
         if spans:
             export_spans(spans)
 

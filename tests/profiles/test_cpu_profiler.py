@@ -27,7 +27,7 @@ def test_samples_are_symbolized_linked_and_aggregated() -> None:
         resources.append(pid)
         return {"service.name": "me", "process.pid": pid}
 
-    profiler = CpuProfiler(cpu_builder(49, 100), resource_for, lambda pid, tid: links.get(tid))
+    profiler = CpuProfiler(cpu_builder(49, 100), resource_for, lambda pid, tid, ts: links.get(tid))
     getpid, malloc = _address("getpid"), _address("malloc")
     resolved = profiler.resolve([sample(7, (getpid + 2, malloc + 20)), sample(8, (getpid + 2, malloc + 20))], {})
     links.clear()  # links are decided when samples are added (after trace assembly caught up), not before
@@ -46,7 +46,7 @@ def test_samples_are_symbolized_linked_and_aggregated() -> None:
 
 
 def test_links_when_added() -> None:
-    profiler = CpuProfiler(cpu_builder(99, 100), lambda pid: {"service.name": "me"}, lambda pid, tid: (1, 2))
+    profiler = CpuProfiler(cpu_builder(99, 100), lambda pid: {"service.name": "me"}, lambda pid, tid, ts: (1, 2))
     profiler.add([sample(7, (_address("getpid"),))], {})
     (profile,) = profiler.take(end_ns=2_000)
     assert [k.link for k in profile.samples] == [(1, 2)]
