@@ -15,7 +15,14 @@ sends it and one with the whole response (status line, ``Server``, ``Date``, ``C
     by batch: ``session.feed`` for every syscall, ``stitcher.add`` for every message,
     ``exchange.span`` and ``exchange.metric_points`` for every exchange.
 
-Prints the median over the repetitions in µs per exchange. A warm-up run comes first, which also
+Each stage is measured three ways in the same run, so that the figures are comparable on a busy
+machine: wall time (``time.perf_counter``), the process's CPU time (``time.process_time``: what the
+agent would be charged, whatever else the machine runs) and, in one extra run with a
+``sys.setprofile`` hook, Python-level function calls (deterministic: what a change of code removes,
+free of timing noise).
+
+Prints the median over the repetitions in µs per exchange, and the calls per exchange. A warm-up
+run comes first, which also
 fills the plugin's caches as a long-running agent's are; the input stream itself is kept out of
 the garbage collector's way (``gc.freeze``), since the live agent never holds one.
 
@@ -32,6 +39,7 @@ import importlib.util
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from pathlib import Path
 
@@ -50,6 +58,10 @@ REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n"
 BODY = b'{"status": "ok"}'
 SERVER_HEADER = b"demo-inference/1.0 Python/3.11.7"
 STAGES = ("session.feed", "stitcher.add", "exchange.span", "exchange.metric_points")
+# What a stage is measured in: a clock returns a reading, a stage costs the difference of two.
+Clock = Callable[[], float]
+WALL: Clock = time.perf_counter
+CPU: Clock = time.process_time
 
 
 def response(timestamp_ns: int) -> bytes:
@@ -80,6 +92,31 @@ def build_events(exchanges: int, connections: int) -> list[Event]:
     return events
 
 
+class CallCounter:
+    """A clock that reads Python-level function calls (``sys.setprofile``), while in its ``with``.
+
+    Each reading is itself one call, which adds one per stage and batch: noise next to the
+    thousands of calls of a batch.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _hook(self, frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            self.calls += 1
+
+    def __call__(self) -> float:
+        return self.calls
+
+    def __enter__(self) -> CallCounter:
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(None)
+
+
 def use_protocols_from(directory: Path) -> None:
     """Make ``otel_ebpf.protocols`` the package in ``directory`` (before anything imports it)."""
     if "otel_ebpf.protocols" in sys.modules:
@@ -95,8 +132,9 @@ def use_protocols_from(directory: Path) -> None:
     spec.loader.exec_module(module)
 
 
-def run_pipeline(events: list[Event]) -> tuple[float, int]:
-    """Seconds to run ``events`` through a fresh pipeline, and the spans it produced."""
+def run_pipeline(events: list[Event], clock: Clock = WALL) -> tuple[float, int]:
+    """``clock`` units (seconds by default) to run ``events`` through a fresh pipeline, and the
+    spans it produced."""
     from otel_ebpf.pipeline import Pipeline
     from otel_ebpf.pipeline.connections import ConnectionTracker
     from otel_ebpf.pipeline.telemetry import Telemetry
@@ -110,17 +148,17 @@ def run_pipeline(events: list[Event]) -> tuple[float, int]:
     pipeline = Pipeline(tracker, telemetry, selfmetrics)
     batches = [events[i : i + REPLAY_BATCH] for i in range(0, len(events), REPLAY_BATCH)]
     spans = 0
-    start = time.perf_counter()
+    start = clock()
     for batch in batches:
         pipeline.handle(batch)
         spans += len(telemetry.take_spans())
     pipeline.flush()  # what the reorder window still holds
     spans += len(telemetry.take_spans())
-    return time.perf_counter() - start, spans
+    return clock() - start, spans
 
 
-def run_plugin(events: list[Event]) -> tuple[dict[str, float], int]:
-    """Seconds per plugin stage over the data events of ``events``, and the exchanges made.
+def run_plugin(events: list[Event], clock: Clock = WALL) -> tuple[dict[str, float], int]:
+    """``clock`` units per plugin stage over the data events of ``events``, and the exchanges made.
 
     Batch by batch, as the pipeline goes: what a batch made is dropped before the next one, so the
     stages pay for the garbage collection of what they allocate, not for keeping a whole run alive.
@@ -137,7 +175,6 @@ def run_plugin(events: list[Event]) -> tuple[dict[str, float], int]:
     calls = [(sessions[e.fd].feed, stitchers[e.fd].add, e.direction, e.data, e.timestamp_ns) for e in data]
     times = dict.fromkeys(STAGES, 0.0)
     made = 0
-    clock = time.perf_counter
     for first in range(0, len(calls), REPLAY_BATCH):
         batch = calls[first : first + REPLAY_BATCH]
 
@@ -187,31 +224,47 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     run_pipeline(events[: 2 + args.connections + 2000])  # warm up
-    totals: list[float] = []
-    stages: dict[str, list[float]] = {}
+    # stage -> clock -> one reading per repetition
+    figures: dict[str, dict[str, list[float]]] = {}
+
+    def note(stage: str, clock: str, value: float) -> None:
+        figures.setdefault(stage, {}).setdefault(clock, []).append(value)
+
     for _ in range(args.reps):
-        seconds, spans = run_pipeline(events)
-        if spans != args.exchanges:
-            raise SystemExit(f"pipeline made {spans} spans for {args.exchanges} exchanges")
-        totals.append(seconds)
-        times, made = run_plugin(events)
-        if made != args.exchanges:
-            raise SystemExit(f"plugin made {made} exchanges for {args.exchanges}")
-        for stage, seconds in times.items():
-            stages.setdefault(stage, []).append(seconds)
+        for clock_name, clock in (("wall", WALL), ("cpu", CPU)):
+            seconds, spans = run_pipeline(events, clock)
+            if spans != args.exchanges:
+                raise SystemExit(f"pipeline made {spans} spans for {args.exchanges} exchanges")
+            note("pipeline total", clock_name, seconds)
+            times, made = run_plugin(events, clock)
+            if made != args.exchanges:
+                raise SystemExit(f"plugin made {made} exchanges for {args.exchanges}")
+            note("plugin share", clock_name, sum(times.values()))
+            for stage, seconds in times.items():
+                note(stage, clock_name, seconds)
+    with CallCounter() as counter:  # last: the hook slows everything it sees
+        note("pipeline total", "calls", run_pipeline(events, counter)[0])
+        times, _ = run_plugin(events, counter)
+    note("plugin share", "calls", sum(times.values()))
+    for stage, calls in times.items():
+        note(stage, "calls", calls)
 
-    def us(seconds: list[float]) -> float:
-        return statistics.median(seconds) / args.exchanges * 1e6
+    def per_exchange(clock: str, values: list[float]) -> float:
+        scale = 1 if clock == "calls" else 1e6  # calls stay calls; seconds become µs
+        return round(statistics.median(values) / args.exchanges * scale, 2)
 
-    plugin = [sum(rep) for rep in zip(*stages.values(), strict=True)]
+    table = {
+        stage: {clock: per_exchange(clock, values) for clock, values in by_clock.items()}
+        for stage, by_clock in figures.items()
+    }
     print(
-        f"{args.exchanges} exchanges on {args.connections} connections, "
-        f"median of {args.reps} repetitions, µs per exchange:"
+        f"{args.exchanges} exchanges on {args.connections} connections, median of {args.reps} "
+        "repetitions, per exchange:"
     )
-    print(f"  pipeline total           {us(totals):7.2f}")
-    print(f"  plugin share             {us(plugin):7.2f}")
-    for stage, seconds in stages.items():
-        print(f"    {stage:<22} {us(seconds):7.2f}")
+    print(f"  {'stage':<26} {'wall µs':>8} {'cpu µs':>8} {'py calls':>9}")
+    for stage, row in table.items():
+        indent = "  " if stage in STAGES else ""
+        print(f"  {indent + stage:<26} {row['wall']:8.2f} {row['cpu']:8.2f} {row['calls']:9.1f}")
     write_result(
         "pipeline_replay",
         None,
@@ -219,11 +272,9 @@ def main() -> None:
             "exchanges": args.exchanges,
             "connections": args.connections,
             "reps": args.reps,
-            "us_per_exchange": {
-                "pipeline total": round(us(totals), 2),
-                "plugin share": round(us(plugin), 2),
-                **{stage: round(us(seconds), 2) for stage, seconds in stages.items()},
-            },
+            "us_per_exchange": {stage: row["wall"] for stage, row in table.items()},
+            "cpu_us_per_exchange": {stage: row["cpu"] for stage, row in table.items()},
+            "python_calls_per_exchange": {stage: row["calls"] for stage, row in table.items()},
         },
     )
 

@@ -282,7 +282,8 @@ def header_attributes(prefix: str, headers: Headers, allowed: Collection[str]) -
     return {prefix + name: tuple(found) for name, found in values.items()}
 
 
-@dataclass(frozen=True, slots=True)
+# made for every exchange: a plain dataclass with slots, cheaper to make than a frozen one; a value
+@dataclass(slots=True)
 class HttpTransaction:
     """One request and what was seen of its response, independent of the HTTP version.
 

@@ -79,6 +79,8 @@ class Connection:
     retransmissions: int = 0
     retransmission_marks: list[tuple[int, int]] = field(default_factory=list)
     retransmitted_before: int = 0
+    # info() as last made, with what it was made of: made again only when that changed
+    _info: tuple[tuple, ConnectionInfo] | None = field(default=None, repr=False, compare=False)
 
     def claimed(self) -> Claim:
         """What ``ConnectionTracker._claim`` set, all together; only for a claimed connection."""
@@ -109,8 +111,16 @@ class Connection:
         return count_at(end_ns) - count_at(start_ns)
 
     def info(self) -> ConnectionInfo:
+        """What the exchanges of this connection are told about it: one object for as long as it
+        holds (a UDP socket's peer changes with its datagrams), since they treat it as a value."""
+        made = (self.role, self.local, self.peer, self.transport, self.tls, self.isns)
+        cached = self._info
+        if cached is not None and cached[0] == made:
+            return cached[1]
         scheme = "https" if self.tls else "http"
-        return ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme, self.isns)
+        info = ConnectionInfo(self.role or Role.SERVER, self.local, self.peer, self.transport, scheme, self.isns)
+        self._info = (made, info)
+        return info
 
     def start_tls(self) -> None:
         """Plaintext from the SSL probes from now on: what the ciphertext before it looked like
@@ -172,11 +182,12 @@ class ConnectionTracker:
             conn.isns = (event.client_isn, event.server_isn)
 
     def data(self, event: ConnData) -> list[Outcome]:
-        conn = self._table.get(event.key)
+        key = event.key  # a property that builds the tuple
+        conn = self._table.get(key)
         if conn is None:
-            conn = self._insert(event.key)  # its open event was lost or predates a restart
+            conn = self._insert(key)  # its open event was lost or predates a restart
         else:
-            self._table.move_to_end(event.key)
+            self._table.move_to_end(key)
             if event.after_loss:
                 self._drop_partial(conn)
         not_captured = event.length - len(event.data)
@@ -289,22 +300,23 @@ class ConnectionTracker:
         return done
 
     def _feed(self, conn: Connection, event: ConnData) -> list[Outcome]:
-        session = conn.claimed().session
-        done = self._stitch(conn, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
+        claim = conn.claimed()  # once per event: the calls below use what it holds
+        session, stitcher = claim.session, claim.stitcher
+        done = self._stitch(conn, stitcher, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
         gap = event.length - len(event.data)
         if gap > 0:
-            done += self._stitch(conn, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
-        self._account(conn)
+            done += self._stitch(conn, stitcher, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
+        self._account(conn, claim)
         return done
 
     @staticmethod
-    def _stitch(conn: Connection, outputs: Iterable[SessionOutput], tid: int) -> list[Outcome]:
+    def _stitch(conn: Connection, stitcher: Stitcher, outputs: Iterable[SessionOutput], tid: int) -> list[Outcome]:
         done: list[Outcome] = []
         for output in outputs:
             if isinstance(output, RequestStart):
                 done.append((conn, output, tid))
             else:
-                done += [(conn, exchange, tid) for exchange in conn.claimed().stitcher.add(output)]
+                done += [(conn, exchange, tid) for exchange in stitcher.add(output)]
         return done
 
     def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Outcome]:
@@ -315,12 +327,12 @@ class ConnectionTracker:
             return []
         claim = conn.claimed()
         try:
-            done = self._stitch(conn, claim.session.close(timestamp_ns), 0) if closed else []
+            done = self._stitch(conn, claim.stitcher, claim.session.close(timestamp_ns), 0) if closed else []
             done += [(conn, exchange, 0) for exchange in claim.stitcher.flush(timestamp_ns)]
         except Exception as exc:  # noqa: BLE001 -- as in data()
             self._give_up(conn, exc)
             return []
-        self._account(conn)
+        self._account(conn, claim)
         return done
 
     def _give_up(self, conn: Connection, exc: Exception) -> None:
@@ -358,11 +370,14 @@ class ConnectionTracker:
         conn.stitcher = protocol.new_stitcher(role)
         conn.reported_errors = conn.reported_unmatched = conn.reported_partial = 0
 
-    def _account(self, conn: Connection) -> None:
-        """Report growth of the session's and stitcher's own error counters."""
-        if conn.session is None:
-            return
-        protocol, _, session, stitcher = conn.claimed()
+    def _account(self, conn: Connection, claim: Claim | None = None) -> None:
+        """Report growth of the session's and stitcher's own error counters; ``claim``: the
+        connection's, when the caller holds it."""
+        if claim is None:
+            if conn.session is None:
+                return
+            claim = conn.claimed()
+        protocol, _, session, stitcher = claim
         drops = protocol.drops()
         if drops:
             self._account_protocol(protocol.name, drops)

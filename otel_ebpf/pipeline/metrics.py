@@ -11,7 +11,7 @@ the SDK uses (``otel.metric.overflow=true``).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
@@ -82,17 +82,35 @@ class ProcessMetrics:
         self.overflowed = 0
 
     def record(self, scope: InstrumentationScope, point: MetricPoint, now_ns: int) -> None:
-        spec = self._specs[point.instrument]
-        series = self._series_of(scope, spec, point.attributes, now_ns)
-        value = point.value
-        series.value += value
-        series.count += 1
-        if series.buckets:
-            series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
-            if value < series.minimum:
-                series.minimum = value
-            if value > series.maximum:
-                series.maximum = value
+        self.record_all(scope, (point,), now_ns)
+
+    def record_all(
+        self, scope: InstrumentationScope, points: Iterable[MetricPoint], now_ns: int, skip: Container[str] = ()
+    ) -> None:
+        """Record ``points`` (an exchange's), except those of the instruments in ``skip``.
+
+        An exchange's points share one attributes mapping: its series key (the sorted items) is
+        built once for all of them, not once per instrument.
+        """
+        attributes: Mapping[str, AttributeValue] | None = None
+        key: tuple = ()
+        for point in points:
+            if point.instrument in skip:
+                continue
+            if point.attributes is not attributes:
+                attributes = point.attributes
+                key = tuple(sorted(attributes.items()))
+            spec = self._specs[point.instrument]
+            series = self._series_at(scope, spec, key, now_ns)
+            value = point.value
+            series.value += value
+            series.count += 1
+            if series.buckets:
+                series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
+                if value < series.minimum:
+                    series.minimum = value
+                if value > series.maximum:
+                    series.maximum = value
 
     def observe(
         self,
@@ -131,8 +149,11 @@ class ProcessMetrics:
     def _series_of(
         self, scope: InstrumentationScope, spec: InstrumentSpec, attributes: Mapping[str, AttributeValue], now_ns: int
     ) -> _Series:
+        return self._series_at(scope, spec, tuple(sorted(attributes.items())), now_ns)
+
+    def _series_at(self, scope: InstrumentationScope, spec: InstrumentSpec, key: tuple, now_ns: int) -> _Series:
+        """The series of ``key`` (sorted attribute items), made if new (or the overflow series)."""
         by_attributes = self._series.setdefault((scope, spec.name), {})
-        key = tuple(sorted(attributes.items()))
         series = by_attributes.get(key)
         if series is None:
             if self._count >= self._max_series:

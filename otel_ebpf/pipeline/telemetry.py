@@ -226,10 +226,9 @@ class Telemetry:
                     instrumentation_scope=scope,
                 )
             )
-        kernel_counted = self._kernel_counted.get(protocol, ())
-        for point in exchange.metric_points(conn):
-            if point.instrument not in kernel_counted:
-                process.record(scope, point, description.end_ns)
+        process.record_all(
+            scope, exchange.metric_points(conn), description.end_ns, self._kernel_counted.get(protocol, ())
+        )
 
     def http_counts(self, counts: HttpRequestCounts) -> None:
         """HTTP/1 requests the kernel counted (bpf/http1_summary.h), into their process's histograms."""
@@ -300,8 +299,7 @@ class Telemetry:
         """Record the metric points of an exchange that stands for no span (control traffic)."""
         process = self._process(pid)
         scope = self._scopes[protocol]
-        for point in exchange.metric_points(conn):
-            process.record(scope, point, timestamp_ns)
+        process.record_all(scope, exchange.metric_points(conn), timestamp_ns)
 
     def take_spans(self) -> list[ReadableSpan]:
         spans, self._pending_spans = self._pending_spans, []

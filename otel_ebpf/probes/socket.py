@@ -548,8 +548,9 @@ class SocketProbe:
         return {reason: sum(table[ctypes.c_int(len(STAT_NAMES) + i)]) for i, reason in enumerate(SHED_REASONS)}
 
     def _on_record(self, data: mmap.mmap | bytes, offset: int, size: int) -> None:
-        raw = data[offset : offset + size]
-        ts, kind, tgid, tid, fd, generation, flags = _HEADER.unpack_from(raw)
+        # Decoded where it lies in the ring: only a payload is copied out, once, as the bytes its
+        # event keeps. ``size`` is the record's whole length, which the decoding does not need.
+        ts, kind, tgid, tid, fd, generation, flags = _HEADER.unpack_from(data, offset)
         if (tgid, fd, generation) in self._filtered_out:
             if kind == EV_CLOSE:
                 self._filtered_out.pop((tgid, fd, generation), None)
@@ -557,13 +558,14 @@ class SocketProbe:
         ts += self.clock_offset_ns
         if ts > self.latest_event_ns:
             self.latest_event_ns = ts
+        body = offset + _HEADER.size
         if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE, EV_TRACE):
-            comm = _OPEN.unpack_from(raw, _HEADER.size)[-3] if kind == EV_OPEN else b""
+            comm = _OPEN.unpack_from(data, body)[-3] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
-            direction, length, captured, data_flags = _DATA.unpack_from(raw, _HEADER.size)
-            (retransmissions,) = _RETRANSMISSIONS.unpack_from(raw, _HEADER.size + _DATA.size)
-            start = _HEADER.size + _DATA.size + _RETRANSMISSIONS.size
+            direction, length, captured, data_flags = _DATA.unpack_from(data, body)
+            (retransmissions,) = _RETRANSMISSIONS.unpack_from(data, body + _DATA.size)
+            start = body + _DATA.size + _RETRANSMISSIONS.size
             self._events.append(
                 ConnData(
                     ts,
@@ -573,21 +575,21 @@ class SocketProbe:
                     generation,
                     Direction(direction),
                     length,
-                    raw[start : start + captured],
+                    data[start : start + captured],
                     bool(data_flags & DATA_TLS),
                     after_loss=bool(flags & HDR_AFTER_LOSS),
                     retransmissions=retransmissions,
                 )
             )
         elif kind == EV_TRACE:
-            trace_hi, trace_lo, span, _, sampled = _TRACE.unpack_from(raw, _HEADER.size)
+            trace_hi, trace_lo, span, _, sampled = _TRACE.unpack_from(data, body)
             self._events.append(
                 KernelTrace(ts - 1, tgid, fd, generation, ts, trace_hi << 64 | trace_lo, span, bool(sampled))
             )
         elif kind == EV_DGRAM:
-            direction, length, captured, _ = _DATA.unpack_from(raw, _HEADER.size)
-            family, port, addr = _DGRAM_PEER.unpack_from(raw, _HEADER.size + _DATA.size)
-            start = _HEADER.size + _DATA.size + _DGRAM_PEER.size
+            direction, length, captured, _ = _DATA.unpack_from(data, body)
+            family, port, addr = _DGRAM_PEER.unpack_from(data, body + _DATA.size)
+            start = body + _DATA.size + _DGRAM_PEER.size
             self._events.append(
                 ConnData(
                     ts,
@@ -597,13 +599,13 @@ class SocketProbe:
                     generation,
                     Direction(direction),
                     length,
-                    raw[start : start + captured],
+                    data[start : start + captured],
                     False,
                     endpoint(family, addr, port) if family in (2, 10) else None,
                 )
             )
         elif kind == EV_OPEN:
-            self._conn_open(raw, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
+            self._conn_open(data, body, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
         elif kind == EV_CLOSE:
             self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
         elif kind == EV_EXEC:
@@ -611,8 +613,9 @@ class SocketProbe:
         elif kind == EV_EXIT:
             self._on_exit(ts, tgid)
 
-    def _conn_open(self, raw: bytes, ts: int, tgid: int, fd: int, generation: int) -> None:
-        fields = _OPEN.unpack_from(raw, _HEADER.size)
+    def _conn_open(self, data: mmap.mmap | bytes, body: int, ts: int, tgid: int, fd: int, generation: int) -> None:
+        """The open record whose fields start at ``body`` in ``data``."""
+        fields = _OPEN.unpack_from(data, body)
         role_code, family, lport, rport, protocol, laddr, raddr, _, client_isn, server_isn = fields
         udp = protocol == IPPROTO_UDP
         # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard

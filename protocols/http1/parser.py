@@ -265,12 +265,17 @@ class _Parser(ABC):
                 return []
             self._marks = [(self._base, timestamp_ns)]
             buf: bytes | bytearray = data
+            out: list[SessionOutput] = []
+            # The common case: a syscall that starts with a whole message head.
+            pos = self._whole_head(data, timestamp_ns, out) if self._state == _HEAD and not self._line else 0
         else:
             self._marks.append((self._base + len(self._buf), timestamp_ns))
             self._buf += data
             buf = self._buf
-        out: list[SessionOutput] = []
-        pos = self._run(buf, timestamp_ns, out)
+            out = []
+            pos = 0
+        if pos < len(buf):  # no whole head, or bytes after it (a body, the next message)
+            pos = self._run(buf, timestamp_ns, out, pos)
         if self._state == _OPAQUE:
             self.stop()
             return out
@@ -344,9 +349,9 @@ class _Parser(ABC):
 
     # -- the state machine --------------------------------------------------------------------
 
-    def _run(self, buf: bytes | bytearray, ts: int, out: list[SessionOutput]) -> int:
-        """Consume ``buf`` as far as possible; return how many bytes were consumed."""
-        pos, end = 0, len(buf)
+    def _run(self, buf: bytes | bytearray, ts: int, out: list[SessionOutput], pos: int = 0) -> int:
+        """Consume ``buf`` from ``pos`` as far as possible; return how many bytes were consumed."""
+        end = len(buf)
         while pos < end:
             state = self._state
             if state in (_LENGTH, _CHUNK_DATA):
@@ -411,6 +416,31 @@ class _Parser(ABC):
         self._state = _SYNC
         return pos + 1
 
+    def _whole_head(self, data: bytes, ts: int, out: list[SessionOutput]) -> int:
+        """The head at the start of a new feed ``data``, parsed in one go when ``data`` holds all
+        of it: where it ends, or 0 when it is not all there or not valid, for :meth:`_head` to
+        take it line by line (and count what is wrong with it).
+
+        What :meth:`_head` does at a message boundary with nothing buffered, minus what that case
+        never needs: leading blank lines, a start line parsed by an earlier feed, the timestamp
+        of a byte that another feed carried.
+        """
+        eol = data.find(b"\n", 0, MAX_LINE)
+        if eol <= 0:
+            return 0
+        found = _HEAD_END.search(data, eol)
+        if found is None:
+            return 0
+        line = self._parse_start_line(data[: eol + 1])
+        if line is None:
+            return 0
+        section = _parse_section(data[eol + 1 : found.start() + 1])
+        if section is None:
+            return 0
+        self._line = line
+        self._start_ns = ts
+        return self._head_done(section, ts, out, found.end())
+
     def _head(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         end = len(buf)
         if buf[pos] in b"\r\n":  # blank lines before a message are skipped (RFC 9112 section 2.2)
@@ -443,6 +473,11 @@ class _Parser(ABC):
         section = _parse_section(bytes(buf[eol + 1 : found.start() + 1]))
         if section is None:
             return self._resync(eol)
+        return self._head_done(section, ts, out, found.end())
+
+    def _head_done(self, section: _Section, ts: int, out: list[SessionOutput], head_end: int) -> int:
+        """The head ending at ``head_end`` (past its blank line) parsed to ``section``: set up
+        for its body, or emit it; return where parsing resumes."""
         self._headers, chunked, length = section
         self._head_ns = ts
         self._head_parsed(out)
@@ -463,8 +498,8 @@ class _Parser(ABC):
             self._state = _UNTIL_CLOSE
         else:
             self._emit(ts, out, None, MALFORMED)
-            return self._resync(found.end() - 1)
-        return found.end()
+            return self._resync(head_end - 1)
+        return head_end
 
     def _chunk_size(self, buf: bytes | bytearray, pos: int, ts: int, out: list[SessionOutput]) -> int:
         eol = buf.find(b"\n", pos, pos + MAX_LINE)

@@ -31,7 +31,9 @@ from ..http_semconv import (
 MALFORMED = "malformed"  # framing the parser could not follow
 
 
-@dataclass(frozen=True, slots=True)
+# Request, Response and HTTP1Exchange are made for every message and exchange: plain dataclasses
+# with slots (a frozen one sets each field through object.__setattr__). Treat them as values.
+@dataclass(slots=True)
 class Request(Message):
     """A request head and the size of its body.
 
@@ -53,7 +55,7 @@ class Request(Message):
     genai: GenAIRequest | None = None  # the request as an LLM call (see ..genai)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response(Message):
     """A final response (interim 1xx responses never become messages); fields as for Request."""
 
@@ -69,7 +71,7 @@ class Response(Message):
     genai: GenAIResponse | None = None  # what the response said, when its request is an LLM call
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HTTP1Exchange(Exchange):
     """A request and its response, or a request the connection never answered (``response=None``).
 
@@ -87,12 +89,9 @@ class HTTP1Exchange(Exchange):
     _call: GenAICall | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # how a frozen dataclass sets a derived field
-        tx = self._to_transaction()
-        object.__setattr__(self, "_transaction", tx)
+        self._transaction = tx = self._to_transaction()
         request, response = self.request.genai, self.response.genai if self.response is not None else None
-        call = GenAICall(request, response, tx.start_ns, tx.end_ns) if request is not None else None
-        object.__setattr__(self, "_call", call)
+        self._call = GenAICall(request, response, tx.start_ns, tx.end_ns) if request is not None else None
 
     def transaction(self) -> HttpTransaction:
         return self._transaction
