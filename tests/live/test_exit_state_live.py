@@ -140,7 +140,7 @@ def test_cpu_samples_of_a_process_that_exits_within_the_interval(tmp_path: Path)
                 env={**os.environ, "OTEL_EBPF_PROFILING_INTERVAL": "60", "OTEL_EBPF_GPU": "false"},
             )
             try:
-                _wait_for_file(ready, agent, timeout=60)
+                _wait_for_file(ready, agent)
                 program.stdin.write("go\n")
                 program.stdin.flush()
                 cpu_s = float(program.stdout.readline())

@@ -70,7 +70,7 @@ def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, env: dict[str, str
         text=True,
         env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
     )
-    _wait_for_file(ready, agent, timeout=60)
+    _wait_for_file(ready, agent)
     return agent
 
 

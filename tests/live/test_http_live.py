@@ -24,7 +24,9 @@ pytestmark = pytest.mark.bpf
 WORKLOAD = [sys.executable, str(Path(__file__).with_name("http_workload.py"))]
 
 
-def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> str:
+    """The first line ``proc`` writes to ``path`` (a port, a ready file). An agent's start-up compiles
+    its BPF programs: a minute or more on 2 busy cores with GPU and RDMA probes on, hence the default."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().strip():

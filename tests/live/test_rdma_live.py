@@ -58,7 +58,7 @@ def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, sysfs_root: Path) 
             "OTEL_EBPF_GPU": "false",
         },
     )
-    _wait_for_file(ready, agent, timeout=60)
+    _wait_for_file(ready, agent)
     return agent
 
 
