@@ -128,10 +128,66 @@ def kernel_cost(figures: Figures) -> list[str]:
     return _table(header, rows)
 
 
+def protocol_load(figures: Figures) -> list[str]:
+    header = [
+        "workload",
+        "offered",
+        "untraced",
+        "traced",
+        "ratio",
+        "spans / call",
+        "agent CPU / call",
+        "p50 untraced → traced",
+    ]
+    rows = [
+        [
+            load["workload"],
+            _offered(load["offered"]),
+            f"{load['untraced_rps']:,}/s",
+            f"{load['traced_rps']:,}/s",
+            f"{load['ratio']:.3f}",
+            f"{load['spans_per_call']:.4f}",
+            f"{load['agent_cpu_us_per_call']:,} µs",
+            "{:.2f} → {:.2f} ms".format(*load["p50_ms"]),
+        ]
+        for load in figures["loads"]
+    ]
+    return _table(header, rows)
+
+
+def fastapi_load(figures: Figures) -> list[str]:
+    header = [
+        "variant",
+        "requests/s",
+        "ratio to plain",
+        "p50 / p99",
+        "server CPU / request",
+        "server spans / request",
+        "agent CPU / request",
+        "agent RSS",
+    ]
+    rows = [
+        [
+            variant["variant"],
+            f"{variant['rps']:,}/s",
+            f"{variant['ratio_to_plain']:.3f}",
+            f"{variant['p50_ms']:.2f} / {variant['p99_ms']:.2f} ms",
+            f"{variant['server_cpu_us_per_request']:,} µs",
+            "" if variant["server_spans_per_request"] is None else f"{variant['server_spans_per_request']:.4f}",
+            f"{variant['agent_cpu_us_per_request']:,} µs" if "agent_cpu_us_per_request" in variant else "",
+            f"{variant['agent_rss_load_mb']:,} MB" if "agent_rss_load_mb" in variant else "",
+        ]
+        for variant in figures["variants"]
+    ]
+    return _table(header, rows)
+
+
 TABLES: dict[str, Callable[[Figures], list[str]]] = {
     "nginx_load": nginx_load,
     "http_load": http_load,
     "kernel_cost": kernel_cost,
+    "protocol_load": protocol_load,
+    "fastapi_load": fastapi_load,
 }
 
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
@@ -142,9 +198,12 @@ def _provenance(document: dict[str, Any]) -> str:
     command = re.sub(r"^\S*python3?(\.\d+)?\s", "python ", document["command"])
     revision = document.get("revision") or {}
     commit = (revision.get("commit") or "unknown")[:7] + (" with local changes" if revision.get("dirty") else "")
+    speed = (document.get("machine") or {}).get("reference_loop_cpu_s")
     return (
         f"<sub>`{command}` on {document['date'][:10]}, revision {commit} "
-        f"(`bench/results/{document['name']}.json`)</sub>"
+        f"(`bench/results/{document['name']}.json`)"
+        + (f"; machine speed: a 2M-step Python loop in {speed:.2f} s of CPU" if speed else "")
+        + "</sub>"
     )
 
 
