@@ -19,6 +19,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,8 +42,27 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+REFERENCE_LOOP_STEPS = 2_000_000
+
+
+def reference_loop_cpu_s() -> float:
+    """CPU seconds this machine takes, now, for a fixed pure-Python loop (best of 3): its speed, which
+    on a shared host varies from day to day by more than any change to the agent. Absolute figures
+    (µs per request) from two results files compare only when these do; ratios measured side by
+    side in one run do regardless."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        total = 0
+        for step in range(REFERENCE_LOOP_STEPS):
+            total += step
+        best = min(best, time.process_time() - start)
+    return round(best, 3)
+
+
 def machine() -> dict[str, Any]:
-    """What the figures depend on besides the code: CPUs (and how many this process may use), kernel."""
+    """What the figures depend on besides the code: CPUs (and how many this process may use),
+    kernel, and the CPU's speed at the end of the run."""
     memory_kb = next(
         (
             int(line.split()[1])
@@ -60,6 +80,7 @@ def machine() -> dict[str, Any]:
         "arch": os.uname().machine,
         "python": platform.python_version(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "reference_loop_cpu_s": reference_loop_cpu_s(),
     }
 
 
