@@ -182,12 +182,52 @@ def fastapi_load(figures: Figures) -> list[str]:
     return _table(header, rows)
 
 
+def pipeline_replay(figures: Figures) -> list[str]:
+    header = ["stage (HTTP/1.1 keep-alive, per exchange)", "CPU", "wall", "Python calls"]
+    cpu, wall, calls = (figures[key] for key in ("cpu_us_per_exchange", "us_per_exchange", "python_calls_per_exchange"))
+    rows = [
+        [
+            stage if stage in ("pipeline total", "plugin share") else f"– {stage}",
+            f"{cpu[stage]:.1f} µs",
+            f"{wall[stage]:.1f} µs",
+            f"{calls[stage]:.0f}",
+        ]
+        for stage in cpu
+    ]
+    return _table(header, rows)
+
+
+def trace_assembly(figures: Figures) -> list[str]:
+    header = ["measure (three-hop requests, 5 exchanges each)", "µs / exchange", "of the pipeline", "complete traces"]
+    rows = [
+        [
+            f"replayed: {m['measure']}",
+            f"{m['us_per_exchange']:.1f}",
+            f"{m['of_pipeline']:.1%}",
+            m["complete_traces"] or "",
+        ]
+        for m in figures["replayed"]["measures"]
+    ]
+    live = figures["live"]
+    rows.append(
+        [
+            f"live: agent on all three services (throughput ratio {live['ratio']:.3f})",
+            f"{live['agent_cpu_ms_per_1k_requests'] / 5:.1f} (agent CPU)",
+            "",
+            live["complete_traces"],
+        ]
+    )
+    return _table(header, rows)
+
+
 TABLES: dict[str, Callable[[Figures], list[str]]] = {
     "nginx_load": nginx_load,
     "http_load": http_load,
     "kernel_cost": kernel_cost,
     "protocol_load": protocol_load,
     "fastapi_load": fastapi_load,
+    "pipeline_replay": pipeline_replay,
+    "trace_assembly": trace_assembly,
 }
 
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
