@@ -73,9 +73,9 @@ def measure(rate: float | None, seconds: float) -> dict[str, Any]:
             probe.start()
             try:
                 with draining(probe):
-                    before = program_stats(probe._bpf)  # noqa: SLF001 — the bench reads BCC's programs
+                    before = program_stats(probe.bpf)
                     run = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
-                    after = program_stats(probe._bpf)  # noqa: SLF001
+                    after = program_stats(probe.bpf)
                 shed = sum(probe.shed_requests().values())
             finally:
                 probe.close()

@@ -83,7 +83,7 @@ class Stream:
 
 def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
     """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded."""
-    stats = program_stats(probe._bpf)  # noqa: SLF001 — the bench reads BCC's programs
+    stats = program_stats(probe.bpf)
     wanted = ("tcp__", "tcp_flow_")
     return {name.removeprefix("tcp__"): value for name, value in stats.items() if name.startswith(wanted)}
 

@@ -331,6 +331,11 @@ class SocketProbe:
         write_settings(bpf, {SET_READY: 1})
 
     @property
+    def bpf(self) -> Any:
+        """The loaded program (``bcc.BPF``), once started: what benchmarks read per-program runs from."""
+        return self._run.bpf
+
+    @property
     def _run(self) -> _Started:
         """What start() built (a call before it, or after close(), is a bug)."""
         if self._started is None:
