@@ -42,6 +42,16 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [_row(header), "|" + "---|" * len(header), *(_row(r) for r in rows)]
 
 
+def _side_by_side(load: Figures) -> list[str]:
+    """The cells every load table starts with: offered load, untraced and traced rates, ratio."""
+    return [
+        _offered(load["offered"]),
+        f"{load['untraced_rps']:,}/s",
+        f"{load['traced_rps']:,}/s",
+        f"{load['ratio']:.3f}",
+    ]
+
+
 def nginx_load(figures: Figures) -> list[str]:
     header = [
         "offered load",
@@ -58,10 +68,7 @@ def nginx_load(figures: Figures) -> list[str]:
     ]
     rows = [
         [
-            _offered(load["offered"]),
-            f"{load['untraced_rps']:,}/s",
-            f"{load['traced_rps']:,}/s",
-            f"{load['ratio']:.3f}",
+            *_side_by_side(load),
             f"{load['server_spans_per_request']:.3f}, {load['client_spans_per_request']:.3f}",
             f"{load['shed_per_request']:.3f}",
             f"{load['spans_plus_shed_per_request']:.4f}",
@@ -87,10 +94,7 @@ def http_load(figures: Figures) -> list[str]:
     ]
     rows = [
         [
-            _offered(load["offered"]),
-            f"{load['untraced_rps']:,}/s",
-            f"{load['traced_rps']:,}/s",
-            f"{load['ratio']:.3f}",
+            *_side_by_side(load),
             f"{load['server_spans_per_request']:.4f}",
             f"{load['agent_cpu_us_per_request']:,} µs",
             f"{load['agent_rss_steady_mb']:,} MB",
@@ -142,10 +146,7 @@ def protocol_load(figures: Figures) -> list[str]:
     rows = [
         [
             load["workload"],
-            _offered(load["offered"]),
-            f"{load['untraced_rps']:,}/s",
-            f"{load['traced_rps']:,}/s",
-            f"{load['ratio']:.3f}",
+            *_side_by_side(load),
             f"{load['spans_per_call']:.4f}",
             f"{load['agent_cpu_us_per_call']:,} µs",
             "{:.2f} → {:.2f} ms".format(*load["p50_ms"]),
