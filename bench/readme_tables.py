@@ -215,7 +215,7 @@ def trace_assembly(figures: Figures) -> list[str]:
             f"live: agent on all three services (throughput ratio {live['ratio']:.3f})",
             f"{live['agent_cpu_ms_per_1k_requests'] / 5:.1f} (agent CPU)",
             "",
-            live["complete_traces"],
+            f"{live['complete_traces']} ({live['spans_shed']:,} exchanges shed, counted)",
         ]
     )
     return _table(header, rows)

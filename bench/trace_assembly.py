@@ -51,7 +51,7 @@ from otel_ebpf.recording import read_recording
 from otel_ebpf.selfmetrics import SelfMetrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import AGENT, REPO, cpu_seconds, wait_for
+from harness import AGENT, REPO, cpu_seconds, load_metrics, self_counter, wait_for
 from results import write_result
 
 RECORDING = REPO / "tests" / "data" / "trace_chain_events.jsonl"
@@ -302,6 +302,7 @@ def live(args: argparse.Namespace) -> dict | None:
                     proc.terminate()
                     proc.wait(timeout=30)
         spans = load_file_spans(output)
+        shed = self_counter(load_metrics(output), "otel_ebpf.spans.shed")
     traces, per_request = complete_traces(span["trace_id"] for span in spans), cpu / args.requests
     print(
         f"\nLive: {args.requests} three-hop requests ({SPANS_PER_REQUEST} exchanges each), concurrency "
@@ -313,7 +314,10 @@ def live(args: argparse.Namespace) -> dict | None:
         f"{'with agent':<14} {traced_rps:7.0f} {traced_rps / untraced_rps:6.3f} {per_request * 1e6:22.0f} "
         f"{per_request / SPANS_PER_REQUEST * 1e6:8.1f} {f'{traces}/{args.requests}':>14}"
     )
-    print(f"(agent CPU {cpu:.2f} s in {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks; {len(spans)} spans written)")
+    print(
+        f"(agent CPU {cpu:.2f} s in {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms ticks; {len(spans)} spans written, "
+        f"{shed} exchanges shed)"
+    )
     return {
         "requests": args.requests,
         "concurrency": args.concurrency,
@@ -323,6 +327,7 @@ def live(args: argparse.Namespace) -> dict | None:
         "agent_cpu_ms_per_1k_requests": round(per_request * 1e6),
         "complete_traces": f"{traces}/{args.requests}",
         "spans": len(spans),
+        "spans_shed": shed,
     }
 
 
