@@ -3,20 +3,22 @@ loaded in this process, with and without it.
 
 A loopback TCP stream (a Python sender and receiver in a child process) runs for ``--duration``
 seconds per arm; ``--chunk`` bytes per ``send`` with TCP_NODELAY, so that small chunks make many
-segments (each segment received runs ``tcp:tcp_probe``). Arms, rotated each round:
+segments and reads. Arms, rotated each round:
 
 - ``off``: the socket probe without TCP health, tracing an idle ``sleep`` (not the stream);
 - ``untraced``: the same with TCP health: every tcp program exits at its first lookup;
 - ``traced-off``: the socket probe without TCP health, tracing the stream (``--pid``): its bytes
   copied to the ring buffer, which this benchmark reads and drops;
-- ``traced``: the same with TCP health: every segment counted.
+- ``traced``: the same with TCP health: retransmissions and resets counted, the RTT sampled at
+  the receiver's reads (``sock:sock_recv_length``, compare its ns per run with ``traced-off``).
 
 With ``--flows``, the arms are ``untraced`` and ``traced`` as above, each also with
 ``capture.tcp_flows`` (``flows-untraced``, ``flows-traced``: bpf/tcp_flows.c's cgroup programs
 on every packet of the node), and the result goes to ``tcp_flows_cost``.
 
 Reported: the stream's MB/s per arm (median over rounds, and each round's), and from ``kernel.bpf_stats_enabled``
-(switched on for the run, restored after) the tcp programs' runs per second and ns per run.
+(switched on for the run, restored after) the tcp programs' and ``sock_recv_length``'s runs per
+second and ns per run.
 
 Usage: ``python bench/tcp_health_cost.py [--duration S] [--rounds R] [--chunk BYTES] [--flows] [--quick]``
 (as root)
@@ -82,9 +84,10 @@ class Stream:
 
 
 def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
-    """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded."""
+    """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded, and of the read's
+    ``sock_recv_length``, where TCP health samples the RTT."""
     stats = program_stats(probe.bpf)
-    wanted = ("tcp__", "tcp_flow_")
+    wanted = ("tcp__", "tcp_flow_", "sock__sock_recv_length")
     return {name.removeprefix("tcp__"): value for name, value in stats.items() if name.startswith(wanted)}
 
 

@@ -90,9 +90,8 @@ BPF_ARRAY(red_zero, struct red_value, 1);
 static __always_inline void count(u32 slot, u64 n);
 static __always_inline u32 setting(u32 slot);
 
-// Bytes the programs put in the ring buffer ([0], added atomically) and bytes user space has
-// read ([1], written by it after each batch): their difference is the backlog.
-BPF_ARRAY(ring_positions, u64, 2);
+// Bytes in the ring buffer that user space has not read yet (socket_trace.c).
+static __always_inline u64 ring_backlog(void);
 
 // The bucket a duration falls in: boundaries are upper-inclusive, as in OTLP.
 static __always_inline u32 duration_bucket(u64 d) {
@@ -229,10 +228,7 @@ static __always_inline struct msg_start classify(const char *buf, u32 len) {
 
 // Whether the exchange starting now on an idle connection is shed, and why.
 static __always_inline u8 shed_decision(void) {
-    u32 produced_slot = 0, consumed_slot = 1;
-    u64 *produced = ring_positions.lookup(&produced_slot);
-    u64 *consumed = ring_positions.lookup(&consumed_slot);
-    if (produced && consumed && *produced - *consumed > setting(SET_SHED_BACKLOG))
+    if (ring_backlog() > setting(SET_SHED_BACKLOG))
         return SHED_BACKLOG;
     u32 keep = setting(SET_KEEP_1024);
     if (keep < 1024 && (bpf_get_prandom_u32() & 1023) >= keep)

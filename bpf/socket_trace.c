@@ -191,6 +191,9 @@ struct tuple {
 // Defined in tcp_health.c, appended to this program: which sockets traced processes own.
 static __always_inline void tcp_health_connecting(u64 sk, struct tuple *t);
 static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct tuple *t, u64 conn);
+#ifdef TCP_SRTT_US
+static __always_inline void tcp_health_read(u64 sk, u64 now);
+#endif
 #endif
 
 #ifdef INJECT
@@ -255,6 +258,17 @@ struct active_io {
 };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+// events again, put in [0] by user space at start: a map pointer bpf_ringbuf_query() accepts,
+// which BCC gives no other way (it rewrites only the ringbuf_* calls on the map itself).
+BPF_ARRAY_OF_MAPS(events_ref, "events", 1);
+
+// The ring's producer position less its consumer position, which user space advances after each
+// batch it reads: the kernel's own accounting, so submitting a record costs no shared counter.
+static __always_inline u64 ring_backlog(void) {
+    u32 zero = 0;
+    void *ring = events_ref.lookup(&zero);
+    return ring ? bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) : 0;
+}
 // The syscall in flight of each thread of the traced processes: written at every enter, read at
 // every exit, so its lookup is on every traced syscall's path twice.
 #if defined(FD_TRACKING) || defined(INJECT)
@@ -397,17 +411,12 @@ static __always_inline void fill_header(struct event_header *h, u32 type, u64 pi
     h->flags = 0;
 }
 
-// Every record goes through here: the bytes it takes (header and padding included, as the ring
-// counts them) are added to ring_positions[0], from which the backlog is known.
+// Every record goes through here: one that does not fit is counted.
 static __always_inline int submit(void *data, u32 size, u64 flags) {
     if (events.ringbuf_output(data, size, flags)) {
         count(STAT_RINGBUF_FULL, 1);
         return -1;
     }
-    u32 slot = 0;
-    u64 *produced = ring_positions.lookup(&slot);
-    if (produced)
-        __sync_fetch_and_add(produced, (size + 8 + 7) & ~7);
     return 0;
 }
 
@@ -697,10 +706,11 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
     enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction, m.name, IO_DATA);
 }
 
-// Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight.
-static __always_inline void on_sock_io(u16 family, u16 protocol, const void *sk) {
+// Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight. Returns
+// when the traced thread's syscall began, or 0 (not traced).
+static __always_inline u64 on_sock_io(u16 family, u16 protocol, const void *sk) {
     if (family != AF_INET && family != AF_INET6)
-        return;
+        return 0;
     u64 id = current_pid_tgid();
     if (id >> 32 == setting(SET_AGENT_TGID)) {
         u64 skaddr = (u64)sk;
@@ -711,13 +721,14 @@ static __always_inline void on_sock_io(u16 family, u16 protocol, const void *sk)
             u8 one = 1;
             agent_endpoints.update(&own, &one);
         }
-        return;
+        return 0;
     }
     struct active_io *io = current_io();
-    if (io) {
-        io->sk = (u64)sk;
-        io->udp = protocol == IPPROTO_UDP_;
-    }
+    if (!io)
+        return 0;
+    io->sk = (u64)sk;
+    io->udp = protocol == IPPROTO_UDP_;
+    return io->enter_ns;
 }
 
 #ifndef FD_TRACKING
@@ -727,7 +738,11 @@ TRACEPOINT_PROBE(sock, sock_send_length) {
 }
 
 TRACEPOINT_PROBE(sock, sock_recv_length) {
-    on_sock_io(args->family, args->protocol, args->sk);
+    u64 began = on_sock_io(args->family, args->protocol, args->sk);
+#if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
+    if (began && args->ret > 0 && args->protocol == IPPROTO_TCP_)
+        tcp_health_read((u64)args->sk, began);  // a traced process received data: its RTT now
+#endif
     return 0;
 }
 #endif

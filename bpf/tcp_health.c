@@ -112,9 +112,16 @@ static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct t
     tcp_own(sk, &key, conn);
 }
 
+// A new series' first value, never written: all zeros, kept off the callers' stacks (the
+// syscall exit's, which samples the RTT, is nearly full).
+BPF_ARRAY(tcp_series_zero, struct tcp_series, 1);
+
 static __always_inline struct tcp_series *tcp_series_for(struct tcp_owner *owner) {
-    struct tcp_series zero = {};
-    struct tcp_series *series = tcp_series.lookup_or_try_init(&owner->series, &zero);
+    u32 slot = 0;
+    struct tcp_series *zero = tcp_series_zero.lookup(&slot);
+    if (!zero)
+        return 0;
+    struct tcp_series *series = tcp_series.lookup_or_try_init(&owner->series, zero);
     if (!series)
         tcp_count(TCP_STAT_SERIES_FULL);
     return series;
@@ -173,13 +180,7 @@ static __always_inline u32 rtt_bucket(u32 us) {
     return b;
 }
 
-// tcp_probe fires for each segment a socket in ESTABLISHED receives (tcp_rcv_established): the
-// histogram holds the smoothed RTT as it stood at each, 0 (no sample yet) left out.
-TRACEPOINT_PROBE(tcp, tcp_probe) {
-    struct tcp_series *s = tcp_series_of(args->skaddr);
-    u32 srtt = args->srtt;  // microseconds (the kernel's srtt_us >> 3)
-    if (!s || !srtt)
-        return 0;
+static __always_inline void rtt_add(struct tcp_series *s, u32 srtt) {
     s->rtt_count += 1;
     s->rtt_sum_us += srtt;
     if (!s->rtt_min_us || srtt < s->rtt_min_us)
@@ -189,8 +190,58 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     u32 b = rtt_bucket(srtt);
     if (b < TCP_RTT_NBUCKETS)
         s->rtt_buckets[b] += 1;
+}
+
+#ifdef TCP_SRTT_US
+// The smoothed RTT as it stands when a traced process reads data from its socket (sock_recv_length
+// in socket_trace.c), at most once per RTT_SAMPLE_NS per socket; 0 (no sample yet) left out. Not
+// at tcp:tcp_probe: that tracepoint fires for every segment any socket of the node receives,
+// traced or not, and the kernel fills its record each time (200-700 ns per run with the program,
+// bench/kernel_cost.py). TCP_SRTT_US: tcp_sock.srtt_us's offset in the running kernel (its BTF),
+// which holds the RTT in microseconds << 3.
+//
+// When each socket was last sampled is kept per CPU in a small table indexed by a hash of its
+// address: an array slot costs a few ns where a hash lookup costs ~100, and most reads stop there.
+// Two sockets in one slot only sample more often.
+#define RTT_SAMPLE_NS 100000000ULL
+#define RTT_SLOTS 256
+
+struct rtt_sampled {
+    u64 sk;
+    u64 ts;
+};
+
+BPF_PERCPU_ARRAY(rtt_sampled, struct rtt_sampled, RTT_SLOTS);
+
+// now: when the read began (its enter program's clock reading, so this one needs none).
+static __always_inline void tcp_health_read(u64 sk, u64 now) {
+    u32 slot = (sk * 0x9E3779B97F4A7C15ULL) >> 56;  // Fibonacci hashing: the top 8 bits
+    struct rtt_sampled *last = rtt_sampled.lookup(&slot);
+    if (!last || (last->sk == sk && now - last->ts < RTT_SAMPLE_NS))
+        return;
+    // Not owned (yet: a server's socket is learnt at the exit of its first read) or no RTT
+    // measured yet: the next read tries again.
+    struct tcp_owner *owner = tcp_owners.lookup(&sk);
+    u32 srtt = 0;
+    if (!owner || bpf_probe_read_kernel(&srtt, 4, (void *)sk + TCP_SRTT_US) || !(srtt >>= 3))
+        return;
+    last->sk = sk;
+    last->ts = now;
+    struct tcp_series *s = tcp_series_for(owner);
+    if (s)
+        rtt_add(s, srtt);
+}
+#else
+// Kernels whose reads name no socket (FD_TRACKING) or without BTF: the RTT as it stood at each
+// segment a traced socket received.
+TRACEPOINT_PROBE(tcp, tcp_probe) {
+    struct tcp_series *s = tcp_series_of(args->skaddr);
+    u32 srtt = args->srtt;  // microseconds (the kernel's srtt_us >> 3)
+    if (s && srtt)
+        rtt_add(s, srtt);
     return 0;
 }
+#endif
 
 #ifdef TCP_DROPS
 // Packets of traced sockets the kernel dropped, by the kernel's own reason (enum skb_drop_reason,

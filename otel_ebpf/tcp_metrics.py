@@ -28,7 +28,7 @@ INSTRUMENTS = (
         RTT,
         InstrumentKind.HISTOGRAM,
         "s",
-        "Smoothed TCP round-trip time, as it stood at each segment received",
+        "Smoothed TCP round-trip time, sampled when the process reads (at most every 100 ms per socket)",
         RTT_BOUNDARIES_S,
     ),
     InstrumentSpec(DROPS, InstrumentKind.COUNTER, "{packet}", "Packets the kernel dropped, by its drop reason"),

@@ -13,7 +13,14 @@ import pytest
 from otel_ebpf.pipeline.events import ProcessInfo, TcpFlow, TcpHealthCounts
 from otel_ebpf.pipeline.metrics import DELTA_KINDS
 from otel_ebpf.pipeline.telemetry import Telemetry
-from otel_ebpf.probes.tcp_health import KFREE_SKB, TRACEPOINTS, TcpHealthReader, drop_reasons, missing_tracepoints
+from otel_ebpf.probes.tcp_health import (
+    KFREE_SKB,
+    RTT_TRACEPOINT,
+    TRACEPOINTS,
+    TcpHealthReader,
+    drop_reasons,
+    missing_tracepoints,
+)
 from otel_ebpf.protocol import Role
 from otel_ebpf.recording import decode_event, encode_event
 from otel_ebpf.selfmetrics import SelfMetrics
@@ -350,15 +357,17 @@ def test_the_kernel_structs_have_what_the_reader_reads() -> None:
 
 
 def test_a_kernel_without_the_tracepoints_or_their_socket_is_named(tmp_path: Path) -> None:
-    for name in TRACEPOINTS:
+    for name in (*TRACEPOINTS, RTT_TRACEPOINT):
         (tmp_path / name).mkdir()
         (tmp_path / name / "format").write_text("\tfield:const void * skaddr;\toffset:16;\tsize:8;\tsigned:0;\n")
-    assert missing_tracepoints(tmp_path) == []
+    assert missing_tracepoints(True, tmp_path) == []
     (tmp_path / "tcp_probe" / "format").write_text("\tfield:__u32 srtt;\toffset:100;\tsize:4;\tsigned:0;\n")
     (tmp_path / "tcp_destroy_sock" / "format").unlink()
-    assert missing_tracepoints(tmp_path) == ["tcp_probe.skaddr", "tcp_destroy_sock"]
+    assert missing_tracepoints(True, tmp_path) == ["tcp_destroy_sock", "tcp_probe.skaddr"]
+    # sampled at reads, the RTT needs no tcp_probe
+    assert missing_tracepoints(False, tmp_path) == ["tcp_destroy_sock"]
 
 
 @pytest.mark.bpf  # tracefs is root's
 def test_this_kernel_has_them() -> None:
-    assert missing_tracepoints() == []
+    assert missing_tracepoints(True) == []

@@ -189,7 +189,7 @@ class TcpFlow(NamedTuple):
 class TcpHealthCounts:
     """What the kernel counted for one series of a process's TCP connections (its role, the peer's
     address, the server port) since its previous report (bpf/tcp_health.c): retransmitted
-    segments, resets each way, the smoothed RTT as it stood at each segment received, in buckets of
+    segments, resets each way, the smoothed RTT sampled at the process's reads, in buckets of
     ``otel_ebpf.tcp.rtt`` (:data:`otel_ebpf.tcp_metrics.RTT_BOUNDARIES_S`, then +Inf), packets
     the kernel dropped, by its reason, and with ``capture.tcp_flows`` the bytes and packets moved,
     by cgroup."""

@@ -132,15 +132,20 @@ class _Opening:
     isns: tuple[int, int] | None = None  # (client, server): the TCP handshake's sequence numbers
 
 
-def _handshake_offsets() -> list[str]:
-    """Where ``tcp_sock`` keeps the sequence numbers the ISNs are read from, as ``-D`` flags; none
-    (no ISNs, said once) when the kernel has no BTF."""
+def _tcp_sock_offsets(rtt_at_reads: bool) -> list[str]:
+    """Where ``tcp_sock`` keeps what the programs read, as ``-D`` flags: the sequence numbers the
+    ISNs are read from and, with ``rtt_at_reads``, the smoothed RTT that TCP health samples when
+    a traced process reads (bpf/tcp_health.c). None when the kernel has no BTF: no ISNs (said
+    once), and the RTT is sampled at each segment received instead."""
     try:
-        btf = Btf.from_file()
-        return [
+        btf = Btf.from_file()  # a second each: read once for all
+        flags = [
             f"-DTCP_SND_UNA={btf.offset('tcp_sock', 'snd_una')}",
             f"-DTCP_RCV_NXT={btf.offset('tcp_sock', 'rcv_nxt')}",
         ]
+        if rtt_at_reads:
+            flags.append(f"-DTCP_SRTT_US={btf.offset('tcp_sock', 'srtt_us')}")
+        return flags
     except BtfError as exc:
         log.info("TCP initial sequence numbers not read (connections cannot be joined across nodes): %s", exc)
         return []
@@ -280,7 +285,8 @@ class SocketProbe:
                 "TCP_FLOWS": self._cgroup_mount is not None,
                 "INJECT": self.inject_traceparent,
             },
-            cflags=[*_handshake_offsets(), *drop_flags],
+            # reads name their socket (sock_recv_length) unless tracking fds: RTT sampled there
+            cflags=[*_tcp_sock_offsets(self.tcp_health and self.socket_mode != "fd-tracking"), *drop_flags],
             settings={
                 SET_AGENT_TGID: os.getpid(),
                 SET_FILTER_PIDS: filtering,
@@ -291,6 +297,8 @@ class SocketProbe:
             targets=targets,
         )
         try:  # until _started holds it, close() cannot free the program
+            # what the kernel measures the ring's backlog with, to shed before it overflows
+            bpf["events_ref"][ctypes.c_int(0)] = ctypes.c_int(bpf["events"].map_fd)
             injection = Injection(bpf) if self.inject_traceparent else None
             if self.targets.ports:
                 ports = bpf["ports"]
@@ -378,9 +386,8 @@ class SocketProbe:
             return None, None, []
         return bpf["tcp_flows"], CgroupPaths(self._cgroup_mount).path, fds
 
-    @staticmethod
-    def _tcp_health_supported() -> bool:
-        missing = tcp_health.missing_tracepoints()
+    def _tcp_health_supported(self) -> bool:
+        missing = tcp_health.missing_tracepoints(rtt_per_segment=self.socket_mode == "fd-tracking")
         if missing:
             log.warning("TCP health is off: this kernel lacks the tracepoints %s", ", ".join(missing))
         return not missing
@@ -482,7 +489,6 @@ class SocketProbe:
         data = ring.data
         for offset, size in ring.records(max_records):
             self._on_record(data, offset, size)
-        started.bpf["ring_positions"][ctypes.c_int(1)] = ctypes.c_uint64(ring.consumed)
         pending, self._events = self._events, []
         # placeholders are there only while openings wait to be resolved
         events = self._resolve_openings(pending) if self._unresolved else cast("list[Event]", pending)

@@ -28,7 +28,9 @@ from .cgroup_link import CGROUP_INET_EGRESS, CGROUP_INET_INGRESS, link_cgroup
 TCP_EVENTS = Path("/sys/kernel/tracing/events/tcp")
 KFREE_SKB = Path("/sys/kernel/tracing/events/skb/kfree_skb/format")
 # bpf/tcp_health.c's tracepoints; each must name the socket (skaddr)
-TRACEPOINTS = ("tcp_retransmit_skb", "tcp_send_reset", "tcp_receive_reset", "tcp_probe", "tcp_destroy_sock")
+TRACEPOINTS = ("tcp_retransmit_skb", "tcp_send_reset", "tcp_receive_reset", "tcp_destroy_sock")
+# where the RTT is sampled at each segment received: reads that name no socket (fd tracking)
+RTT_TRACEPOINT = "tcp_probe"
 MAX_TCP_SERIES = 4096  # (process, role, peer, server port) series the kernel aggregates
 # tcp_stats[] slots: kernel.drops reasons
 STAT_NAMES = ("tcp_series_full", "tcp_owners_full", "tcp_drops_full", "tcp_flows_full")
@@ -44,11 +46,12 @@ RTT_BUCKETS = len(RTT_BOUNDARIES_S) + 1
 _Totals = tuple[int, ...]
 
 
-def missing_tracepoints(events: Path = TCP_EVENTS) -> list[str]:
+def missing_tracepoints(rtt_per_segment: bool, events: Path = TCP_EVENTS) -> list[str]:
     """What this kernel lacks of the tracepoints TCP health attaches to (``name``, or
-    ``name.skaddr`` where the tracepoint does not name the socket): none, or it runs without."""
+    ``name.skaddr`` where the tracepoint does not name the socket): none, or it runs without.
+    ``rtt_per_segment``: the RTT is sampled at each segment received (:data:`RTT_TRACEPOINT`)."""
     missing = []
-    for name in TRACEPOINTS:
+    for name in (*TRACEPOINTS, *([RTT_TRACEPOINT] if rtt_per_segment else [])):
         try:
             fields = (events / name / "format").read_text()
         except OSError:

@@ -18,6 +18,10 @@ import time
 
 import pytest
 
+from otel_ebpf.config import CaptureConfig, load_config
+from otel_ebpf.containers import ContainerResolver
+from otel_ebpf.pipeline.events import ConnData
+from otel_ebpf.protocol import Direction
 from tests.conftest import REPO
 from tests.live.file_agent import start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
@@ -26,6 +30,18 @@ pytestmark = pytest.mark.bpf
 
 CONNECTIONS = 4
 REQUESTS_PER_CONNECTION = 2500
+
+
+# one keep-alive connection's requests, in a process of its own; prints each status
+CLIENT = f"""
+import http.client, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+for i in range({REQUESTS_PER_CONNECTION}):
+    conn.request("GET", f"/users/{{i}}")
+    response = conn.getresponse()
+    response.read()
+    print(response.status)
+"""
 
 
 def _client(port: int, statuses: list[int]) -> None:
@@ -38,14 +54,18 @@ def _client(port: int, statuses: list[int]) -> None:
     conn.close()
 
 
-@pytest.fixture(scope="module")
-def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("overload")
+def _http_service() -> tuple[subprocess.Popen, int]:
     server = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "http_service.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
     )
+    return server, int(server.stdout.readline().rsplit(":", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def overload(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("overload")
+    server, port = _http_service()
     try:
-        port = int(server.stdout.readline().rsplit(":", 1)[1])
         agent = start_file_agent(
             tmp, server.pid, "capture:\n  ring_buffer_kb: 64\n  cpu_budget: 0.02\nexport:\n  metric_interval_s: 1\n"
         )
@@ -98,3 +118,38 @@ def test_duration_histogram_counts_every_request(overload: dict) -> None:
 
 def test_the_agent_stops_within_seconds(overload: dict) -> None:
     assert overload["exit_s"] < 5.0
+
+
+def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills() -> None:
+    """Nothing reads the ring while a client makes its requests: once more than half of it waits
+    to be read (the ring's own positions, bpf_ringbuf_query), the kernel copies no new exchange.
+    So the ring never overflows, and every request is either copied whole or counted as shed."""
+    from otel_ebpf.probes.socket import SocketProbe  # loads bcc: only when the test runs
+
+    server, port = _http_service()
+    try:
+        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": 64})
+        probe = SocketProbe(capture, load_config({"pid": [server.pid]}, {}).targets, ContainerResolver("/"))
+        probe.start()
+        try:
+            # another process: the probe's own connections are never traced (they would be its exports)
+            client = subprocess.run(
+                [sys.executable, "-c", CLIENT, str(port)], capture_output=True, text=True, timeout=300, check=True
+            )
+            shed, lost = probe.shed_requests(), probe.kernel_stats()["ringbuf_full"]
+            events = []
+            while batch := probe.poll(0):
+                events += batch
+        finally:
+            probe.close()
+    finally:
+        server.kill()
+        server.wait()
+    assert client.stdout.split() == ["200"] * REQUESTS_PER_CONNECTION
+    copied = [
+        e for e in events if isinstance(e, ConnData) and e.direction is Direction.INGRESS and e.data.startswith(b"GET ")
+    ]
+    assert shed["backlog"] > 0, "the ring never filled: the test proves nothing"
+    assert lost == 0
+    assert shed["cpu_budget"] == shed["ring_full"] == 0
+    assert len(copied) + shed["backlog"] == REQUESTS_PER_CONNECTION
