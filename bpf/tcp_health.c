@@ -200,9 +200,13 @@ static __always_inline void rtt_add(struct tcp_series *s, u32 srtt) {
 // bench/kernel_cost.py). TCP_SRTT_US: tcp_sock.srtt_us's offset in the running kernel (its BTF),
 // which holds the RTT in microseconds << 3.
 //
-// When each socket was last sampled is kept per CPU in a small table indexed by a hash of its
-// address: an array slot costs a few ns where a hash lookup costs ~100, and most reads stop there.
-// Two sockets in one slot only sample more often.
+// When each socket was last sampled is kept in a small table indexed by a hash of its address: an
+// array slot costs a few ns where a hash lookup costs ~100, and most reads stop there. Two sockets
+// in one slot only sample more often. One table for all CPUs, so that tcp_destroy_sock can clear
+// a socket's slot: the kernel reuses a freed socket's address for the next one at once, and a
+// connection that reads once (a request, a response) would otherwise find itself "sampled lately"
+// as its predecessor. CPUs racing on a slot (it is written only when a sample is taken) can only
+// make one sample too many or too few.
 #define RTT_SAMPLE_NS 100000000ULL
 #define RTT_SLOTS 256
 
@@ -211,12 +215,16 @@ struct rtt_sampled {
     u64 ts;
 };
 
-BPF_PERCPU_ARRAY(rtt_sampled, struct rtt_sampled, RTT_SLOTS);
+BPF_ARRAY(rtt_sampled, struct rtt_sampled, RTT_SLOTS);
+
+static __always_inline struct rtt_sampled *rtt_slot(u64 sk) {
+    u32 slot = (sk * 0x9E3779B97F4A7C15ULL) >> 56;  // Fibonacci hashing: the top 8 bits
+    return rtt_sampled.lookup(&slot);
+}
 
 // now: when the read began (its enter program's clock reading, so this one needs none).
 static __always_inline void tcp_health_read(u64 sk, u64 now) {
-    u32 slot = (sk * 0x9E3779B97F4A7C15ULL) >> 56;  // Fibonacci hashing: the top 8 bits
-    struct rtt_sampled *last = rtt_sampled.lookup(&slot);
+    struct rtt_sampled *last = rtt_slot(sk);
     if (!last || (last->sk == sk && now - last->ts < RTT_SAMPLE_NS))
         return;
     // Not owned (yet: a server's socket is learnt at the exit of its first read) or no RTT
@@ -287,6 +295,11 @@ static __always_inline void tcp_flows_destroyed(u64 sk);
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock) {
     u64 sk = (u64)args->skaddr;
     tcp_owners.delete(&sk);
+#ifdef TCP_SRTT_US
+    struct rtt_sampled *last = rtt_slot(sk);
+    if (last && last->sk == sk)
+        last->sk = 0;  // the next socket at this address is sampled at its first read
+#endif
 #ifdef TCP_FLOWS
     tcp_flows_destroyed(sk);
 #endif
