@@ -112,8 +112,7 @@ static __always_inline void tcp_health_owned(u64 sk, u32 tgid, u8 role, struct t
     tcp_own(sk, &key, conn);
 }
 
-// A new series' first value, never written: all zeros, kept off the callers' stacks (the
-// syscall exit's, which samples the RTT, is nearly full).
+// A new series' first value, never written: all zeros (224 bytes), kept off the callers' stacks.
 BPF_ARRAY(tcp_series_zero, struct tcp_series, 1);
 
 static __always_inline struct tcp_series *tcp_series_for(struct tcp_owner *owner) {
