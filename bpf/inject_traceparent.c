@@ -231,8 +231,7 @@ static __always_inline void emit_ids(u64 id, s32 fd, u32 generation, u64 ts, str
     struct trace_event *ev = (struct trace_event *)data_scratch.lookup(&cpu);  // done with, or not yet used
     if (!ev)
         return;
-    fill_header(&ev->h, EV_TRACE, id, fd, generation);
-    ev->h.ts = ts;
+    fill_header(&ev->h, EV_TRACE, ts, id, fd, generation);
     ev->ids = *ids;
     submit(ev, sizeof(*ev), wakeup_flag());
 }
@@ -301,7 +300,7 @@ int inject_exit(void *ctx) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io->fd;
     struct conn_info *ci = conns.lookup(&key);
     if (ids && ci)
-        emit_ids(id, io->fd, ci->generation, io->enter_ns, ids);  // a write's data is stamped at its start
+        emit_ids(id, io->fd, ci->generation, io->ts, ids);  // a write's data is stamped at its start
     return 0;
 }
 

@@ -47,7 +47,8 @@
 #define SET_READY 4         // 1 once the slots above are written: until then trace nothing
 #define SET_SHED_BACKLOG 5  // shed new HTTP/1 exchanges while user space has more ring bytes to read
 #define SET_KEEP_1024 6     // copy this many of 1024 new HTTP/1 exchanges (CPU budget); 1024: all
-#define NSETTINGS 7
+#define SET_GAVE_UP 7       // 1 once user space gave up on a connection: ignored[] is worth a lookup
+#define NSETTINGS 8
 
 // stats[] slots (per-CPU counters read by user space).
 #define STAT_RINGBUF_FULL 0  // events dropped because the ring buffer was full
@@ -240,16 +241,25 @@ struct active_ssl {
 // marking it costs a store where deleting and re-inserting cost two hash updates per syscall.
 #define IO_DONE 0xff
 
+// active_io.tls: the thread's TLS state when its syscall began, which its exit needs too (an SSL
+// call wraps the whole syscall), read once instead of at both ends.
+#define IO_SSL_USER 1  // the process has made an SSL call (tls_procs)
+#define IO_IN_SSL 2    // the thread is inside one now (active_ssl): its bytes are ciphertext
+
 struct active_io {
     u64 buf;         // user buffer, the iovec array for vectored I/O, or a sockaddr
     u64 sk;
-    u64 enter_ns;
+    // When the bytes moved: a write's when its syscall began, a read's when the socket handed them
+    // over (sock_recv_length, at the end of the read; 0 before, or with FD_TRACKING).
+    u64 ts;
     s32 fd;
     u32 iovcnt;      // 0 for plain buffers
     u32 direction;
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
-    u32 udp;         // the socket is UDP (from the sock tracepoint): emit datagram events
+    u8 udp;          // the socket is UDP (from the sock tracepoint): emit datagram events
+    u8 tls;          // IO_SSL_USER | IO_IN_SSL
+    u16 pad;
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
     u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
@@ -327,7 +337,7 @@ BPF_TABLE("lru_hash", u32, struct last_read, last_read, 16384);
 BPF_HASH(tls_procs, u32, u8, MAX_TARGETS);
 BPF_TABLE("lru_hash", u64, struct conn_info, conns, MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct tuple, sk_tuples, MAX_CONNS);
-BPF_HASH(ignored, u64, u32, MAX_CONNS);
+BPF_HASH(ignored, u64, u32, MAX_CONNS);  // (tgid<<32|fd) -> generation user space gave up on
 // Local ends of the agent's own connections (its exports). A traced process whose peer is one of
 // them is a collector receiving from the agent: tracing it would feed the agent's output back in.
 struct endpoint_key {
@@ -348,7 +358,7 @@ struct accepted_key {
 };
 BPF_TABLE("lru_hash", struct accepted_key, struct tuple, accepted, MAX_CONNS);
 #endif
-BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port  // (tgid<<32|fd) -> generation user space gave up on
+BPF_TABLE("lru_hash", u64, u16, listen_ports, MAX_TARGETS);  // FD_TRACKING: (tgid<<32|fd) -> bound port
 #define TARGETS_FOLLOW_FORKS
 #include "targets.h"
 // Local ends that bind() set or getsockname() reported, by (tgid<<32|fd): the sock tracepoints
@@ -400,9 +410,11 @@ static __always_inline u64 wakeup_flag(void) {
     return BPF_RB_FORCE_WAKEUP_;
 }
 
-static __always_inline void fill_header(struct event_header *h, u32 type, u64 pid_tgid, s32 fd,
+// ts: when it happened. Callers that have a stamp pass it: reading the clock costs a program
+// 15-35 % of its time on some hosts (a VM's TSC read), and this is on every event's path.
+static __always_inline void fill_header(struct event_header *h, u32 type, u64 ts, u64 pid_tgid, s32 fd,
                                         u32 generation) {
-    h->ts = bpf_ktime_get_ns();
+    h->ts = ts;
     h->type = type;
     h->tgid = pid_tgid >> 32;
     h->tid = (u32)pid_tgid;
@@ -422,7 +434,7 @@ static __always_inline int submit(void *data, u32 size, u64 flags) {
 
 static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
     struct event_header h = {};
-    fill_header(&h, type, pid_tgid, fd, generation);
+    fill_header(&h, type, bpf_ktime_get_ns(), pid_tgid, fd, generation);
     return submit(&h, sizeof(h), wakeup_flag());
 }
 
@@ -432,7 +444,7 @@ static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_in
     if (!ci->sk || ci->ignored)
         return;
     struct event_header h = {};
-    fill_header(&h, EV_CLOSE, id, fd, ci->generation);
+    fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
     h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
     submit(&h, sizeof(h), wakeup_flag());
 }
@@ -690,11 +702,17 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
     if (!is_target(id >> 32))
         return;
     u32 tid = id, tgid = id >> 32;
-    struct active_ssl *ssl = tls_procs.lookup(&tgid) ? active_ssl.lookup(&tid) : 0;
-    if (ssl && ssl->fd < 0)
-        ssl->fd = fd;
+    u8 tls = tls_procs.lookup(&tgid) ? IO_SSL_USER : 0;
+    struct active_ssl *ssl = tls ? active_ssl.lookup(&tid) : 0;
+    if (ssl) {
+        tls |= IO_IN_SSL;
+        if (ssl->fd < 0)
+            ssl->fd = fd;
+    }
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
-                           .enter_ns = bpf_ktime_get_ns(), .name = (u64)name, .kind = kind};
+                           .name = (u64)name, .kind = kind, .tls = tls};
+    if (direction == DIR_EGRESS)
+        io.ts = bpf_ktime_get_ns();
     if (set_current_io(&io))
         count(STAT_ACTIVE_FULL, 1);
 }
@@ -707,8 +725,8 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 }
 
 // Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight. Returns
-// when the traced thread's syscall began, or 0 (not traced).
-static __always_inline u64 on_sock_io(u16 family, u16 protocol, const void *sk) {
+// the traced thread's syscall in flight, or 0 (not traced).
+static __always_inline struct active_io *on_sock_io(u16 family, u16 protocol, const void *sk) {
     if (family != AF_INET && family != AF_INET6)
         return 0;
     u64 id = current_pid_tgid();
@@ -728,7 +746,7 @@ static __always_inline u64 on_sock_io(u16 family, u16 protocol, const void *sk) 
         return 0;
     io->sk = (u64)sk;
     io->udp = protocol == IPPROTO_UDP_;
-    return io->enter_ns;
+    return io;
 }
 
 #ifndef FD_TRACKING
@@ -738,10 +756,14 @@ TRACEPOINT_PROBE(sock, sock_send_length) {
 }
 
 TRACEPOINT_PROBE(sock, sock_recv_length) {
-    u64 began = on_sock_io(args->family, args->protocol, args->sk);
+    struct active_io *io = on_sock_io(args->family, args->protocol, args->sk);
+    if (!io || args->ret <= 0)
+        return 0;
+    // The read's stamp, taken here rather than at its exit, which then reads no clock.
+    io->ts = bpf_ktime_get_ns();
 #if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
-    if (began && args->ret > 0 && args->protocol == IPPROTO_TCP_)
-        tcp_health_read((u64)args->sk, began);  // a traced process received data: its RTT now
+    if (args->protocol == IPPROTO_TCP_)
+        tcp_health_read((u64)args->sk, io->ts);  // a traced process received data: its RTT now
 #endif
     return 0;
 }
@@ -813,8 +835,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored) {
-        fill_header(&ev.h, EV_OPEN, id, fd, fresh.generation);
-        ev.h.ts = ts;
+        fill_header(&ev.h, EV_OPEN, ts, id, fd, fresh.generation);
         // A local end the kernel did not give (fd tracking, or a socket older than the agent) is
         // read from /proc by user space, which must do so before the socket closes: wake it now.
         u64 lo, hi;
@@ -830,8 +851,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
 // Sends the per-CPU data event whose data[] holds `captured` bytes of the `length` the syscall moved.
 static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
                                        u32 direction, u32 length, u32 captured, u32 flags) {
-    fill_header(&ev->h, EV_DATA, id, fd, ci->generation);
-    ev->h.ts = ts;
+    fill_header(&ev->h, EV_DATA, ts, id, fd, ci->generation);
     ev->h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
     ev->direction = direction;
     ev->length = length;
@@ -924,8 +944,7 @@ static __always_inline void emit_dgram(u64 ts, u64 id, s32 fd, u32 generation, u
     struct dgram_event *ev = dgram_scratch.lookup(&cpu);
     if (!ev)
         return;
-    fill_header(&ev->h, EV_DGRAM, id, fd, generation);
-    ev->h.ts = ts;
+    fill_header(&ev->h, EV_DGRAM, ts, id, fd, generation);
     ev->direction = direction;
     ev->length = len;
     ev->flags = 0;
@@ -1027,22 +1046,20 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     // Bytes leave a sender when its syscall starts and reach a receiver when its syscall ends;
     // stamping them so keeps a client's span around the server's even on loopback, where the
     // reader can return before the writer's syscall does.
-    u64 ts = io.direction == DIR_EGRESS ? io.enter_ns : bpf_ktime_get_ns();
+    u64 ts = io.ts ? io.ts : bpf_ktime_get_ns();
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts, io.udp);
     if (!ci || ci->ignored)
         return;
-    u32 tgid = id >> 32;
-    int ssl_user = tls_procs.lookup(&tgid) != 0;
-    if (ssl_user && io.direction == DIR_INGRESS) {
+    if ((io.tls & IO_SSL_USER) && io.direction == DIR_INGRESS) {
         struct last_read read = {.fd = io.fd, .ts = ts};
         last_read.update(&tid, &read);
     }
-    if (ci->tls || (ssl_user && active_ssl.lookup(&tid))) {  // ciphertext: the SSL probes report the plaintext
+    if (ci->tls || (io.tls & IO_IN_SSL)) {  // ciphertext: the SSL probes report the plaintext
         ci->tls = 1;
         return;
     }
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
-    u32 *gave_up = ignored.lookup(&key);
+    u32 *gave_up = setting(SET_GAVE_UP) ? ignored.lookup(&key) : 0;
     if (gave_up && *gave_up == ci->generation)
         return;
     u32 generation = ci->generation;

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 EV_DATA, EV_OPEN, EV_CLOSE, EV_EXEC, EV_EXIT, EV_DGRAM, EV_TRACE = 1, 2, 3, 4, 5, 6, 7
 SET_AGENT_TGID, SET_FILTER_PIDS, SET_FILTER_PORTS, SET_WATCH_EXEC, SET_READY = 0, 1, 2, 3, 4
-SET_SHED_BACKLOG, SET_KEEP_1024 = 5, 6
+SET_SHED_BACKLOG, SET_KEEP_1024, SET_GAVE_UP = 5, 6, 7
 STAT_NAMES = (
     "ringbuf_full",
     "active_full",
@@ -173,6 +173,7 @@ class _Started:
     tcp_health: tcp_health.TcpHealthReader | None  # with capture.tcp_health
     injection: Injection | None  # with inject_traceparent
     flow_fds: list[int]  # with capture.tcp_flows: what holds the flow programs attached
+    gave_up: bool = False  # ignore_connection ran: settings[SET_GAVE_UP] is set
 
 
 class _UprobeCloser:
@@ -475,6 +476,9 @@ class SocketProbe:
         pid, fd, generation = conn
         key = ctypes.c_uint64((pid << 32) | (fd & 0xFFFFFFFF))
         self._started.bpf["ignored"][key] = ctypes.c_uint32(generation)
+        if not self._started.gave_up:  # until the first, the kernel's exits skip the table's lookup
+            write_settings(self._started.bpf, {SET_GAVE_UP: 1})
+            self._started.gave_up = True
 
     # ---- events ----------------------------------------------------------------------------------
 
