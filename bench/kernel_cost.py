@@ -62,8 +62,10 @@ def draining(probe: SocketProbe) -> Iterator[None]:
             pass
 
 
-def measure(rate: float | None, seconds: float) -> dict[str, Any]:
-    """One run on a fresh nginx with a fresh probe: per program (runs, ns) per request."""
+@contextmanager
+def probed_nginx(rate: float | None) -> Iterator[tuple[Nginx, SocketProbe]]:
+    """A fresh nginx, warmed up at ``rate``, with a fresh socket probe on its port whose ring a
+    thread reads and drops."""
     with tempfile.TemporaryDirectory(prefix="kernel-cost-") as tmp:
         nginx = Nginx(Path(tmp))
         try:
@@ -73,14 +75,20 @@ def measure(rate: float | None, seconds: float) -> dict[str, Any]:
             probe.start()
             try:
                 with draining(probe):
-                    before = program_stats(probe.bpf)
-                    run = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
-                    after = program_stats(probe.bpf)
-                shed = sum(probe.shed_requests().values())
+                    yield nginx, probe
             finally:
                 probe.close()
         finally:
             nginx.close()
+
+
+def measure(rate: float | None, seconds: float) -> dict[str, Any]:
+    """One run on a fresh nginx with a fresh probe: per program (runs, ns) per request."""
+    with probed_nginx(rate) as (nginx, probe):
+        before = program_stats(probe.bpf)
+        run = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
+        after = program_stats(probe.bpf)
+        shed = sum(probe.shed_requests().values())
     programs = {
         name: {"runs": runs / run.requests, "ns": time_ns / run.requests}
         for name, (time_ns, runs) in program_runs(before, after).items()

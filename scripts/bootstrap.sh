@@ -47,7 +47,8 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # iproute2: the RoCEv2 live tests build a network namespace and a veth pair with `ip` and check `tc`
 # libibverbs1, libibverbs-dev: the RDMA verbs tests hook the real library and build their stand-in's
 # driver against its infiniband/verbs.h (no RDMA device is needed)
-base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus iproute2 libibverbs1 libibverbs-dev)
+# linux-perf: bench/kernel_profile.py profiles the BPF programs with `perf record`
+base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus iproute2 libibverbs1 libibverbs-dev linux-perf)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 

@@ -1,6 +1,7 @@
-"""The benchmarks' own arithmetic (bench/harness.py, bench/results.py): what ``make bench`` reports
-must be right before anyone trusts it. No root, no BPF: metric totals over cumulative and delta
-points, span counting in OTLP JSON lines, and the results file."""
+"""The benchmarks' own arithmetic (bench/harness.py, bench/results.py, bench/kernel_profile.py): what
+``make bench`` reports must be right before anyone trusts it. No root, no BPF: metric totals over
+cumulative and delta points, span counting in OTLP JSON lines, the results file, and where a perf
+profile's samples go."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is no package
 import harness
+import kernel_profile
 import results
 
 
@@ -129,3 +131,46 @@ def test_results_file_has_command_date_machine_and_figures(
     printed = capsys.readouterr().out
     assert "python bench/demo.py --quick" in printed and "0.9" in printed
     assert results.main(["absent"]) == 1
+
+
+# `perf script -F comm,ip,sym`: a sample's command, then its stack from the leaf, one frame a line
+PERF_SCRIPT = """nginx
+\tffffffff81000001 read_tsc
+\tffffffff81000002 ktime_get_mono_fast_ns
+\tffffffffa0000003 bpf_prog_0123456789abcdef_tracepoint__syscalls__sys_enter_read
+\tffffffff81000004 trace_call_bpf
+\tffffffff81000005 perf_syscall_enter
+
+wrk
+\tffffffffa0000006 bpf_prog_fedcba9876543210_tracepoint__syscalls__sys_exit_read
+\tffffffff81000004 trace_call_bpf
+
+wrk
+\tffffffff81000007 copy_from_user_nofault
+\tffffffffa0000006 bpf_prog_fedcba9876543210_tracepoint__syscalls__sys_exit_read
+
+nginx
+\tffffffff81000008 perf_syscall_exit
+
+wrk
+\tffffffff81000009 tcp_sendmsg
+
+python3
+\tffffffffa0000006 bpf_prog_fedcba9876543210_tracepoint__syscalls__sys_exit_read
+"""
+
+
+def test_profile_samples_go_to_their_program_and_what_it_called() -> None:
+    total, places, groups = kernel_profile.attribute(kernel_profile.samples(PERF_SCRIPT.splitlines()))
+    assert total == 5  # nginx's and wrk's, not the reader's (python3)
+    assert places == {
+        "syscalls:sys_enter_read": 1,
+        "syscalls:sys_exit_read": 2,
+        "tracepoint dispatch": 1,
+        "nginx and wrk": 1,
+    }
+    assert groups == {
+        ("syscalls:sys_enter_read", "clock"): 1,
+        ("syscalls:sys_exit_read", "program code"): 1,
+        ("syscalls:sys_exit_read", "user-memory reads"): 1,
+    }
