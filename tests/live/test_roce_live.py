@@ -131,7 +131,7 @@ def _outgoing(pair: VethPair) -> Frames:
 
 @pytest.fixture
 def pair() -> Iterator[VethPair]:
-    with veth_pair("rce", 251) as created:
+    with veth_pair("rce", 254) as created:
         yield created
 
 
