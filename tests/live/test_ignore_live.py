@@ -20,17 +20,14 @@ from otel_ebpf.protocol import Direction
 
 pytestmark = pytest.mark.bpf
 
-# reads whatever each connection sends, one connection after the other
+# reads whatever each connection sends until the client closes it, one connection after the other
 SERVER = """
 import socket
-listener = socket.socket()
-listener.bind(("127.0.0.1", 0))
-listener.listen()
+listener = socket.create_server(("127.0.0.1", 0))
 print(listener.getsockname()[1], flush=True)
 while True:
     conn, _ = listener.accept()
-    while conn.recv(65536):
-        pass
+    conn.makefile("rb").read()
     conn.close()
 """
 
