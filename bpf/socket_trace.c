@@ -410,8 +410,9 @@ static __always_inline u64 wakeup_flag(void) {
     return BPF_RB_FORCE_WAKEUP_;
 }
 
-// ts: when it happened. Callers that have a stamp pass it: reading the clock costs a program
-// 15-35 % of its time on some hosts (a VM's TSC read), and this is on every event's path.
+// ts: when it happened. Callers that have a stamp pass it: in a VM the clock is a TSC read that
+// took about half of a syscall enter program's time (bench/kernel_profile.py), and this is on
+// every event's path.
 static __always_inline void fill_header(struct event_header *h, u32 type, u64 ts, u64 pid_tgid, s32 fd,
                                         u32 generation) {
     h->ts = ts;
