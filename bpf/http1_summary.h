@@ -157,6 +157,7 @@ static __always_inline void http_measure(u32 tgid, u8 role, u8 tls, struct http_
 #define MSG_NONE 0
 #define MSG_REQUEST 1
 #define MSG_RESPONSE 2
+#define CLASSIFY_BYTES 16  // what classify reads: a status line's "HTTP/1.x NNN ", a method and a target's first byte
 
 struct msg_start {
     u8 kind;
@@ -182,11 +183,11 @@ static __always_inline u8 known_method(u64 w) {
     return METHOD_OTHER;
 }
 
-// What the first bytes of buf (len of them are data) start, if anything.
-static __always_inline struct msg_start classify(const char *buf, u32 len) {
+// What the first bytes of b start, if anything: b is the caller's copy of them (kernel memory, at
+// least CLASSIFY_BYTES readable), of which len are data.
+static __always_inline struct msg_start classify(const u8 *b, u32 len) {
     struct msg_start m = {};
-    u8 b[16] = {};
-    if (len < 14 || bpf_probe_read_user(b, sizeof(b), buf))
+    if (len < 14)
         return m;
     // "HTTP/1.x NNN" then a space or the end of the line
     u64 w;
@@ -281,13 +282,14 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
     }
 }
 
-// Bytes of one syscall (or SSL call) on a connection: returns 1 when they are to be copied.
-// *role is the connection's role, learnt here when the kernel did not know it.
+// Bytes of one syscall (or SSL call) on a connection, whose start (len bytes) the caller copied to
+// start: returns 1 when they are to be copied. *role is the connection's role, learnt here when
+// the kernel did not know it.
 static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_state *h, u32 direction,
-                                        const char *buf, u32 len, u64 ts) {
+                                        const u8 *start, u32 len, u64 ts) {
     if (h->state == HTTP_NO)
         return 1;
-    struct msg_start m = classify(buf, len);
+    struct msg_start m = classify(start, len);
     if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)
         *role = (m.kind == MSG_REQUEST) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;
     u32 requests = *role == ROLE_SERVER ? DIR_INGRESS : DIR_EGRESS;

@@ -233,7 +233,7 @@ static __always_inline void emit_ids(u64 id, s32 fd, u32 generation, u64 ts, str
         return;
     fill_header(&ev->h, EV_TRACE, ts, id, fd, generation);
     ev->ids = *ids;
-    submit(ev, sizeof(*ev), wakeup_flag());
+    submit(ev, sizeof(*ev));
 }
 
 // A syscall of a server connection (conn: tgid << 32 | fd), from the syscall exit: a read that

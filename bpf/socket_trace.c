@@ -14,7 +14,7 @@
 // synthetic id (its tuple then comes from /proc too).
 //
 // Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
-// MAX_TARGETS, RINGBUF_PAGES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
+// MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
 // injection (inject_traceparent.c, appended).
 
 #define EV_DATA 1
@@ -377,7 +377,6 @@ BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 // largest payload cap. Syscall tracepoint programs do not migrate between CPUs mid-run.
 BPF_ARRAY(data_scratch, struct data_event, NR_CPUS);
 BPF_ARRAY(dgram_scratch, struct dgram_event, NR_CPUS);
-BPF_PERCPU_ARRAY(since_wakeup, u32, 1);
 
 static __always_inline void count(u32 slot, u64 n) {
     u64 *v = stats.lookup(&slot);
@@ -395,19 +394,18 @@ static __always_inline int is_target(u32 tgid) {
     return targets.lookup(&tgid) != 0;
 }
 
-// Wake the agent only every WAKEUP_EVENTS events per CPU (it also polls on a timer, so nothing
-// waits longer than its poll interval): a wakeup per event costs more than the event at high rates.
+// Wake the agent only when the bytes it has to read cross another multiple of WAKEUP_BYTES (a
+// share of the ring, well below SET_SHED_BACKLOG): a wakeup is a self-interrupt, which in a VM
+// costs more than several events (bench/kernel_profile.py: a quarter of the programs' time when
+// every 64th event woke it). The agent also polls on a timer, so nothing waits longer than its
+// poll interval.
 #define BPF_RB_NO_WAKEUP_ 1
 #define BPF_RB_FORCE_WAKEUP_ 2
-#define WAKEUP_EVENTS 64
 
-static __always_inline u64 wakeup_flag(void) {
-    u32 zero = 0;
-    u32 *since = since_wakeup.lookup(&zero);
-    if (!since || ++*since < WAKEUP_EVENTS)
-        return BPF_RB_NO_WAKEUP_;
-    *since = 0;
-    return BPF_RB_FORCE_WAKEUP_;
+static __always_inline u64 wakeup_flag(u32 size) {
+    u64 before = ring_backlog();
+    u64 after = before + size + 8;  // the record's header
+    return before / WAKEUP_BYTES != after / WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP_ : BPF_RB_NO_WAKEUP_;
 }
 
 // ts: when it happened. Callers that have a stamp pass it: in a VM the clock is a TSC read that
@@ -424,9 +422,9 @@ static __always_inline void fill_header(struct event_header *h, u32 type, u64 ts
     h->flags = 0;
 }
 
-// Every record goes through here: one that does not fit is counted.
-static __always_inline int submit(void *data, u32 size, u64 flags) {
-    if (events.ringbuf_output(data, size, flags)) {
+// Every record goes through here, or through emit_open: one that does not fit is counted.
+static __always_inline int submit(void *data, u32 size) {
+    if (events.ringbuf_output(data, size, wakeup_flag(size))) {
         count(STAT_RINGBUF_FULL, 1);
         return -1;
     }
@@ -436,7 +434,7 @@ static __always_inline int submit(void *data, u32 size, u64 flags) {
 static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd, u32 generation) {
     struct event_header h = {};
     fill_header(&h, type, bpf_ktime_get_ns(), pid_tgid, fd, generation);
-    return submit(&h, sizeof(h), wakeup_flag());
+    return submit(&h, sizeof(h));
 }
 
 // A connection's close or replacement; user space is told when it lost events of it since its
@@ -447,7 +445,7 @@ static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_in
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
     h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
-    submit(&h, sizeof(h), wakeup_flag());
+    submit(&h, sizeof(h));
 }
 
 // ---- connection lifecycle ------------------------------------------------------------------
@@ -779,6 +777,43 @@ static __always_inline int port_wanted(u16 lport, u16 rport) {
 // The connection for (tgid, fd) on socket sk, announced (EV_OPEN) when first seen or when the
 // fd now names another socket (closed and reused while we were not looking). The announcement
 // carries the stamp ts of the data that revealed it, so that it sorts before that data.
+// The open event of connection ci (fd of id): its ends from the socket's tuple t, or, for a UDP
+// socket the kernel gave no tuple for, its local end (either may be 0). Built in the ring itself:
+// connections open on the syscall exit's path, whose stack has no room for it.
+static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_info *ci, const struct tuple *t,
+                                      const struct local_end *end, u32 udp) {
+    struct open_event *ev = events.ringbuf_reserve(sizeof(struct open_event));
+    if (!ev) {
+        count(STAT_RINGBUF_FULL, 1);
+        return;
+    }
+    __builtin_memset(ev, 0, sizeof(*ev));
+    fill_header(&ev->h, EV_OPEN, ts, id, fd, ci->generation);
+    if (t) {
+        ev->family = t->family;
+        ev->lport = t->lport;
+        ev->rport = t->rport;
+        ev->client_isn = t->client_isn;
+        ev->server_isn = t->server_isn;
+        __builtin_memcpy(ev->laddr, t->laddr, 16);
+        __builtin_memcpy(ev->raddr, t->raddr, 16);
+    } else if (end) {
+        ev->family = end->family;
+        ev->lport = end->port;
+        __builtin_memcpy(ev->laddr, end->addr, 16);
+    }
+    ev->role = ci->role;
+    ev->protocol = udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
+    bpf_get_current_comm(ev->comm, sizeof(ev->comm));
+    // A local end the kernel did not give (fd tracking, or a socket older than the agent) is
+    // read from /proc by user space, which must do so before the socket closes: wake it now.
+    u64 lo, hi;
+    __builtin_memcpy(&lo, ev->laddr, 8);
+    __builtin_memcpy(&hi, ev->laddr + 8, 8);
+    u64 flags = lo | hi || (udp && ev->lport) ? wakeup_flag(sizeof(*ev)) : BPF_RB_FORCE_WAKEUP_;
+    events.ringbuf_submit(ev, flags);
+}
+
 static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts, u32 udp) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
     struct conn_info *ci = conns.lookup(&key);
@@ -798,8 +833,8 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 
-    struct open_event ev = {};
     struct tuple *t = sk_tuples.lookup(&sk);
+    struct local_end *end = 0;
     if (t) {
         if (fresh.role == ROLE_UNKNOWN)
             fresh.role = t->role;
@@ -807,44 +842,21 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         fresh.http.local_port = t->lport;
         fresh.http.peer_port = t->rport;
         __builtin_memcpy(fresh.http.peer_addr, t->raddr, 16);
-        ev.family = t->family;
-        ev.lport = t->lport;
-        ev.rport = t->rport;
-        ev.client_isn = t->client_isn;
-        ev.server_isn = t->server_isn;
-        __builtin_memcpy(ev.laddr, t->laddr, 16);
-        __builtin_memcpy(ev.raddr, t->raddr, 16);
         struct endpoint_key peer = {.port = t->rport};
         __builtin_memcpy(peer.addr, t->raddr, 16);
         fresh.ignored = !port_wanted(t->lport, t->rport) || agent_endpoints.lookup(&peer);
     } else if (udp) {
-        struct local_end *end = bound_ends.lookup(&key);
-        if (end) {
-            ev.family = end->family;
-            ev.lport = end->port;
-            __builtin_memcpy(ev.laddr, end->addr, 16);
-        }
+        end = bound_ends.lookup(&key);
     }
     // Unknown tuple with a port filter: user space resolves it from /proc and marks the
     // connection in ignored[] if it does not match.
-    ev.role = fresh.role;
-    ev.protocol = udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
-    bpf_get_current_comm(ev.comm, sizeof(ev.comm));
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
     if (!udp && !fresh.ignored)
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
-    if (!fresh.ignored) {
-        fill_header(&ev.h, EV_OPEN, ts, id, fd, fresh.generation);
-        // A local end the kernel did not give (fd tracking, or a socket older than the agent) is
-        // read from /proc by user space, which must do so before the socket closes: wake it now.
-        u64 lo, hi;
-        __builtin_memcpy(&lo, ev.laddr, 8);
-        __builtin_memcpy(&hi, ev.laddr + 8, 8);
-        u64 flags = lo | hi || (udp && ev.lport) ? wakeup_flag() : BPF_RB_FORCE_WAKEUP_;
-        submit(&ev, sizeof(ev), flags);
-    }
+    if (!fresh.ignored)
+        emit_open(id, fd, ts, &fresh, t, end, udp);
     return conns.lookup(&key);
 }
 
@@ -862,7 +874,7 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
     asm volatile("" : "+r"(captured));
     captured &= (PAYLOAD_CAP << 1) - 1;
     ev->captured = captured;
-    if (submit(ev, offsetof(struct data_event, data) + captured, wakeup_flag())) {
+    if (submit(ev, offsetof(struct data_event, data) + captured)) {
         http_lost(&ci->http);
         return -1;
     }
@@ -870,43 +882,56 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
     return 0;
 }
 
-static __always_inline int emit_data(u64 ts, u64 id, s32 fd, struct conn_info *ci, u32 direction,
-                                     const char *buf, u32 length, u32 flags) {
+// The first bytes a syscall or SSL call moved (len of them at base: its buffer, or its first
+// iovec segment), copied into the CPU's data event, which then holds them as the run that
+// emit_segments goes on gathering. http_observe classifies them there, so the bytes are read from
+// user memory once, not once to classify and again to copy. While the connection's exchange is
+// shed only what classifying needs is copied; copy_rest completes it if the next one is kept.
+static __always_inline struct data_event *copy_start(const char *base, u32 len, const struct http_state *h) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
     if (!ev)
-        return -1;
-    u32 n = length < PAYLOAD_CAP ? length : PAYLOAD_CAP;
-    // clang may drop the compare above from the register it passes on; the barrier and mask
-    // give the verifier a bound it can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
+        return 0;
+    u32 cap = h->shed && h->state != HTTP_NO ? CLASSIFY_BYTES : PAYLOAD_CAP;
+    u32 n = len < cap ? len : cap;
+    // Barrier and mask: a bound the verifier can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
     asm volatile("" : "+r"(n));
     n &= (PAYLOAD_CAP << 1) - 1;
-    if (!buf || bpf_probe_read_user(ev->data, n, buf))
+    if (!base || bpf_probe_read_user(ev->data, n, base))
         n = 0;  // sendfile: bytes moved from a file, never through a user buffer
-    return submit_data(ev, ts, id, fd, ci, direction, length, n, flags);
+    ev->captured = n;
+    ev->length = len;
+    return ev;
 }
 
-// A vectored write or read on a stream: its segments gathered into as few events as the cap
-// allows, each event a run of consecutive bytes (grpcio writes one small segment per HPACK field
-// and frame header: an event each would cost user space a record apiece). An event's captured
-// bytes are a prefix of its length: a segment that does not fit what is gathered starts the next
-// event, and one past the cap (or unreadable) ends its event with its uncopied rest.
-// Returns the bytes of ret that no event covered (segments past MAX_IOV), or -1 when an event
-// was lost.
-static __always_inline long emit_segments(u64 ts, u64 id, struct active_io *io, struct conn_info *ci, u64 ret) {
-    u32 cpu = bpf_get_smp_processor_id();
-    struct data_event *ev = data_scratch.lookup(&cpu);
-    if (!ev)
-        return -1;
+// copy_start's bytes after all, when it copied only what classifying needs.
+static __always_inline void copy_rest(struct data_event *ev, const char *base) {
+    if (ev->captured != CLASSIFY_BYTES || ev->length <= CLASSIFY_BYTES)
+        return;
+    u32 n = ev->length < PAYLOAD_CAP ? ev->length : PAYLOAD_CAP;
+    asm volatile("" : "+r"(n));
+    n &= (PAYLOAD_CAP << 1) - 1;
+    if (bpf_probe_read_user(ev->data, n, base))
+        n = 0;
+    ev->captured = n;
+}
+
+// The rest of a syscall's bytes after copy_start's run (the segments of a vectored write or read
+// on a stream, from the second on), and then the run gathered: as few events as the cap allows,
+// each a run of consecutive bytes (grpcio writes one small segment per HPACK field and frame
+// header: an event each would cost user space a record apiece). An event's captured bytes are a
+// prefix of its length: a segment that does not fit what is gathered starts the next event, and
+// one past the cap (or unreadable) ends its event with its uncopied rest. left: the bytes of ret
+// after copy_start's. Returns the bytes that no event covered (segments past MAX_IOV), or -1 when
+// an event was lost.
+static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
+                                          struct conn_info *ci, u64 left, u32 flags) {
     struct uiovec *iov = (struct uiovec *)io->buf;
-    u64 left = ret;
     // What is gathered lives in the event (captured, length), not in locals: the verifier then
     // knows it only as bounded, so the paths through one iteration meet again at the next one
     // instead of multiplying over MAX_IOV iterations; and the loop has one send.
-    ev->captured = 0;
-    ev->length = 0;
 // a bounded loop (Linux 5.3+): unrolling MAX_IOV iterations would multiply the program and its compile memory
-    for (int i = 0; i < MAX_IOV; i++) {
+    for (int i = 1; i < MAX_IOV; i++) {
         if (i >= io->iovcnt || left == 0)
             break;
         struct uiovec seg = {};
@@ -915,7 +940,7 @@ static __always_inline long emit_segments(u64 ts, u64 id, struct active_io *io, 
         u32 len = seg.len < left ? seg.len : left;  // left <= ret, a syscall's count: fits u32
         u32 off = ev->captured;
         if (ev->length && (ev->length != off || off + len > PAYLOAD_CAP)) {  // ended, or full
-            if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, 0))
+            if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, flags))
                 return -1;
             off = 0;
         }
@@ -931,7 +956,7 @@ static __always_inline long emit_segments(u64 ts, u64 id, struct active_io *io, 
         ev->length = at + len;
         left -= len;
     }
-    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
+    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, flags))
         return -1;
     return left;
 }
@@ -998,7 +1023,7 @@ static __always_inline void emit_dgram(u64 ts, u64 id, s32 fd, u32 generation, u
     asm volatile("" : "+r"(size));
     size &= (PAYLOAD_CAP << 1) - 1;
     ev->captured = size;
-    submit(ev, offsetof(struct dgram_event, data) + size, wakeup_flag());
+    submit(ev, offsetof(struct dgram_event, data) + size);
 }
 
 // The datagrams of a UDP syscall: one, or each message of a sendmmsg/recvmmsg (ret messages, each
@@ -1075,12 +1100,16 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     }
     // HTTP/1 is counted here, and its bytes copied only when its exchange is not shed; what
     // starts a message is in the buffer, or in the first iovec segment.
-    struct uiovec *iov = (struct uiovec *)io.buf;
     struct uiovec first = {.base = (const char *)io.buf, .len = ret};
-    if (io.iovcnt && bpf_probe_read_user(&first, sizeof(first), iov))
-        first.base = 0;
+    if (io.iovcnt && bpf_probe_read_user(&first, sizeof(first), (struct uiovec *)io.buf)) {
+        first.base = 0;  // moved, not copied: one event
+        io.iovcnt = 0;
+    }
     u32 first_len = first.len < ret ? first.len : ret;
-    int copy = http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, first.base, first_len, ts);
+    struct data_event *ev = copy_start(first.base, first_len, &ci->http);
+    if (!ev)
+        return;
+    int copy = http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, (const u8 *)ev->data, ev->captured, ts);
 #ifdef INJECT
     // A server's read that started a request (last_req_ts: http_observe), or its response.
     if (ci->role == ROLE_SERVER && (io.direction == DIR_EGRESS || ci->http.last_req_ts == ts))
@@ -1088,13 +1117,10 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
 #endif
     if (!copy)
         return;
-    if (!io.iovcnt) {
-        emit_data(ts, id, io.fd, ci, io.direction, (const char *)io.buf, ret, 0);
-        return;
-    }
-    long left = emit_segments(ts, id, &io, ci, ret);
+    copy_rest(ev, first.base);
+    long left = emit_segments(ev, ts, id, &io, ci, ret - first_len, 0);
     if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
-        emit_data(ts, id, io.fd, ci, io.direction, 0, left, 0);
+        submit_data(ev, ts, id, io.fd, ci, io.direction, left, 0, 0);
         count(STAT_IOV_BYTES, left);
     }
 }

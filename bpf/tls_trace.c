@@ -86,7 +86,10 @@ int ssl_return(struct pt_regs *ctx) {
     // Stamped like the syscalls: a write when it starts, a read when it returns.
     u32 direction = call.op == SSL_OP_WRITE ? DIR_EGRESS : DIR_INGRESS;
     u64 ts = direction == DIR_EGRESS ? call.enter_ns : bpf_ktime_get_ns();
-    if (http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const char *)call.buf, length, ts))
-        emit_data(ts, id, fd, ci, direction, (const char *)call.buf, length, DATA_TLS);
+    struct data_event *ev = copy_start((const char *)call.buf, length, &ci->http);
+    if (!ev || !http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts))
+        return 0;
+    copy_rest(ev, (const char *)call.buf);
+    submit_data(ev, ts, id, fd, ci, direction, ev->length, ev->captured, DATA_TLS);
     return 0;
 }

@@ -78,6 +78,9 @@ LOSS_CHECK_S = 1.0
 MAX_POLL_RECORDS = 8192
 # New HTTP/1 exchanges are shed while more than this share of the ring is waiting to be read.
 SHED_BACKLOG_SHARE = 0.5
+# The kernel wakes the agent each time the bytes waiting for it cross another such share of the
+# ring; a poll's timeout bounds the wait for fewer.
+WAKEUP_SHARE = 1 / 16
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flags
 HDR_AFTER_LOSS = 1
@@ -279,6 +282,7 @@ class SocketProbe:
                 "MAX_CONNS": self.capture.max_connections,
                 "MAX_TARGETS": self.capture.max_processes,
                 "RINGBUF_PAGES": pages,
+                "WAKEUP_BYTES": int(ring_bytes * WAKEUP_SHARE),
                 "NR_CPUS": max(possible_cpus()) + 1,
                 "FD_TRACKING": self.socket_mode == "fd-tracking",
                 "TCP_HEALTH": self.tcp_health,
@@ -485,7 +489,8 @@ class SocketProbe:
     def poll(self, timeout_ms: int, max_records: int = MAX_POLL_RECORDS) -> list[Event]:
         """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing), at most
         ``max_records`` of the ring's records: the rest wait in the ring for the next poll."""
-        # The kernel wakes us only every few dozen events; the timeout bounds the wait for the rest.
+        # The kernel wakes us only when another WAKEUP_SHARE of the ring is waiting; the timeout
+        # bounds the wait for less.
         self._own_endpoints_fresh = False
         started = self._run
         ring = started.ring
