@@ -921,11 +921,12 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
 // each a run of consecutive bytes (grpcio writes one small segment per HPACK field and frame
 // header: an event each would cost user space a record apiece). An event's captured bytes are a
 // prefix of its length: a segment that does not fit what is gathered starts the next event, and
-// one past the cap (or unreadable) ends its event with its uncopied rest. left: the bytes of ret
-// after copy_start's. Returns the bytes that no event covered (segments past MAX_IOV), or -1 when
+// one past the cap (or unreadable) ends its event with its uncopied rest. second: the second
+// segment, read with the first; left: the bytes of ret after copy_start's. Returns the bytes that no event covered (segments past MAX_IOV), or -1 when
 // an event was lost.
 static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
-                                          struct conn_info *ci, u64 left, u32 flags) {
+                                          struct conn_info *ci, const struct uiovec *second, u64 left,
+                                          u32 flags) {
     struct uiovec *iov = (struct uiovec *)io->buf;
     // What is gathered lives in the event (captured, length), not in locals: the verifier then
     // knows it only as bounded, so the paths through one iteration meet again at the next one
@@ -934,8 +935,8 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
     for (int i = 1; i < MAX_IOV; i++) {
         if (i >= io->iovcnt || left == 0)
             break;
-        struct uiovec seg = {};
-        if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
+        struct uiovec seg = *second;
+        if (i > 1 && bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
             break;
         u32 len = seg.len < left ? seg.len : left;  // left <= ret, a syscall's count: fits u32
         u32 off = ev->captured;
@@ -1100,11 +1101,14 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     }
     // HTTP/1 is counted here, and its bytes copied only when its exchange is not shed; what
     // starts a message is in the buffer, or in the first iovec segment.
-    struct uiovec first = {.base = (const char *)io.buf, .len = ret};
-    if (io.iovcnt && bpf_probe_read_user(&first, sizeof(first), (struct uiovec *)io.buf)) {
-        first.base = 0;  // moved, not copied: one event
+    // The first two iovec segments in one read (a server's head and body, as nginx writes them).
+    struct uiovec head[2] = {{.base = (const char *)io.buf, .len = ret}};
+    if (io.iovcnt && bpf_probe_read_user(head, io.iovcnt > 1 ? sizeof(head) : sizeof(head[0]), (void *)io.buf)) {
+        head[0].base = 0;  // moved, not copied: one event
+        head[0].len = ret;
         io.iovcnt = 0;
     }
+    struct uiovec first = head[0];
     u32 first_len = first.len < ret ? first.len : ret;
     struct data_event *ev = copy_start(first.base, first_len, &ci->http);
     if (!ev)
@@ -1118,7 +1122,7 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     if (!copy)
         return;
     copy_rest(ev, first.base);
-    long left = emit_segments(ev, ts, id, &io, ci, ret - first_len, 0);
+    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, 0);
     if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
         submit_data(ev, ts, id, io.fd, ci, io.direction, left, 0, 0);
         count(STAT_IOV_BYTES, left);
