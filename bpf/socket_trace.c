@@ -882,6 +882,19 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
     return 0;
 }
 
+// Copies the first of len bytes at base into ev's data[], at most cap of them; an unreadable
+// buffer, or none (sendfile: bytes moved from a file, never through a user buffer), copies nothing.
+static __always_inline void copy_head(struct data_event *ev, const char *base, u32 len, u32 cap) {
+    u32 n = len < cap ? len : cap;
+    // Barrier and mask: a bound the verifier can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
+    asm volatile("" : "+r"(n));
+    n &= (PAYLOAD_CAP << 1) - 1;
+    if (!base || bpf_probe_read_user(ev->data, n, base))
+        n = 0;
+    ev->captured = n;
+    ev->length = len;
+}
+
 // The first bytes a syscall or SSL call moved (len of them at base: its buffer, or its first
 // iovec segment), copied into the CPU's data event, which then holds them as the run that
 // emit_segments goes on gathering. http_observe classifies them there, so the bytes are read from
@@ -890,30 +903,15 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
 static __always_inline struct data_event *copy_start(const char *base, u32 len, const struct http_state *h) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
-    if (!ev)
-        return 0;
-    u32 cap = h->shed && h->state != HTTP_NO ? CLASSIFY_BYTES : PAYLOAD_CAP;
-    u32 n = len < cap ? len : cap;
-    // Barrier and mask: a bound the verifier can see (n <= 2 * PAYLOAD_CAP - 1 fits data[]).
-    asm volatile("" : "+r"(n));
-    n &= (PAYLOAD_CAP << 1) - 1;
-    if (!base || bpf_probe_read_user(ev->data, n, base))
-        n = 0;  // sendfile: bytes moved from a file, never through a user buffer
-    ev->captured = n;
-    ev->length = len;
+    if (ev)
+        copy_head(ev, base, len, h->shed && h->state != HTTP_NO ? CLASSIFY_BYTES : PAYLOAD_CAP);
     return ev;
 }
 
 // copy_start's bytes after all, when it copied only what classifying needs.
 static __always_inline void copy_rest(struct data_event *ev, const char *base) {
-    if (ev->captured != CLASSIFY_BYTES || ev->length <= CLASSIFY_BYTES)
-        return;
-    u32 n = ev->length < PAYLOAD_CAP ? ev->length : PAYLOAD_CAP;
-    asm volatile("" : "+r"(n));
-    n &= (PAYLOAD_CAP << 1) - 1;
-    if (bpf_probe_read_user(ev->data, n, base))
-        n = 0;
-    ev->captured = n;
+    if (ev->captured == CLASSIFY_BYTES && ev->length > CLASSIFY_BYTES)
+        copy_head(ev, base, ev->length, PAYLOAD_CAP);
 }
 
 // The rest of a syscall's bytes after copy_start's run (the segments of a vectored write or read
@@ -922,11 +920,10 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
 // header: an event each would cost user space a record apiece). An event's captured bytes are a
 // prefix of its length: a segment that does not fit what is gathered starts the next event, and
 // one past the cap (or unreadable) ends its event with its uncopied rest. second: the second
-// segment, read with the first; left: the bytes of ret after copy_start's. Returns the bytes that no event covered (segments past MAX_IOV), or -1 when
-// an event was lost.
+// segment, read with the first; left: the bytes of ret after copy_start's. Returns the bytes
+// that no event covered (segments past MAX_IOV), or -1 when an event was lost.
 static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
-                                          struct conn_info *ci, const struct uiovec *second, u64 left,
-                                          u32 flags) {
+                                          struct conn_info *ci, const struct uiovec *second, u64 left) {
     struct uiovec *iov = (struct uiovec *)io->buf;
     // What is gathered lives in the event (captured, length), not in locals: the verifier then
     // knows it only as bounded, so the paths through one iteration meet again at the next one
@@ -941,7 +938,7 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
         u32 len = seg.len < left ? seg.len : left;  // left <= ret, a syscall's count: fits u32
         u32 off = ev->captured;
         if (ev->length && (ev->length != off || off + len > PAYLOAD_CAP)) {  // ended, or full
-            if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, flags))
+            if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, 0))
                 return -1;
             off = 0;
         }
@@ -957,7 +954,7 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
         ev->length = at + len;
         left -= len;
     }
-    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, flags))
+    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
         return -1;
     return left;
 }
@@ -1122,7 +1119,7 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     if (!copy)
         return;
     copy_rest(ev, first.base);
-    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, 0);
+    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len);
     if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
         submit_data(ev, ts, id, io.fd, ci, io.direction, left, 0, 0);
         count(STAT_IOV_BYTES, left);
