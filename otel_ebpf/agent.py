@@ -32,7 +32,7 @@ from .pii import build_scrubber
 from .pipeline import Pipeline
 from .pipeline.assembly import TraceAssembler
 from .pipeline.connections import ConnectionTracker
-from .pipeline.events import Event
+from .pipeline.events import Event, HttpRequestCounts
 from .pipeline.metrics import DELTA_KINDS, merged_by_resource
 from .pipeline.reorder import EventReorderer
 from .pipeline.telemetry import SDK_ATTRIBUTES, Telemetry
@@ -226,14 +226,22 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None:
             agent.process(events, now_ns)
 
-    def kernel_summaries(now_ns: int | None) -> None:
-        """What the kernel aggregated (HTTP/1 counts, TCP health, drops, shed requests), once a second."""
+    http_requests = 0  # HTTP/1 requests the kernel counted since start
+
+    def kernel_summaries(now_ns: int | None) -> dict[str, int]:
+        """What the kernel aggregated (HTTP/1 counts, TCP health, drops, shed requests), once a
+        second; returns the requests shed since start, by reason."""
+        nonlocal http_requests
         if kernel_http_metrics:
-            take(probe.http_counts(), now_ns)
+            counts = probe.http_counts()
+            http_requests += sum(c.count for c in counts if isinstance(c, HttpRequestCounts))
+            take(counts, now_ns)
         if config.capture.tcp_health:
             take(probe.tcp_health_counts(), now_ns)
+        shed = probe.shed_requests()
         if agent is not None:
-            agent.record_kernel_stats(probe.kernel_stats(), probe.shed_requests(), probe.injections())
+            agent.record_kernel_stats(probe.kernel_stats(), shed, probe.injections())
+        return shed
 
     profiling: CpuProfiling | None = None
     gpu: GpuMonitor | None = None
@@ -261,15 +269,16 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             write_ready_file(config.run.ready_file)
         next_kernel_stats = 0.0
         ready = False
-        # What the budget weighs: the CPU that grows with traffic (reading the ring, the pipeline),
-        # not start-up, /proc scans or symbolising profiles, which shedding could not reduce.
-        capture_cpu = 0.0
+        # What the budget weighs: the agent's CPU that grows with traffic, on every thread (reading
+        # the ring and the pipeline here, encoding and sending on the exporters' threads), less this
+        # thread's other work (profiles, GPU and RDMA records, map reads), which shedding could not
+        # reduce. Start-up is before the first reading, which only sets the baseline.
+        other_cpu = 0.0
         while not stop.stopped:
             # Each iteration is bounded (at most MAX_POLL_RECORDS records): what user space cannot
             # take stays in the ring, where the kernel sheds new exchanges before it overflows.
-            busy = time.thread_time()
             take(probe.poll(POLL_MS), time.time_ns())
-            capture_cpu += time.thread_time() - busy
+            captured = time.thread_time()
             if agent is not None:
                 if profiling is not None:
                     profiling.poll(0, agent.pipeline.horizon_ns)
@@ -282,8 +291,10 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             now = time.monotonic()
             if now >= next_kernel_stats:  # map reads are syscalls: not every poll
                 next_kernel_stats = now + KERNEL_STATS_S
-                kernel_summaries(time.time_ns())
-                probe.keep_exchanges(budget.update(capture_cpu, now))
+                shed = kernel_summaries(time.time_ns())
+                cpu = time.process_time() - other_cpu
+                probe.keep_exchanges(budget.update(cpu, now, http_requests, sum(shed.values())))
+            other_cpu += time.thread_time() - captured
             health.beat()
             if not ready:  # probes attached and one turn of the pipeline done
                 ready = True

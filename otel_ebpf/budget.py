@@ -3,8 +3,14 @@
 The kernel sheds whole HTTP/1 exchanges at the share this controller sets (bpf/http1_summary.h,
 ``SET_KEEP_1024``); the metrics stay exact because the kernel counts every request anyway. Over
 budget for ``PATIENCE`` periods in a row (one busy second, a burst of start-up work, is no
-overload), the share drops in proportion to the excess; under ``HEADROOM`` of the budget it
-doubles back. Pure: fed CPU and wall time, it reads no clock.
+overload), the share drops in proportion to the excess; under ``HEADROOM`` of the budget it grows
+back in proportion to the room, at most doubling per period. Pure: fed CPU and wall time (and the
+kernel's request counts), it reads no clock.
+
+The cut scales the share of exchanges the agent really received over the period. When user space
+falls behind, the kernel also sheds on ring backlog, and the agent's CPU then shows only what it
+could do, not how much more there was: scaling the controller's own setting would take one
+halving per period to get there, scaling what was copied takes one period.
 """
 
 from __future__ import annotations
@@ -19,18 +25,23 @@ class CpuBudget:
         """``cores``: the CPU the agent may use, as a share of one core (0.5: half a core)."""
         self.cores = cores
         self.keep = 1.0  # share of new exchanges copied
-        self._last: tuple[float, float] | None = None
+        self._last: tuple[float, float, int, int] | None = None
         self._over = 0  # periods over budget in a row
 
-    def update(self, cpu_s: float, wall_s: float) -> float:
-        """The share of new exchanges to copy, given the agent's CPU time and the wall time now."""
-        last, self._last = self._last, (cpu_s, wall_s)
+    def update(self, cpu_s: float, wall_s: float, requests: int = 0, shed: int = 0) -> float:
+        """The share of new exchanges to copy, given the agent's CPU time and the wall time now.
+
+        ``requests`` and ``shed``: HTTP/1 requests the kernel counted, and those it shed for any
+        reason, since start (both 0 when it counts none): what was copied over the period."""
+        last, self._last = self._last, (cpu_s, wall_s, requests, shed)
         if last is None or wall_s <= last[1]:
             return self.keep
         used = (cpu_s - last[0]) / (wall_s - last[1])
         self._over = self._over + 1 if used > self.cores else 0
         if self._over >= PATIENCE:
-            self.keep = max(MIN_KEEP, self.keep * self.cores / used)
-        elif used < HEADROOM * self.cores:
-            self.keep = min(1.0, self.keep * 2)
+            counted = requests - last[2]
+            copied = min(self.keep, max(0.0, 1 - (shed - last[3]) / counted)) if counted > 0 else self.keep
+            self.keep = max(MIN_KEEP, copied * self.cores / used)
+        elif used < HEADROOM * self.cores:  # toward the budget, at most doubling
+            self.keep = min(1.0, self.keep * (min(2.0, self.cores / used) if used > 0 else 2.0))
         return self.keep

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from otel_ebpf.budget import MIN_KEEP, CpuBudget
 
 
@@ -26,6 +28,21 @@ def test_one_busy_period_is_no_overload() -> None:
 def test_sustained_excess_sheds_in_proportion_then_recovers() -> None:
     keeps = feed(CpuBudget(0.5), [1.0, 1.0, 1.0, 0.5, 0.2, 0.2, 0.2])
     assert keeps == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 1.0]
+
+
+def test_the_cut_scales_what_was_copied_when_the_kernel_also_shed_on_backlog() -> None:
+    """User space fell behind: the kernel copied only 1 request in 5 (it shed the rest on backlog),
+    and the agent's CPU shows what it could do, not what there was. One cut brings it to budget."""
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 0.0, 0, 0)
+    budget.update(1.0, 1.0, 1000, 800)
+    assert budget.update(2.0, 2.0, 2000, 1600) == pytest.approx(0.2 * 0.5 / 1.0)
+
+
+def test_the_share_grows_back_in_proportion_to_the_room() -> None:
+    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 0.3])
+    assert keeps[1] == 0.5
+    assert keeps[2] == pytest.approx(0.5 * 0.5 / 0.3)
 
 
 def test_the_share_never_reaches_zero() -> None:

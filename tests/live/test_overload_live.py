@@ -10,11 +10,15 @@ request that got its 200 may show up as a failed span.
 from __future__ import annotations
 
 import http.client
+import os
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,13 +27,16 @@ from otel_ebpf.containers import ContainerResolver
 from otel_ebpf.pipeline.events import ConnData
 from otel_ebpf.protocol import Direction
 from tests.conftest import REPO
-from tests.live.file_agent import start_file_agent
+from tests.live.file_agent import kill_all, start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
 
 CONNECTIONS = 4
 REQUESTS_PER_CONNECTION = 2500
+BUDGET = 0.2  # cores: test_the_agent_stays_within_its_cpu_budget
+LOAD_S = 12
+SETTLE_S = 4  # the controller's patience, one period to act, and one of margin
 
 
 # one keep-alive connection's requests, in a process of its own; prints each status
@@ -153,3 +160,40 @@ def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills(
     assert lost == 0
     assert shed["cpu_budget"] == shed["ring_full"] == 0
     assert len(copied) + shed["backlog"] == REQUESTS_PER_CONNECTION
+
+
+def _cpu_s(pid: int) -> float:
+    """User and system CPU of every thread of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_agent_stays_within_its_cpu_budget(tmp_path: Path) -> None:
+    """``wrk`` loads the service past what the agent may spend (``capture.cpu_budget``) on it.
+    Once the controller has settled, the agent's CPU, on all its threads (the file exporter's
+    encoding included), stays near its budget: it sheds new exchanges rather than take more."""
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed; run scripts/bootstrap.sh")  # a failure under CI=true
+    server, port = _http_service()
+    agent = load = None
+    try:
+        agent = start_file_agent(tmp_path, server.pid, f"capture:\n  cpu_budget: {BUDGET}\n")
+        load = subprocess.Popen(
+            ["wrk", "-t1", "-c4", f"-d{LOAD_S}s", f"http://127.0.0.1:{port}/health"], stdout=subprocess.PIPE, text=True
+        )
+        per_second, last = [], _cpu_s(agent.pid)
+        for _ in range(LOAD_S - 1):
+            time.sleep(1)
+            now = _cpu_s(agent.pid)
+            per_second.append(now - last)
+            last = now
+        assert load.wait(timeout=30) == 0
+        agent.send_signal(signal.SIGINT)
+        stderr = agent.communicate(timeout=60)[1]
+        assert agent.returncode == 0, stderr
+    finally:
+        kill_all(load, agent, server)
+    settled = per_second[SETTLE_S:]
+    shed = latest_total(load_file_metrics(tmp_path / "out"), "otel_ebpf.spans.shed", reason="cpu_budget")
+    assert shed > 0, f"the agent was never over its budget: the test proves nothing (CPU per second {per_second})"
+    assert statistics.median(settled) <= 1.2 * BUDGET, f"CPU per second {per_second}, budget {BUDGET}"
