@@ -27,9 +27,9 @@ request could lose 511 others.
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PB2Span
@@ -40,9 +40,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
 from ..protowire import length_delimited, varint
-from .span_groups import IdentityCache, group_spans
-
-_logger = logging.getLogger(__name__)
+from .span_groups import IdentityCache, encode_attributes, group_spans
 
 _UINT64 = 1 << 64
 _INT64 = 1 << 63
@@ -66,10 +64,9 @@ _SPAN_ATTRIBUTE = b"\x4a"  # Span.attributes (9)
 _EVENT_ATTRIBUTE = b"\x1a"  # Span.Event.attributes (3), InstrumentationScope.attributes (3)
 _LINK_ATTRIBUTE = b"\x22"  # Span.Link.attributes (4)
 _FIRST = b"\x0a"  # field 1: Resource.attributes, KeyValueList.values, ArrayValue.values, ...
-# per tag: (key, str or int value) -> the attribute's whole field (see _attributes)
-_FIELDS: dict[bytes, dict[tuple[str, str | int], bytes]] = {
-    tag: {} for tag in (_SPAN_ATTRIBUTE, _EVENT_ATTRIBUTE, _LINK_ATTRIBUTE, _FIRST)
-}
+_TAGS = (_SPAN_ATTRIBUTE, _EVENT_ATTRIBUTE, _LINK_ATTRIBUTE, _FIRST)
+# per tag: (key, str or int value) -> the attribute's whole field (span_groups.encode_attributes)
+_FIELDS: dict[bytes, dict[tuple[str, str | int], bytes]] = {tag: {} for tag in _TAGS}
 
 
 class SpanProtoEncoder:
@@ -189,35 +186,18 @@ def _ids(context: SpanContext) -> bytes:
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
-    """Each attribute as a ``KeyValue`` field ``tag``; one that cannot be encoded is logged and dropped.
-
-    This loop is the exporter's hot spot. The agent's attributes repeat (methods, routes, addresses,
-    status codes), so a string's or an int's whole field is remembered by (key, value) per tag; only
-    those two exact types, so that neither ``True`` nor ``1.0`` can stand for ``1``.
-    """
-    encoded: list[bytes] = []
-    if attributes:
-        fields = _FIELDS[tag]
-        for key, value in attributes.items():
-            try:
-                kind = type(value)
-                if kind is str or kind is int:
-                    field = fields.get((key, value))
-                    if field is None:
-                        if len(fields) >= _MAX_FIELDS:
-                            fields.clear()
-                        field = fields[(key, value)] = _key_value(tag, key, value)
-                    encoded.append(field)
-                else:
-                    encoded.append(_key_value(tag, key, value))
-            except Exception:
-                _logger.exception("attribute %r cannot be encoded as OTLP, dropped", key)
-    return encoded
+    """Each attribute as a ``KeyValue`` field ``tag`` (recurring ones remembered per tag)."""
+    if not attributes:
+        return []
+    return encode_attributes(attributes, _KEY_VALUES[tag], _FIELDS[tag], _MAX_FIELDS)
 
 
 def _key_value(tag: bytes, key: str, value: Any) -> bytes:
     """A ``KeyValue`` as field ``tag``."""
     return length_delimited(tag, _key(key) + length_delimited(b"\x12", _any_value(value)))
+
+
+_KEY_VALUES = {tag: partial(_key_value, tag) for tag in _TAGS}
 
 
 def _key(key: str) -> bytes:

@@ -1,14 +1,18 @@
 """What the direct span encoders (:mod:`.otlp_json`, :mod:`.otlp_proto`) share: spans grouped as
-the SDK's OTLP encoder groups them, and encodings kept per object identity."""
+the SDK's OTLP encoder groups them, encodings kept per object identity, and attributes encoded
+with their recurring pairs remembered."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+_logger = logging.getLogger(__name__)
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -56,3 +60,31 @@ class IdentityCache(Generic[K, V]):
                 del self._entries[next(iter(self._entries))]
             entry = self._entries[id(obj)] = (obj, self._encode(obj))
         return entry[1]
+
+
+def encode_attributes(
+    attributes: Mapping[str, Any], encode: Callable[[str, Any], E], known: dict[tuple[str, str | int], E], limit: int
+) -> list[E]:
+    """``encode(key, value)`` of each attribute; one that cannot be encoded is logged and dropped.
+
+    This loop is an encoder's hot spot. The agent's attributes repeat (methods, routes, addresses,
+    status codes), so a string's or an int's encoding is remembered in ``known`` by (key, value),
+    up to ``limit`` pairs (then ``known`` starts again empty); only those two exact types, so that
+    neither ``True`` nor ``1.0`` can stand for ``1``.
+    """
+    encoded: list[E] = []
+    for key, value in attributes.items():
+        try:
+            kind = type(value)
+            if kind is str or kind is int:
+                pair = known.get((key, value))
+                if pair is None:
+                    if len(known) >= limit:
+                        known.clear()
+                    pair = known[(key, value)] = encode(key, value)
+                encoded.append(pair)
+            else:
+                encoded.append(encode(key, value))
+        except Exception:
+            _logger.exception("attribute %r cannot be encoded as OTLP, dropped", key)
+    return encoded
