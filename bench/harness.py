@@ -158,12 +158,14 @@ def bpf_holders() -> set[int]:
 
 
 class Watch(threading.Thread):
-    """Twice a second until stopped: the agent's VmRSS (``peak``, ``samples``) and other processes
-    holding BPF programs (``others``)."""
+    """Twice a second until stopped: the agent's VmRSS (``peak``, ``samples``) and CPU seconds so
+    far (``cpu``: (monotonic time, CPU seconds), the first taken at the start), and other
+    processes holding BPF programs (``others``)."""
 
     def __init__(self, agent: int | None) -> None:
         super().__init__(daemon=True)
         self.agent, self.peak, self.samples = agent, 0.0, list[float]()
+        self.cpu = [(time.monotonic(), cpu_seconds(agent))] if agent else []
         self.others, self.stop = set[int](), threading.Event()
 
     def run(self) -> None:
@@ -172,10 +174,19 @@ class Watch(threading.Thread):
             if self.agent:
                 try:
                     rss = status_mb(self.agent, "VmRSS")
+                    self.cpu.append((time.monotonic(), cpu_seconds(self.agent)))
                 except OSError:
                     return
                 self.samples.append(rss)
                 self.peak = max(self.peak, rss)
+
+    def cores_after(self, seconds: float) -> float:
+        """The agent's CPU, in cores, from ``seconds`` after the start to the last sample: what
+        it settles at once its CPU budget has acted (0.0 without samples that late)."""
+        late = [(t, cpu) for t, cpu in self.cpu if t - self.cpu[0][0] >= seconds] if self.cpu else []
+        if len(late) < 2:
+            return 0.0
+        return (late[-1][1] - late[0][1]) / (late[-1][0] - late[0][0])
 
     def finish(self) -> Watch:
         self.stop.set()

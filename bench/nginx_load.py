@@ -16,8 +16,9 @@ Per traced run: requests wrk completed (and non-2xx answers); SERVER spans from 
 (resource ``process.pid``), CLIENT spans from wrk's; the ``http.server.request.duration`` count
 for nginx's resources (temporality-aware); the self-metrics ``otel_ebpf.spans.shed`` (0 if the
 agent has none), ``otel_ebpf.events.lost``, ``otel_ebpf.kernel.drops``, ``otel_ebpf.spans.dropped``;
-ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at start-up, and under
-load), RSS (sampled under load, and peak), and its exit time after SIGINT.
+ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at start-up, under
+load, and settled: from ``SETTLE_S`` into the load, once its CPU budget has acted), RSS (sampled
+under load, and peak), and its exit time after SIGINT.
 
 The invariant: every exchange is either a span or counted as shed; both sides are traced, so
 ``(server spans + client spans + shed) / (2 x requests)`` is 1 (up to the <= 16 requests in flight
@@ -61,6 +62,7 @@ from harness import (
 from results import write_result
 
 CONNECTIONS = 16
+SETTLE_S = 3.0  # into a load, the CPU budget has acted (budget.py: 2 s of patience, then one cut)
 NGINX_CONF = """\
 worker_processes 1;
 pid {tmp}/nginx.pid;
@@ -132,6 +134,7 @@ class Run(WrkRun):
     agent_cpu_s: float = 0.0  # whole run (os.wait4)
     agent_cpu_startup_s: float = 0.0
     agent_cpu_load_s: float = 0.0  # from the start of the load to SIGINT
+    agent_cores_settled: float = 0.0  # CPU per second from SETTLE_S into the load to its end
     agent_startup_s: float = 0.0
     agent_rss_load_mb: float = 0.0  # max sampled under load
     agent_peak_rss_mb: float = 0.0  # ru_maxrss
@@ -199,6 +202,7 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
             agent_cpu_s=usage.cpu_total_s,
             agent_cpu_startup_s=usage.cpu_startup_s,
             agent_cpu_load_s=cpu_load,
+            agent_cores_settled=watch.cores_after(SETTLE_S),
             agent_startup_s=usage.startup_s,
             agent_rss_load_mb=watch.peak,
             agent_peak_rss_mb=usage.maxrss_mb,
@@ -235,6 +239,7 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "false_error_server_spans": sum(r.error_server_spans for r in traced if r.non_2xx == 0),
         "false_error_client_spans": sum(r.error_client_spans for r in traced if r.non_2xx == 0),
         "agent_cpu_us_per_request_load": round(sum(r.agent_cpu_load_s for r in traced) / requests * 1e6, 1),
+        "agent_cores_settled": round(med(r.agent_cores_settled for r in traced), 3),
         "agent_cpu_us_per_request_after_startup": round(
             sum(r.agent_cpu_s - r.agent_cpu_startup_s for r in traced) / requests * 1e6, 1
         ),
@@ -268,6 +273,7 @@ COLUMNS = [  # (header, key, format)
     ("false ERR", "false_error_spans", "{}"),
     ("CPU µs/req", "agent_cpu_us_per_request_after_startup", "{:.1f}"),
     ("CPU s run", "agent_cpu_s_whole_run", "{:.2f}"),
+    ("cores settled", "agent_cores_settled", "{:.2f}"),
     ("RSS load", "agent_rss_load_mb", "{} MB"),
     ("RSS peak", "agent_peak_rss_mb", "{} MB"),
     ("exit s", "agent_exit_s", "{:.2f}"),
@@ -341,7 +347,8 @@ def main() -> None:
     print(
         "invariant: (server + client spans + shed) / (2 x requests) = 1 (both sides traced), up to 16 requests "
         "in flight per run when wrk stops; "
-        "CPU µs/req: whole run less start-up (load and final flush) per request"
+        "CPU µs/req: whole run less start-up (load and final flush) per request; "
+        f"cores settled: the agent's CPU from {SETTLE_S:g} s into the load to its end (its budget has acted)"
     )
     write_result(
         "nginx_load",
