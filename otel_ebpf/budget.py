@@ -18,6 +18,9 @@ from __future__ import annotations
 MIN_KEEP = 1 / 1024  # the kernel's resolution
 PATIENCE = 2  # periods over budget before shedding starts
 HEADROOM = 0.8  # "well under budget": below this share of it
+# One cut divides the share by at most this: a second in which the kernel shed nearly everything
+# on backlog (a burst that filled half the ring) says little about what the agent can take.
+MAX_CUT = 32
 
 
 class CpuBudget:
@@ -41,7 +44,7 @@ class CpuBudget:
         if self._over >= PATIENCE:
             counted = requests - last[2]
             copied = min(self.keep, max(0.0, 1 - (shed - last[3]) / counted)) if counted > 0 else self.keep
-            self.keep = max(MIN_KEEP, copied * self.cores / used)
+            self.keep = max(MIN_KEEP, self.keep / MAX_CUT, copied * self.cores / used)
         elif used < HEADROOM * self.cores:  # toward the budget, at most doubling
             self.keep = min(1.0, self.keep * (min(2.0, self.cores / used) if used > 0 else 2.0))
         return self.keep

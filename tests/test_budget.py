@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.budget import MIN_KEEP, CpuBudget
+from otel_ebpf.budget import MAX_CUT, MIN_KEEP, CpuBudget
 
 
 def feed(budget: CpuBudget, usages: list[float]) -> list[float]:
@@ -37,6 +37,13 @@ def test_the_cut_scales_what_was_copied_when_the_kernel_also_shed_on_backlog() -
     budget.update(0.0, 0.0, 0, 0)
     budget.update(1.0, 1.0, 1000, 800)
     assert budget.update(2.0, 2.0, 2000, 1600) == pytest.approx(0.2 * 0.5 / 1.0)
+
+
+def test_a_second_with_everything_shed_cuts_by_at_most_max_cut() -> None:
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 0.0, 0, 0)
+    budget.update(1.0, 1.0, 1000, 1000)
+    assert budget.update(2.0, 2.0, 2000, 2000) == 1 / MAX_CUT
 
 
 def test_the_share_grows_back_in_proportion_to_the_room() -> None:
