@@ -3,9 +3,10 @@
 The kernel sheds whole HTTP/1 exchanges at the share this controller sets (bpf/http1_summary.h,
 ``SET_KEEP_1024``); the metrics stay exact because the kernel counts every request anyway. Over
 budget for ``PATIENCE`` periods in a row (one busy second, a burst of start-up work, is no
-overload), the share drops in proportion to the excess; under ``HEADROOM`` of the budget it grows
-back in proportion to the room, at most doubling per period. Pure: fed CPU and wall time (and the
-kernel's request counts), it reads no clock.
+overload), the share drops in proportion to the excess, and the next cut waits as long again: the
+period after a cut still reads the backlog copied at the old share. Under ``HEADROOM`` of the
+budget the share grows back in proportion to the room, at most doubling per period. Pure: fed CPU
+and wall time (and the kernel's request counts), it reads no clock.
 
 The cut scales the share of exchanges the agent really received over the period. When user space
 falls behind, the kernel also sheds on ring backlog, and the agent's CPU then shows only what it
@@ -45,6 +46,8 @@ class CpuBudget:
             counted = requests - last[2]
             copied = min(self.keep, max(0.0, 1 - (shed - last[3]) / counted)) if counted > 0 else self.keep
             self.keep = max(MIN_KEEP, self.keep / MAX_CUT, copied * self.cores / used)
+            # The next period still ends the ring's backlog of the old share: judged anew after it.
+            self._over = 0
         elif used < HEADROOM * self.cores:  # toward the budget, at most doubling
             self.keep = min(1.0, self.keep * (min(2.0, self.cores / used) if used > 0 else 2.0))
         return self.keep

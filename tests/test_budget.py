@@ -26,8 +26,15 @@ def test_one_busy_period_is_no_overload() -> None:
 
 
 def test_sustained_excess_sheds_in_proportion_then_recovers() -> None:
-    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 1.0, 0.5, 0.2, 0.2, 0.2])
-    assert keeps == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 1.0]
+    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 1.0, 1.0, 0.5, 0.2, 0.2, 0.2])
+    assert keeps == [1.0, 0.5, 0.5, 0.25, 0.25, 0.5, 1.0, 1.0]
+
+
+def test_the_period_after_a_cut_is_not_judged_alone() -> None:
+    """The cut reached the budget; the next period, still busy with the ring's backlog of the old
+    share, shows the old usage: no second cut on it."""
+    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 0.95, 0.5, 0.5])
+    assert keeps == [1.0, 0.5, 0.5, 0.5, 0.5]
 
 
 def test_the_cut_scales_what_was_copied_when_the_kernel_also_shed_on_backlog() -> None:
