@@ -28,6 +28,7 @@ from .exporters import build_sink
 from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
+from .niceness import set_niceness
 from .pii import build_scrubber
 from .pipeline import Pipeline
 from .pipeline.assembly import TraceAssembler
@@ -203,6 +204,10 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
+    nice = config.capture.nice
+    if nice:  # from the start: BCC's compile, seconds of CPU, yields to the applications too
+        set_niceness(nice)
+        log.info("scheduling: nice %d (capture.nice): the traced applications run first when CPUs are short", nice)
     kernel_http_metrics = config.capture.kernel_http_metrics
     agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
     probe = SocketProbe(
@@ -293,13 +298,18 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 next_kernel_stats = now + KERNEL_STATS_S
                 shed = kernel_summaries(time.time_ns())
                 cpu = time.process_time() - other_cpu
-                probe.keep_exchanges(budget.update(cpu, now, http_requests, sum(shed.values())))
+                keep = budget.update(cpu, now, http_requests, sum(shed.values()))
+                probe.keep_exchanges(keep)
+                log.debug("cpu budget: %.3f s of CPU so far, copying %.4f of new HTTP/1 exchanges", cpu, keep)
             other_cpu += time.thread_time() - captured
             health.beat()
             if not ready:  # probes attached and one turn of the pipeline done
                 ready = True
                 health.ready_now()
         health.stopping()
+        # The final drain and flush must not wait on the applications: back to the default niceness.
+        if nice and not set_niceness(0):
+            log.debug("stopping at nice %d: lowering it needs CAP_SYS_NICE", nice)
         # What the kernel handed over before the stop still counts: the ring as it stands now, at
         # most its size (MiBs: well under a second), however much traffic goes on.
         for events in probe.drain():

@@ -173,6 +173,9 @@ class CaptureConfig:
     # share of one core the agent may spend on captured traffic; past it, new HTTP/1 exchanges are
     # shed (counted) instead
     cpu_budget: float = 0.5
+    # scheduling niceness of the agent's threads (0-19): above the applications', they run first
+    # when CPUs are short (otel_ebpf/niceness.py); 0 leaves it as started
+    nice: int = 10
 
 
 @dataclass(frozen=True)
@@ -608,6 +611,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.tcp_health", _boolean, env="OTEL_EBPF_TCP_HEALTH"),
     Setting("capture.tcp_flows", _boolean, env="OTEL_EBPF_TCP_FLOWS"),
     Setting("capture.cpu_budget", _positive_number, env="OTEL_EBPF_CPU_BUDGET"),
+    Setting("capture.nice", _integer(0, 19), env="OTEL_EBPF_NICE"),
     Setting("trace.instrumented_clients", _choice("skip", "child"), env="OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS"),
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),
     Setting("trace.max_inflight", _integer(1), env="OTEL_EBPF_TRACE_MAX_INFLIGHT"),

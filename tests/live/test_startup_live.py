@@ -2,11 +2,13 @@
 
 A ready file left by a killed agent is removed before the probes attach, so it never says "ready"
 early; a ``--pid`` target that exits while the probes attach leaves nothing to trace: the agent
-stops with exit code 2 instead of reporting ready (otel_ebpf/preflight.py).
+stops with exit code 2 instead of reporting ready (otel_ebpf/preflight.py). Once it runs, all its
+threads are at its configured niceness.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import AGENT, REPO
+from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
 
 pytestmark = pytest.mark.bpf
 
@@ -57,3 +60,24 @@ def test_stale_ready_file_goes_first_and_a_target_gone_during_start_up_stops_the
     assert f"otel-ebpf: targets.pids (--pid): exited while the agent started: {target.pid}\n" in stderr
     assert "Traceback" not in stderr
     assert not ready.exists()
+
+
+def _nice(pid: int, tid: str) -> int:
+    """The niceness of thread ``tid`` of ``pid`` (field 19 of its stat)."""
+    return int(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_every_thread_of_the_agent_runs_at_its_niceness(tmp_path: Path) -> None:
+    """``capture.nice``: the main thread and the exporters' threads alike, so that
+    under CPU contention the traced applications run first (otel_ebpf/niceness.py)."""
+    target = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    agent = None
+    try:
+        agent = start_file_agent(tmp_path, target.pid, "capture:\n  nice: 7\n")
+        threads = sorted(p.name for p in Path(f"/proc/{agent.pid}/task").iterdir())
+        assert len(threads) > 1  # the exporters' threads at least
+        assert {tid: _nice(agent.pid, tid) for tid in threads} == dict.fromkeys(threads, 7)
+        assert _nice(target.pid, str(target.pid)) == os.getpriority(os.PRIO_PROCESS, 0)  # the traced keeps its own
+        stop_file_agent(agent)
+    finally:
+        kill_all(agent, target)
