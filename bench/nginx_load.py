@@ -24,7 +24,11 @@ The invariant: every exchange is either a span or counted as shed; both sides ar
 ``(server spans + client spans + shed) / (2 x requests)`` is 1 (up to the <= 16 requests in flight
 when wrk stops, which nginx answers but wrk does not count).
 
-Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]``
+``--nice N`` runs the agent at niceness N (``OTEL_EBPF_NICE``) instead of its default
+(``capture.nice``): ``--nice 0`` shows what yielding the CPU to the applications is worth.
+
+Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]
+[--nice N]``
 """
 
 from __future__ import annotations
@@ -142,8 +146,9 @@ class Run(WrkRun):
     shared: list[int] = field(default_factory=list)  # other BPF users during the load
 
 
-def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None = None) -> Run:
-    """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there."""
+def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None = None, nice: int | None = None) -> Run:
+    """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there; ``nice``: the
+    agent's niceness (None: its default)."""
     with tempfile.TemporaryDirectory(prefix="nginx-load-") as tmp_name:
         tmp = Path(tmp_name)
         nginx = Nginx(tmp)
@@ -155,7 +160,8 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
                 w = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
                 return Run(**asdict(w), shared=sorted(watch.finish().others))
             nginx_pids = nginx.pids
-            with Agent(["--port", str(nginx.port)], tmp / "out") as agent:
+            env = None if nice is None else {**os.environ, "OTEL_EBPF_NICE": str(nice)}
+            with Agent(["--port", str(nginx.port)], tmp / "out", env) as agent:
                 watch = Watch(agent.pid)
                 watch.start()
                 cpu_before = cpu_seconds(agent.pid)
@@ -305,6 +311,7 @@ def main() -> None:
         metavar="DIR",
         help="keep each traced run's agent output in DIR/<load>-<round> (can be GBs at max)",
     )
+    parser.add_argument("--nice", type=int, choices=range(20), metavar="N", help="the agent's niceness (0-19)")
     args = parse_live_args(parser, duration=5.0, rounds=3, quick=(2.0, 1), tools=("nginx", "wrk"))
     loads: list[float | None] = ([] if args.no_max else [None]) + [float(r) for r in args.rates.split(",") if r]
     rows, runs = [], []
@@ -318,7 +325,7 @@ def main() -> None:
                     args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
                 )
                 run = unshared(
-                    partial(measure, rate, args.duration, is_traced, keep),
+                    partial(measure, rate, args.duration, is_traced, keep, args.nice),
                     lambda r: r.shared,
                     args.wait_quiet,
                     progress,
@@ -340,8 +347,8 @@ def main() -> None:
     print(
         f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
         f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
-        f"agent: --port, file exporter, SIGINT right after the load; {os.cpu_count()} CPUs, "
-        f"kernel {os.uname().release}"
+        f"agent: --port, file exporter, {'' if args.nice is None else f'nice {args.nice}, '}"
+        f"SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}"
     )
     print_table(rows)
     print(
@@ -360,6 +367,7 @@ def main() -> None:
                 "connections": CONNECTIONS,
                 "loads": [("max" if r is None else r) for r in loads],
                 "agent": "--port PORT --exporter file",
+                "agent_nice": "default (capture.nice)" if args.nice is None else args.nice,
             },
             "loads": rows,
             "runs": runs,
