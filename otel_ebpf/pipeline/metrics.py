@@ -153,7 +153,10 @@ class ProcessMetrics:
 
     def _series_at(self, scope: InstrumentationScope, spec: InstrumentSpec, key: tuple, now_ns: int) -> _Series:
         """The series of ``key`` (sorted attribute items), made if new (or the overflow series)."""
-        by_attributes = self._series.setdefault((scope, spec.name), {})
+        instrument = (scope, spec.name)
+        by_attributes = self._series.get(instrument)
+        if by_attributes is None:  # not setdefault: that would make a dict per call to throw away
+            by_attributes = self._series[instrument] = {}
         series = by_attributes.get(key)
         if series is None:
             if self._count >= self._max_series:

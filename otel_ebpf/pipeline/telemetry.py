@@ -102,6 +102,18 @@ def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, 
     return attributes
 
 
+class _ProtocolScope(InstrumentationScope):
+    """A protocol's scope, which keys its metric series on every exchange: hashed once, not per
+    lookup (the SDK's hashes a new tuple each time)."""
+
+    def __init__(self, name: str, version: str) -> None:
+        super().__init__(name, version)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class Telemetry:
     """Turns exchanges into spans (collected by ``take_spans``) and metric points (``collect_metrics``)."""
 
@@ -126,7 +138,7 @@ class Telemetry:
         }
         self._specs.update((spec.name, spec) for spec in tcp_metrics.INSTRUMENTS)
         self._tcp_scope = InstrumentationScope("otel_ebpf.tcp", __version__)
-        self._scopes = {p.name: InstrumentationScope(f"otel_ebpf.protocols.{p.name}", __version__) for p in protocols}
+        self._scopes = {p.name: _ProtocolScope(f"otel_ebpf.protocols.{p.name}", __version__) for p in protocols}
         self._host_name = host_name
         self._extra = dict(extra_resource_attributes)
         self._selfmetrics = selfmetrics
@@ -140,6 +152,7 @@ class Telemetry:
         self._pending_spans: list[ReadableSpan] = []
         self._kernel_counted = _KERNEL_COUNTED if kernel_http_metrics else {}
         self._sampler = sampler or SpanSampler()
+        self._sampling = not self._sampler.keeps_everything
         self._content_filter = content_filter
 
     # ---- processes -------------------------------------------------------------------------------
@@ -201,8 +214,12 @@ class Telemetry:
         program's own span stands for it) and its metric points."""
         process = self._process(pid)
         scope = self._scopes[protocol]
-        if context.emit and not self._sampler.keep(
-            context.trace_id, description.status is StatusCode.ERROR, description.end_ns - description.start_ns
+        if (
+            context.emit
+            and self._sampling
+            and not self._sampler.keep(
+                context.trace_id, description.status is StatusCode.ERROR, description.end_ns - description.start_ns
+            )
         ):
             self._selfmetrics.add("otel_ebpf.spans.shed", 1, {"reason": "sampled"})
         elif context.emit:
