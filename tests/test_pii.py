@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from otel_ebpf import pii
 from otel_ebpf.pii import (
     KIND_NAMES,
     KINDS,
@@ -116,6 +117,21 @@ def test_user_patterns_and_kind_selection() -> None:
 def test_bad_user_patterns_are_refused(name: str, pattern: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         custom_kind(name, pattern)
+
+
+def test_content_is_filtered_however_many_plain_keys_came_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain keys filter_content remembers are bounded; past the bound it tests each key anew."""
+    plain: set[str] = set()
+    monkeypatch.setattr(pii, "_PLAIN_KEYS", plain)
+    for n in range(pii.MAX_PLAIN_KEYS + 10):
+        assert filter_content({f"plugin.key{n}": "a@example.com"}, PiiScrubber().scrub) == {
+            f"plugin.key{n}": "a@example.com"
+        }
+    assert len(plain) == pii.MAX_PLAIN_KEYS
+    for _ in range(2):  # a content key is never remembered as plain
+        assert filter_content({"http.response.header.x-user": ("a@example.com",)}, PiiScrubber().scrub) == {
+            "http.response.header.x-user": ("<email>",)
+        }
 
 
 def test_only_content_attributes_are_filtered() -> None:
