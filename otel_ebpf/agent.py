@@ -204,10 +204,12 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
 
     stop = StopSignal(config.run.duration_s)
     stop.install()
-    nice = config.capture.nice
-    if nice:  # from the start: BCC's compile, seconds of CPU, yields to the applications too
-        set_niceness(nice)
-        log.info("scheduling: nice %d (capture.nice): the traced applications run first when CPUs are short", nice)
+    started_nice, nice = os.getpriority(os.PRIO_PROCESS, 0), config.capture.nice
+    if nice and nice != started_nice:  # from the start: BCC's compile, seconds of CPU, yields too
+        if set_niceness(nice):
+            log.info("scheduling: nice %d (capture.nice): the traced applications run first when CPUs are short", nice)
+        else:
+            log.warning("capture.nice: cannot go from nice %d to %d without CAP_SYS_NICE", started_nice, nice)
     kernel_http_metrics = config.capture.kernel_http_metrics
     agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
     probe = SocketProbe(
@@ -307,9 +309,10 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 ready = True
                 health.ready_now()
         health.stopping()
-        # The final drain and flush must not wait on the applications: back to the default niceness.
-        if nice and not set_niceness(0):
-            log.debug("stopping at nice %d: lowering it needs CAP_SYS_NICE", nice)
+        # The final drain and flush must not wait on the applications: back to the niceness it
+        # was started with.
+        if nice and nice != started_nice and not set_niceness(started_nice):
+            log.debug("stopping at nice %d: going back to %d needs CAP_SYS_NICE", nice, started_nice)
         # What the kernel handed over before the stop still counts: the ring as it stands now, at
         # most its size (MiBs: well under a second), however much traffic goes on.
         for events in probe.drain():
