@@ -137,6 +137,10 @@ static __always_inline struct tcp_series *tcp_series_of(const void *skaddr) {
 // count so that user space tells which exchanges were in flight (the rare path pays the second
 // lookup, not every data event). An fd reused since names another socket: not counted there.
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+#ifdef TCP_RETRANSMIT_ERR
+    if (args->err)  // a failed attempt (newer kernels report those too): nothing was resent
+        return 0;
+#endif
     u64 sk = (u64)args->skaddr;
     struct tcp_owner *owner = tcp_owners.lookup(&sk);
     if (!owner)

@@ -20,6 +20,7 @@ from otel_ebpf.probes.tcp_health import (
     TcpHealthReader,
     drop_reasons,
     missing_tracepoints,
+    retransmit_reports_failures,
 )
 from otel_ebpf.protocol import Role
 from otel_ebpf.recording import decode_event, encode_event
@@ -218,6 +219,17 @@ def test_drop_reasons_are_named_as_the_kernel_prints_them(tmp_path: Path) -> Non
     fmt.write_text(fields + reason + printed)  # before Linux 6.8: no socket to tell whose the drop was
     assert drop_reasons(fmt) is None
     assert drop_reasons(tmp_path / "missing") is None
+
+
+def test_failed_retransmissions_are_told_apart_where_the_kernel_reports_them(tmp_path: Path) -> None:
+    tracepoint = tmp_path / "tcp_retransmit_skb"
+    tracepoint.mkdir()
+    fields = "\tfield:const void * skaddr;\toffset:16;\tsize:8;\tsigned:0;\n"
+    (tracepoint / "format").write_text(fields)
+    assert not retransmit_reports_failures(tmp_path)
+    (tracepoint / "format").write_text(fields + "\tfield:int err;\toffset:76;\tsize:4;\tsigned:1;\n")
+    assert retransmit_reports_failures(tmp_path)
+    assert not retransmit_reports_failures(tmp_path / "missing")
 
 
 @pytest.mark.bpf  # tracefs is root's

@@ -288,6 +288,7 @@ class SocketProbe:
                 "FD_TRACKING": self.socket_mode == "fd-tracking",
                 "TCP_HEALTH": self.tcp_health,
                 "MAX_TCP_SERIES": tcp_health.MAX_TCP_SERIES if self.tcp_health else None,
+                "TCP_RETRANSMIT_ERR": self.tcp_health and tcp_health.retransmit_reports_failures(),
                 "TCP_FLOWS": self._cgroup_mount is not None,
                 "INJECT": self.inject_traceparent,
             },

@@ -62,6 +62,16 @@ def missing_tracepoints(rtt_per_segment: bool, events: Path = TCP_EVENTS) -> lis
     return missing
 
 
+def retransmit_reports_failures(events: Path = TCP_EVENTS) -> bool:
+    """Whether ``tcp:tcp_retransmit_skb`` also fires for attempts that failed, with their error
+    (``err``; kernels since mid-2025): those resent nothing (the segment was still queued in the
+    host, or no memory), and the kernel's own count (``tcpi_total_retrans``) leaves them out."""
+    try:
+        return " err;" in (events / "tcp_retransmit_skb" / "format").read_text()
+    except OSError:
+        return False
+
+
 def drop_reasons(format_path: Path = KFREE_SKB) -> dict[int, str] | None:
     """The names of the kernel's drop reasons (``enum skb_drop_reason``: ``{2: "NOT_SPECIFIED",
     ...}``) as ``skb:kfree_skb`` prints them, or ``None`` where that tracepoint names no reason or
