@@ -71,6 +71,7 @@ _TARGET = re.compile(rb"[%s]+" % _TARGET_CHARS)
 _METHOD_TAIL = re.compile(rb"[A-Z][A-Z_-]{0,31}\Z")
 _STATUS_START = re.compile(rb"HTTP/1\.[01] [0-9]{3}[ \t\r\n]")
 _STATUS_PREFIX = b"HTTP/1."
+_LAST_CHUNK = b"0\r\n\r\n"  # size 0, no trailers
 _KNOWN_METHODS_LONGEST_FIRST = sorted((m.encode() for m in KNOWN_METHODS), key=lambda m: (-len(m), m))
 
 
@@ -298,6 +299,12 @@ class _Parser(ABC):
         out: list[SessionOutput] = []
         self._settle_peek()
         state = self._state
+        data = self._hidden_data_of_last_chunk(length)
+        if data is not None:
+            if self._tap is not None and data:
+                self._tap.gap(data)
+            self._emit(timestamp_ns, out, self._body + data)
+            return out
         if self._tap is not None and state in (_UNTIL_CLOSE, _LENGTH, _CHUNK_DATA):
             self._tap.gap(length)
         if state == _UNTIL_CLOSE:
@@ -324,6 +331,29 @@ class _Parser(ABC):
         self._buf = bytearray()
         self._marks = []
         return out
+
+    def _hidden_data_of_last_chunk(self, length: int) -> int | None:
+        """The body bytes a gap of ``length`` hid when it is exactly the rest of a chunked body
+        ended by a bare last chunk (no trailers), else ``None``.
+
+        A large chunked download ends with a read past the capture cap whose hidden tail is the
+        last chunk's data and the terminator (CRLF, then ``0`` CRLF CRLF), as the sender wrote them
+        together. Any other continuation of that exact size would need a chunk whose size line
+        and data are cut right there; then the next bytes do not start a message, and are counted
+        malformed as any other framing the capture broke.
+        """
+        if self._buf:  # part of a line is held: the framing ahead is not where it seems
+            return None
+        state = self._state
+        if state == _CHUNK_DATA:  # the data, its CRLF, the last chunk
+            data, framing = self._remaining, 2 + len(_LAST_CHUNK)
+        elif state == _CHUNK_END:
+            data, framing = 0, 2 + len(_LAST_CHUNK)
+        elif state == _CHUNK_SIZE:
+            data, framing = 0, len(_LAST_CHUNK)
+        else:
+            return None
+        return data if length == data + framing else None
 
     def close(self) -> list[SessionOutput]:
         """The connection ended: finish a body delimited by close, report a cut-off message."""

@@ -16,6 +16,7 @@ from otel_ebpf.protocol import (
 
 from ..genai import GenAICall, GenAIRequest, GenAIResponse
 from ..http_semconv import (
+    CAPTURE_GAP,
     CONNECTION_CLOSED,
     Headers,
     HttpTransaction,
@@ -106,8 +107,12 @@ class HTTP1Exchange(Exchange):
             # a server answers in at most the version it was asked in, so the response's is used
             version, status = response.version, response.status
             response_headers, response_body_size = response.headers, response.body_size
-            cut_short = response.incomplete == CONNECTION_CLOSED
-            error = CONNECTION_CLOSED if cut_short and not (response.genai and response.genai.reached_end) else None
+            # Cut short by the connection's end is an error, unless an LLM stream had reached its
+            # end; an end the capture lost is not, but the span says so (CAPTURE_GAP).
+            if response.incomplete == CONNECTION_CLOSED:
+                error = None if response.genai and response.genai.reached_end else CONNECTION_CLOSED
+            else:
+                error = CAPTURE_GAP if response.incomplete == CAPTURE_GAP else None
         authority = first_header(request.headers, "host")
         # positional, in field order: keywords would make this per-exchange call a third slower
         return HttpTransaction(

@@ -21,6 +21,7 @@ from typing import BinaryIO
 KEEPALIVE_REQUESTS = 200
 EARLY_REQUESTS = 3  # on a connection opened before the agent started
 LARGE_BODY = 200_000  # far past the 4 KiB capture cap
+DOWNLOAD_BODY = 1 << 20  # /download: one chunk, its terminator in the same write
 UPLOAD_BODY = 50_000
 
 
@@ -57,6 +58,12 @@ class Handler(BaseHTTPRequestHandler):
             for part in (b"hello ", b"chunked ", b"world"):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.write(b"0\r\nX-Checksum: 42\r\n\r\n")
+        elif path == "/download":  # as Node.js sends a large body: the reader's last read holds
+            self.send_response(200)  # the end of the data and the terminator, past the capture cap
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n" % DOWNLOAD_BODY + b"d" * DOWNLOAD_BODY + b"\r\n0\r\n\r\n")
         else:
             self._send(404, b'{"error": "not found"}')
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 from http1_replay import Chunk, messages, replay
 
-from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Message, Role, Sniff
+from otel_ebpf.protocol import (
+    NEED_MORE,
+    NO_MATCH,
+    ConnectionInfo,
+    Direction,
+    Endpoint,
+    Message,
+    Role,
+    Sniff,
+    StatusCode,
+)
 from otel_ebpf.protocol_testing import Replay
 from otel_ebpf.protocols.http1 import HTTP1, FifoStitcher, HTTP1Session, Request, Response
 from otel_ebpf.protocols.http1.parser import MAX_HEAD, MAX_PENDING, parse_fields
@@ -13,6 +23,7 @@ from otel_ebpf.protocols.http1.types import MALFORMED
 from otel_ebpf.protocols.http_semconv import CAPTURE_GAP, CONNECTION_CLOSED
 
 IN, OUT = Direction.INGRESS, Direction.EGRESS
+CLIENT_CONN = ConnectionInfo(Role.CLIENT, Endpoint("127.0.0.1", 50000), Endpoint("127.0.0.1", 8080))
 GET = b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
 
 
@@ -346,7 +357,48 @@ def test_gap_across_chunk_framing_resyncs_to_the_next_response() -> None:
         ("GET", "/a", 0, None, 200, 4, None),
     ]
     assert run.session.parse_errors == 0  # a gap is a known loss, not malformed input
-    assert run.exchanges[0].transaction().error is None
+    # Not the peer's failure: no error, but the span says the capture lost the end.
+    assert run.exchanges[0].transaction().error == CAPTURE_GAP
+    span = run.exchanges[0].span(CLIENT_CONN)
+    assert span.status is StatusCode.UNSET and "error.type" not in span.attributes
+    assert span.attributes["otel_ebpf.capture.gap"] is True
+    assert "otel_ebpf.capture.gap" not in run.exchanges[1].span(CLIENT_CONN).attributes
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("captured", "hidden", "body"),
+    [
+        # a download's last read: the capture stops in its one big chunk, the terminator hidden too
+        (CHUNKED_HEAD + b"100000\r\n" + b"a" * 100, 0x100000 - 100 + 7, 0x100000),
+        (CHUNKED_HEAD + b"10\r\n" + b"a" * 16, 7, 16),  # hidden from the chunk's CRLF on
+        (CHUNKED_HEAD + b"10\r\n" + b"a" * 16 + b"\r\n", 5, 16),  # hidden from the last chunk on
+    ],
+)
+def test_a_gap_that_is_exactly_the_end_of_a_chunked_body_ends_it(captured: bytes, hidden: int, body: int) -> None:
+    run = replay(chunks((IN, GET + GET), (OUT, captured, hidden), (OUT, ok(b"next"))))
+    assert brief(run) == [("GET", "/a", 0, None, 200, body, None), ("GET", "/a", 0, None, 200, 4, None)]
+    assert run.session.parse_errors == 0
+    assert run.exchanges[0].end_ns == 20  # the read that carried the end
+
+
+def test_a_gap_one_byte_off_the_end_of_a_chunked_body_is_a_capture_gap() -> None:
+    captured = CHUNKED_HEAD + b"100\r\n" + b"a" * 16
+    for hidden in (0x100 - 16 + 6, 0x100 - 16 + 8):
+        run = replay(chunks((IN, GET + GET), (OUT, captured, hidden), (OUT, ok(b"next"))))
+        assert brief(run)[0] == ("GET", "/a", 0, None, 200, None, CAPTURE_GAP)
+        assert brief(run)[1][4:] == (200, 4, None)
+
+
+def test_a_guess_the_next_bytes_contradict_counts_them_malformed() -> None:
+    # The hidden 7 bytes were a CRLF and a 2-byte chunk's size line and data, not the terminator:
+    # the message was reported ended with the content seen, the rest does not start a message.
+    captured = CHUNKED_HEAD + b"10\r\n" + b"a" * 16
+    run = replay(chunks((IN, GET + GET), (OUT, captured, 7), (OUT, b"\r\n0\r\n\r\n" + ok(b"next"))))
+    assert brief(run) == [("GET", "/a", 0, None, 200, 16, None), ("GET", "/a", 0, None, 200, 4, None)]
+    assert run.session.parse_errors == 1
 
 
 def test_gap_past_the_end_of_a_known_length_body() -> None:
