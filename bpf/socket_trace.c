@@ -332,6 +332,17 @@ struct last_read {
     u64 ts;
 };
 BPF_TABLE("lru_hash", u32, struct last_read, last_read, 16384);
+#define MEMORY_BIO_WINDOW_NS 10000000ULL  // a socket read or write this close belongs to the SSL call
+BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socket (tls_trace.c)
+// Per thread, its latest SSL call that named no socket, and when it returned: the first TLS record
+// the thread then writes to a socket, outside any SSL call, is that SSL's ciphertext leaving its
+// memory BIO (Node.js drives a client's handshake from SSL_read and SSL_write, which never touch
+// the socket, and writes their records right after).
+struct unplaced_ssl {
+    u64 ssl;
+    u64 ts;
+};
+BPF_TABLE("lru_hash", u32, struct unplaced_ssl, unplaced_ssl, 16384);
 // Processes that made an SSL call: only their syscalls can be inside one, and only their reads
 // can feed one (last_read). The rest skip that bookkeeping.
 BPF_HASH(tls_procs, u32, u8, MAX_TARGETS);
@@ -702,12 +713,8 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
         return;
     u32 tid = id, tgid = id >> 32;
     u8 tls = tls_procs.lookup(&tgid) ? IO_SSL_USER : 0;
-    struct active_ssl *ssl = tls ? active_ssl.lookup(&tid) : 0;
-    if (ssl) {
-        tls |= IO_IN_SSL;
-        if (ssl->fd < 0)
-            ssl->fd = fd;
-    }
+    if (tls && active_ssl.lookup(&tid))
+        tls |= IO_IN_SSL;  // the call's socket is named at the exit, once the fd is known to be one
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
                            .name = (u64)name, .kind = kind, .tls = tls};
     if (direction == DIR_EGRESS)
@@ -900,6 +907,24 @@ static __always_inline void copy_head(struct data_event *ev, const char *base, u
 // emit_segments goes on gathering. http_observe classifies them there, so the bytes are read from
 // user memory once, not once to classify and again to copy. While the connection's exchange is
 // shed only what classifying needs is copied; copy_rest completes it if the next one is kept.
+// A write outside any SSL call that starts with a TLS record header (content type 20-23, version
+// 3.x) right after the thread's SSL call that named no socket: that SSL's socket is fd. Returns 1
+// when so (the bytes are ciphertext). Plaintext never starts so: a connection is not taken for TLS
+// by mistake.
+static __always_inline int place_ssl(u32 tid, s32 fd, u64 ts, const char *base, u32 len) {
+    struct unplaced_ssl *unplaced = unplaced_ssl.lookup(&tid);
+    u8 record[3] = {};
+    if (!unplaced || ts - unplaced->ts >= MEMORY_BIO_WINDOW_NS || len < 3 ||
+        bpf_probe_read_user(record, sizeof(record), base))
+        return 0;
+    if (record[0] < 20 || record[0] > 23 || record[1] != 3 || record[2] > 4)
+        return 0;
+    u64 ssl = unplaced->ssl;
+    ssl_fds.update(&ssl, &fd);
+    unplaced_ssl.delete(&tid);
+    return 1;
+}
+
 static __always_inline struct data_event *copy_start(const char *base, u32 len, const struct http_state *h) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
@@ -1080,6 +1105,9 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     }
     if (ci->tls || (io.tls & IO_IN_SSL)) {  // ciphertext: the SSL probes report the plaintext
         ci->tls = 1;
+        struct active_ssl *ssl = (io.tls & IO_IN_SSL) ? active_ssl.lookup(&tid) : 0;
+        if (ssl && ssl->fd < 0)
+            ssl->fd = io.fd;
         return;
     }
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io.fd;
@@ -1107,6 +1135,10 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     }
     struct uiovec first = head[0];
     u32 first_len = first.len < ret ? first.len : ret;
+    if ((io.tls & IO_SSL_USER) && io.direction == DIR_EGRESS && place_ssl(tid, io.fd, ts, first.base, first_len)) {
+        ci->tls = 1;
+        return;
+    }
     struct data_event *ev = copy_start(first.base, first_len, &ci->http);
     if (!ev)
         return;

@@ -2,22 +2,21 @@
 // socket_trace.c, whose maps and helpers it uses. No OpenSSL struct offsets:
 //
 //   uprobe SSL_write(ssl, buf, num)      remember ssl and buf                  (active_ssl[tid])
-//     sys_enter_write(fd, ...)           the first syscall inside names the socket (socket_trace.c)
-//     sys_exit_write                     ciphertext: marks the connection TLS, emits nothing
+//     sys_exit_write                     ciphertext: marks the connection TLS, emits nothing; the
+//                                        first socket syscall inside names the call's socket
+//                                        (a read of OpenSSL's own files does not: no socket)
 //   uretprobe SSL_write -> n             emit n plaintext bytes from buf on that fd's connection
 //
 // SSL_read may return plaintext OpenSSL had already buffered, with no syscall inside: the socket
 // is then the one this SSL* last used (ssl_fds). An SSL over memory BIOs (Python asyncio's
-// SSLProtocol) never makes a syscall: its socket is learnt when a read or handshake step decrypts
-// what the same thread read from a socket just before (last_read, socket_trace.c), and used from
-// then on. The _ex variants return 1/0 and put the length in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are tracked only so that
-// their ciphertext is kept out of the socket capture.
+// SSLProtocol, Node.js) never makes a syscall: its socket is learnt when a read or handshake step
+// decrypts what the same thread read from a socket just before (last_read, socket_trace.c), or
+// when the thread next writes TLS records to a socket (unplaced_ssl: the first flight of a client
+// handshake, which Node.js starts from SSL_read), and used from then on. The _ex variants return
+// 1/0 and put the length in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are
+// tracked only so that their ciphertext is kept out of the socket capture.
 
 #include <uapi/linux/ptrace.h>
-
-BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socket
-
-#define MEMORY_BIO_WINDOW_NS 10000000ULL  // a socket read this recently feeds the SSL call
 
 static __always_inline int ssl_enter(struct pt_regs *ctx, u32 op, u64 done) {
     u64 id = current_pid_tgid();
@@ -69,8 +68,12 @@ int ssl_return(struct pt_regs *ctx) {
         else if (call.op != SSL_OP_WRITE && read && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
             fd = read->fd;
     }
-    if (fd >= 0)
+    if (fd >= 0) {
         ssl_fds.update(&call.ssl, &fd);
+    } else {  // its first records, written next, will name the socket (place_ssl, socket_trace.c)
+        struct unplaced_ssl unplaced = {.ssl = call.ssl, .ts = bpf_ktime_get_ns()};
+        unplaced_ssl.update(&tid, &unplaced);
+    }
     u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
     if (!length)
         return 0;

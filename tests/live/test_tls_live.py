@@ -199,6 +199,44 @@ def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
+def test_node_https_client_over_memory_bios(tmp_path: Path) -> None:
+    """A Node.js client: its TLS runs over memory BIOs and its handshake is driven from SSL_read
+    and SSL_write, so neither a syscall inside an SSL call nor a read just before its first write
+    names the socket; the TLS records it writes next do. OpenSSL reading its own files inside the
+    first SSL call must not name one either."""
+    ca, cert, key = _certificates(tmp_path)
+    server = subprocess.Popen([*WORKLOAD, "https-serve", str(tmp_path / "port"), cert, key])
+    try:
+        port = int(_wait_for_file(tmp_path / "port", server))
+        client = subprocess.Popen(
+            ["node", str(Path(__file__).with_name("https_client.js")), str(port), ca, str(CALLS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout.readline() == "ready\n"
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
+            out, _ = client.communicate("go\n", timeout=60)
+            assert client.returncode == 0
+            _stop(agent)
+            receiver.wait_for(lambda r: len(r.spans()) >= 2 * CALLS and bool(r.metrics()), timeout=10)
+            spans, metrics = receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+    calls = [json.loads(line) for line in out.splitlines()]
+    assert len(calls) == CALLS
+    expected = Counter((c["path"], c["status"]) for c in calls)
+    for kind in ("SERVER", "CLIENT"):
+        got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
+        assert got == expected, kind
+    node = {s["resource"]["process.pid"] for s in spans if s["kind"] == "CLIENT"}
+    assert node == {client.pid}
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
+
+
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
     lines, stderr, spans, metrics = _serve_and_call(tmp_path, "grpc-serve", "grpc-client", 0)
