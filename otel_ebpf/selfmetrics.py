@@ -85,6 +85,11 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "Outgoing requests parented through the x-request-id/x-correlation-id they forwarded",
         False,
     ),
+    "otel_ebpf.trace.forwarded_contexts": (
+        "{request}",
+        "Outgoing requests that passed on the trace context of a request their process serves (a proxy)",
+        False,
+    ),
     "otel_ebpf.trace.same_node_parents": (
         "{request}",
         "Incoming requests parented by an outgoing request of another process on the node",

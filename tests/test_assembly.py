@@ -216,6 +216,21 @@ def test_outgoing_request_of_an_instrumented_program(mode: str) -> None:
     assert "http.client.request.duration" in names
 
 
+@pytest.mark.parametrize("mode", ["skip", "child"])
+def test_a_proxy_passing_on_the_context_it_received_gets_its_client_span(mode: str) -> None:
+    """The gateway is a proxy (nginx's default): it forwards the loader's traceparent unchanged.
+    That header is no sign of an instrumented gateway; its call is its request's child."""
+    header = b"traceparent: 00-%s-%s-01\r\n" % (TRACE_HEX.encode(), SPAN_HEX.encode())
+    run = Assembly(instrumented_clients=mode)
+    events = [info(GATEWAY), info(SERVICE), info(BACKEND), *chain(1, "r1", header, header)]
+    spans = run.run(events)
+    assert_chain(spans)
+    assert named(spans)[(GATEWAY, "SERVER")].parent.span_id == int(SPAN_HEX, 16)
+    assert {s.context.trace_id for s in spans} == {int(TRACE_HEX, 16)}
+    assert run.total("otel_ebpf.trace.forwarded_contexts") == 1
+    assert run.assembler.inflight == 0
+
+
 def event_loop() -> list[Event]:
     """The service is an event loop (one thread, 201) serving two connections (fds 5 and 7)."""
     other = Endpoint("127.0.0.1", 41001)

@@ -8,7 +8,9 @@ served starts after that request did and completes before it does. The rules, in
    observed process (its peer is their local end and the reverse), still in flight, is that
    request's child, in the same trace.
 2. *Propagated context.* An incoming request carrying ``traceparent`` or B3 joins that trace, the
-   caller's span as parent (``tracestate`` kept). An outgoing request that carries one comes from an
+   caller's span as parent (``tracestate`` kept). An outgoing request that carries the very context
+   an incoming request its process is serving brought was forwarded (a proxy passes the header on):
+   it is that request's child. Any other outgoing request that carries one comes from an
    instrumented program, whose own span already stands for it: by default the agent emits no span
    for it (``instrumented_clients="skip"``), or with ``"child"`` one under the program's span.
 3. *Correlation id.* An outgoing request that carries the ``x-request-id`` (or
@@ -80,6 +82,7 @@ Thread = tuple[int, int]  # (pid, tid)
 K = TypeVar("K", bound=Hashable)
 # (client address, client port, server address, server port, stream): plain values, hashed in C
 Pair = tuple[str, int, str, int, "int | None"]
+Received = tuple[int, int, int]  # (pid, trace id, caller's span id) an incoming request brought
 
 
 def _pair(client: Endpoint, server: Endpoint, stream: int | None) -> Pair:
@@ -109,6 +112,7 @@ class RequestContext:
     started: tuple | None = None  # key into TraceAssembler._started: (ConnKey, start) or a message slot
     thread: Thread | None = None  # serving thread, for an incoming request
     correlation: tuple[int, str] | None = None  # (pid, correlation id), for an incoming request
+    received: Received | None = None  # the context an incoming request brought
     pair: Pair | None = None  # its connection's ends, for an outgoing request
     done: bool = False
     _span_context: SpanContext | None = field(default=None, repr=False)
@@ -146,6 +150,7 @@ class TraceAssembler:
         self._served: OrderedDict[Thread, deque[tuple[int, RequestContext]]] = OrderedDict()
         self._pairs: dict[Pair, deque[RequestContext]] = {}  # outgoing requests by connection ends
         self._correlated: dict[tuple[int, str], list[RequestContext]] = {}  # incoming, by (pid, id)
+        self._received: dict[Received, list[RequestContext]] = {}  # incoming, by the context they brought
         # messaging: sent messages by id (LRU, bounded like the in-flight table) and, per thread,
         # the message it received last
         self._sent: OrderedDict[Hashable, RequestContext] = OrderedDict()
@@ -200,6 +205,9 @@ class TraceAssembler:
             if correlation is not None:
                 context.correlation = (key[0], correlation)
                 self._correlated.setdefault(context.correlation, []).append(context)
+            if propagated is not None:
+                context.received = (key[0], propagated.trace_id, propagated.span_id)
+                self._received.setdefault(context.received, []).append(context)
         elif conn.local is not None and conn.peer is not None:
             context.pair = _pair(conn.local, conn.peer, stream)
             self._pairs.setdefault(context.pair, deque()).append(context)
@@ -283,6 +291,12 @@ class TraceAssembler:
             return self._injected((key[0], tid), kernel)
         if propagated is not None:
             self._metrics.add("otel_ebpf.trace.propagated", 1, {"format": propagated.format, "side": "client"})
+            receivers = self._received.get((key[0], propagated.trace_id, propagated.span_id))
+            if receivers:
+                # Forwarded, not made: no span of the program stands for this call. Requests
+                # served with the same context are siblings; the latest is as good a parent.
+                self._metrics.add("otel_ebpf.trace.forwarded_contexts")
+                return self._child(receivers[-1], span_id)
             if self._skip_instrumented:
                 # The program's span (named by the header) stands in for ours: a same-node server
                 # that finds this context links to it.
@@ -439,8 +453,9 @@ class TraceAssembler:
         _unregister(self._started, context.started, context)
         _unregister(self._threads, context.thread, context)
         _unregister(self._correlated, context.correlation, context)
+        _unregister(self._received, context.received, context)
         _unregister(self._pairs, context.pair, context)
-        context.thread = context.correlation = context.pair = None
+        context.thread = context.correlation = context.received = context.pair = None
 
 
 def _unregister(index: dict, key: object, context: RequestContext) -> None:
