@@ -76,32 +76,34 @@ def _start_agent(
 
 
 def _client_and_agent(
-    tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, command: str, port: int, ca: str
+    tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, client_argv: list[str], port: int, ca: str
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
-    """A client waiting for its go line, and the agent tracing it and the server (by pid: other
-    programs on a busy machine stay out of the counts)."""
+    """A client (``client_argv`` PORT CA CALLS) waiting for its go line, and the agent tracing it
+    and the server (by pid: other programs on a busy machine stay out of the counts)."""
     client = subprocess.Popen(
-        [*WORKLOAD, command, str(port), ca, str(CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [*client_argv, str(port), ca, str(CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert client.stdout.readline() == "ready\n"
     agent = _start_agent(tmp, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
     return client, agent
 
 
-def _serve_and_call(tmp: Path, serve: str, call: str, spans_expected: int) -> tuple[list[str], str, list, dict]:
-    """A TLS server and a client of it (``tls_peers.py`` commands), both traced from the start:
-    the client's output lines, the agent's stderr, and what the receiver got."""
+def _serve_and_call(
+    tmp: Path, serve: str, client_argv: list[str], spans_expected: int
+) -> tuple[list[str], str, list, dict, int]:
+    """A TLS server (a ``tls_peers.py`` command) and a client of it, both traced from the start:
+    the client's output lines, the agent's stderr, what the receiver got, and the client's pid."""
     ca, cert, key = _certificates(tmp)
     server = subprocess.Popen([*WORKLOAD, serve, str(tmp / "port"), cert, key])
     try:
         port = int(_wait_for_file(tmp / "port", server))
         with OTLPReceiver() as receiver:
-            client, agent = _client_and_agent(tmp, receiver, server, call, port, ca)
+            client, agent = _client_and_agent(tmp, receiver, server, client_argv, port, ca)
             out, _ = client.communicate("go\n", timeout=60)
             assert client.returncode == 0
             stderr = _stop(agent)
             receiver.wait_for(lambda r: len(r.spans()) >= spans_expected and bool(r.metrics()), timeout=10)
-            return out.splitlines(), stderr, receiver.spans(), receiver.metrics()
+            return out.splitlines(), stderr, receiver.spans(), receiver.metrics(), client.pid
     finally:
         server.kill()
         server.wait()
@@ -112,6 +114,16 @@ def _stop(agent: subprocess.Popen) -> str:
     stderr = agent.communicate(timeout=60)[1]
     assert agent.returncode == 0, stderr
     return stderr
+
+
+def _assert_each_call_on_both_sides(lines: list[str], spans: list[dict]) -> None:
+    """One SERVER and one CLIENT span per call the client reported (a JSON line each)."""
+    calls = [json.loads(line) for line in lines]
+    assert len(calls) == CALLS
+    expected = Counter((c["path"], c["status"]) for c in calls)
+    for kind in ("SERVER", "CLIENT"):
+        got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
+        assert got == expected, kind
 
 
 def _path(span: dict) -> str:
@@ -189,12 +201,8 @@ def test_https_plaintext_becomes_spans(tmp_path: Path, socket_mode: str) -> None
 def test_asyncio_tls_over_memory_bios(tmp_path: Path) -> None:
     """aiohttp on both ends: asyncio's SSLProtocol decrypts through memory BIOs, so no syscall
     happens inside SSL_read; the socket is the one the thread read just before."""
-    lines, _, spans, metrics = _serve_and_call(tmp_path, "async-serve", "async-client", 2 * CALLS)
-    calls = [json.loads(line) for line in lines]
-    expected = Counter((c["path"], c["status"]) for c in calls)
-    for kind in ("SERVER", "CLIENT"):
-        got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
-        assert got == expected, kind
+    lines, _, spans, metrics, _ = _serve_and_call(tmp_path, "async-serve", [*WORKLOAD, "async-client"], 2 * CALLS)
+    _assert_each_call_on_both_sides(lines, spans)
     assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
@@ -204,42 +212,17 @@ def test_node_https_client_over_memory_bios(tmp_path: Path) -> None:
     and SSL_write, so neither a syscall inside an SSL call nor a read just before its first write
     names the socket; the TLS records it writes next do. OpenSSL reading its own files inside the
     first SSL call must not name one either."""
-    ca, cert, key = _certificates(tmp_path)
-    server = subprocess.Popen([*WORKLOAD, "https-serve", str(tmp_path / "port"), cert, key])
-    try:
-        port = int(_wait_for_file(tmp_path / "port", server))
-        client = subprocess.Popen(
-            ["node", str(Path(__file__).with_name("https_client.js")), str(port), ca, str(CALLS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert client.stdout.readline() == "ready\n"
-        with OTLPReceiver() as receiver:
-            agent = _start_agent(tmp_path, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
-            out, _ = client.communicate("go\n", timeout=60)
-            assert client.returncode == 0
-            _stop(agent)
-            receiver.wait_for(lambda r: len(r.spans()) >= 2 * CALLS and bool(r.metrics()), timeout=10)
-            spans, metrics = receiver.spans(), receiver.metrics()
-    finally:
-        server.kill()
-        server.wait()
-    calls = [json.loads(line) for line in out.splitlines()]
-    assert len(calls) == CALLS
-    expected = Counter((c["path"], c["status"]) for c in calls)
-    for kind in ("SERVER", "CLIENT"):
-        got = Counter((_path(s), s["attributes"]["http.response.status_code"]) for s in spans if s["kind"] == kind)
-        assert got == expected, kind
-    node = {s["resource"]["process.pid"] for s in spans if s["kind"] == "CLIENT"}
-    assert node == {client.pid}
+    client = ["node", str(Path(__file__).with_name("https_client.js"))]
+    lines, _, spans, metrics, pid = _serve_and_call(tmp_path, "https-serve", client, 2 * CALLS)
+    _assert_each_call_on_both_sides(lines, spans)
+    assert {s["resource"]["process.pid"] for s in spans if s["kind"] == "CLIENT"} == {pid}
     assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
 
 
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
-    lines, stderr, spans, metrics = _serve_and_call(tmp_path, "grpc-serve", "grpc-client", 0)
+    lines, stderr, spans, metrics, _ = _serve_and_call(tmp_path, "grpc-serve", [*WORKLOAD, "grpc-client"], 0)
     assert len(lines) == CALLS
     assert "cygrpc" in stderr and "no SSL_read/SSL_write symbols" in stderr
     assert spans == []
