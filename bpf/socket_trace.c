@@ -902,11 +902,6 @@ static __always_inline void copy_head(struct data_event *ev, const char *base, u
     ev->length = len;
 }
 
-// The first bytes a syscall or SSL call moved (len of them at base: its buffer, or its first
-// iovec segment), copied into the CPU's data event, which then holds them as the run that
-// emit_segments goes on gathering. http_observe classifies them there, so the bytes are read from
-// user memory once, not once to classify and again to copy. While the connection's exchange is
-// shed only what classifying needs is copied; copy_rest completes it if the next one is kept.
 // A write outside any SSL call that starts with a TLS record header (content type 20-23, version
 // 3.x) right after the thread's SSL call that named no socket: that SSL's socket is fd. Returns 1
 // when so (the bytes are ciphertext). Plaintext never starts so: a connection is not taken for TLS
@@ -925,6 +920,11 @@ static __always_inline int place_ssl(u32 tid, s32 fd, u64 ts, const char *base, 
     return 1;
 }
 
+// The first bytes a syscall or SSL call moved (len of them at base: its buffer, or its first
+// iovec segment), copied into the CPU's data event, which then holds them as the run that
+// emit_segments goes on gathering. http_observe classifies them there, so the bytes are read from
+// user memory once, not once to classify and again to copy. While the connection's exchange is
+// shed only what classifying needs is copied; copy_rest completes it if the next one is kept.
 static __always_inline struct data_event *copy_start(const char *base, u32 len, const struct http_state *h) {
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
