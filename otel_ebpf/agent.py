@@ -318,8 +318,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         for events in probe.drain():
             take(events, None)
         kernel_summaries(None)
-        if agent is not None:
-            log.info("kernel drop counters: %s, shed: %s", probe.kernel_stats(), probe.shed_requests())
+        # A recording has no self-metrics: this line is what says what the kernel lost meanwhile.
+        log.info("kernel drop counters: %s, shed: %s", probe.kernel_stats(), probe.shed_requests())
     finally:
         # Detaching takes the kernel seconds (a grace period per probe): it goes on while the
         # pipeline flushes and the exporters send their last batches.
