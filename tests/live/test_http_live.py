@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AGENT, REPO
+from tests.conftest import AGENT, REPO, run_agent_command
 from tests.otlp_receiver import OTLPReceiver, load_file_spans
 
 pytestmark = pytest.mark.bpf
@@ -246,12 +246,8 @@ def test_file_exporter_got_the_same_spans(live: tuple) -> None:
 
 def test_replay_reproduces_the_live_spans(live: tuple, tmp_path: Path) -> None:
     run, spans, _ = live
-    result = subprocess.run(
-        [*AGENT, "replay", str(run.tmp / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_agent_command(
+        "replay", str(run.tmp / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path), timeout=120
     )
     assert result.returncode == 0, result.stderr
     replayed = load_file_spans(tmp_path / "traces.jsonl")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AGENT, REPO
+from tests.conftest import AGENT, REPO, run_agent_command
 from tests.live.test_http_live import _wait_for_file
 from tests.otlp_receiver import load_file_spans
 
@@ -62,12 +62,8 @@ def test_a_recording_replays_into_the_spans_of_what_it_saw(tmp_path: Path) -> No
     assert json.loads(lines[0])["format"] == "otel-ebpf-events"
     assert sum(json.loads(line).get("type") == "ConnData" for line in lines[1:]) >= 2 * len(PATHS)
 
-    replay = subprocess.run(
-        [*AGENT, "replay", "--exporter", "file", "--output", str(tmp_path / "out"), str(tmp_path / "events.jsonl")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    replay = run_agent_command(
+        "replay", str(tmp_path / "events.jsonl"), "--exporter", "file", "--output", str(tmp_path / "out"), timeout=120
     )
     assert replay.returncode == 0, replay.stderr
     spans = load_file_spans(tmp_path / "out")
