@@ -108,11 +108,12 @@ class HTTP1Exchange(Exchange):
             version, status = response.version, response.status
             response_headers, response_body_size = response.headers, response.body_size
             # Cut short by the connection's end is an error, unless an LLM stream had reached its
-            # end; an end the capture lost is not, but the span says so (CAPTURE_GAP).
+            # end; an end the capture lost (the response's, or the request's: a chunked upload) is
+            # not, but the span says so (CAPTURE_GAP).
             if response.incomplete == CONNECTION_CLOSED:
                 error = None if response.genai and response.genai.reached_end else CONNECTION_CLOSED
             else:
-                error = CAPTURE_GAP if response.incomplete == CAPTURE_GAP else None
+                error = CAPTURE_GAP if CAPTURE_GAP in (response.incomplete, request.incomplete) else None
         authority = first_header(request.headers, "host")
         # positional, in field order: keywords would make this per-exchange call a third slower
         return HttpTransaction(

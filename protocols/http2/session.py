@@ -38,7 +38,7 @@ from otel_ebpf.protocol import Direction, RequestStart, Role, Session, SessionOu
 
 from ..genai import GenAIOptions, RequestBody, ResponseBody, Route
 from ..http1.session import HTTP1Session
-from ..http_semconv import CAPTURE_GAP, UNKNOWN_STATUS, Headers
+from ..http_semconv import CAPTURE_GAP, UNKNOWN_STATUS, Headers, first_header
 from .frames import (
     CONTINUATION,
     DEFAULT_MAX_FRAME_SIZE,
@@ -77,6 +77,17 @@ class _Half:
 
     def last_ns(self) -> int:
         return max(self.end_ns, self.lost_ns)
+
+    def body_size(self, has_body: bool = True) -> int | None:
+        """The DATA payload length; when a gap hid some of it, the Content-Length of a half seen
+        to its END_STREAM, which must equal it (RFC 9113, 8.1.1). ``has_body`` is false for a
+        response to HEAD, and a 204 or 304, whose Content-Length is not theirs."""
+        if self.body is not None or not self.ended or not has_body:
+            return self.body
+        declared = first_header(self.headers, "content-length")
+        if declared is None or not (declared.isascii() and declared.isdigit() and len(declared) <= 18):
+            return None
+        return int(declared)
 
     def messages(self) -> tuple[int | None, int]:
         """(gRPC messages, of which compressed); ``None`` when not counted or uncertain."""
@@ -538,7 +549,7 @@ class HTTP2Session(Session):
                 stream.id,
                 half.headers,
                 half.unknown,
-                half.body,
+                half.body_size(),
                 *half.messages(),
                 incomplete,
                 self._read_tap(half),
@@ -582,7 +593,7 @@ class HTTP2Session(Session):
                 half.headers,
                 half.trailers,
                 half.unknown,
-                half.body,
+                half.body_size(stream.status not in (204, 304) and pseudo(request.headers, ":method") != "HEAD"),
                 *half.messages(),
                 reset,
                 incomplete,

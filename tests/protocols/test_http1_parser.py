@@ -365,6 +365,17 @@ def test_gap_across_chunk_framing_resyncs_to_the_next_response() -> None:
     assert "otel_ebpf.capture.gap" not in run.exchanges[1].span(CLIENT_CONN).attributes
 
 
+def test_a_chunked_upload_whose_framing_a_gap_hid_is_marked_on_its_span() -> None:
+    # aiohttp streaming a body in 64 KiB chunks, the server reading 64 KiB at a time: each read
+    # past the capture cap hides chunk size lines, so the request's end and size are unknown.
+    post = b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\nxx"
+    run = replay(chunks((IN, post, 0x10000 + 40), (IN, b"x" * 100, 65436), (OUT, ok(b"stored"))))
+    assert brief(run) == [("POST", "/up", None, CAPTURE_GAP, 200, 6, None)]
+    span = run.exchanges[0].span(CLIENT_CONN)
+    assert span.attributes["otel_ebpf.capture.gap"] is True and "http.request.body.size" not in span.attributes
+    assert span.status is StatusCode.UNSET and run.session.parse_errors == 0
+
+
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 

@@ -305,6 +305,37 @@ def test_gap_hiding_frames_resynchronises_on_the_next_syscall() -> None:
     assert run.session.parse_errors == 1
 
 
+def _download_with_hidden_frames(method: str, status: int, end_stream: bool = True) -> Conversation:
+    """A response declaring ``content-length: 80`` whose DATA frames a gap partly hid (nginx's
+    SSL_write over 16 KiB frames, past the capture cap); then its END_STREAM, unless a reset."""
+    c = Conversation()
+    c.send(IN, c.headers(IN, 1, [(":method", method), (":path", "/big"), (":scheme", "https")], end_stream=True))
+    tail = wire(DataFrame(1, b"z" * 50), DataFrame(1, b"z" * 20))
+    head = c.headers(OUT, 1, [(":status", str(status)), ("content-length", "80")]).serialize()
+    c.chunks.append(Chunk(OUT, 5000, head + tail[:20], gap=len(tail) - 20))
+    if end_stream:
+        c.send(OUT, DataFrame(1, b"z" * 10, flags=["END_STREAM"]))
+    else:
+        c.send(OUT, RstStreamFrame(1, error_code=8))
+    return c
+
+
+def test_a_response_seen_to_its_end_takes_its_content_length_when_a_gap_hid_frames() -> None:
+    (exchange,) = _download_with_hidden_frames("GET", 200).run().exchanges
+    assert exchange.response.body_size == 80
+    assert exchange.span(conn(Role.SERVER)).attributes["http.response.body.size"] == 80
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "end_stream"), [("HEAD", 200, True), ("GET", 304, True), ("GET", 200, False)]
+)
+def test_a_content_length_that_is_not_the_body_leaves_a_hidden_size_unknown(
+    method: str, status: int, end_stream: bool
+) -> None:
+    (exchange,) = _download_with_hidden_frames(method, status, end_stream).run().exchanges
+    assert exchange.response.body_size is None
+
+
 def test_connection_closed_mid_response() -> None:
     c = Conversation()
     c.send(
