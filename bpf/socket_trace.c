@@ -382,6 +382,11 @@ struct local_end {
 };
 BPF_TABLE("lru_hash", u64, struct local_end, bound_ends, MAX_CONNS);
 BPF_HASH(ports, u16, u8, 64);
+// --exe names (globs without wildcards, as short as a comm), for sched_process_exec to match
+struct comm_name {
+    char name[16];  // TASK_COMM_LEN
+};
+BPF_HASH(exec_names, struct comm_name, u8, 64);
 BPF_PERCPU_ARRAY(generation_seq, u32, 1);
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
 // One slot per CPU, indexed by CPU id: a per-CPU map would cap the value at 32 KiB, below the
@@ -683,8 +688,19 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u64 id = current_pid_tgid();
-    if (id && setting(SET_WATCH_EXEC))  // 0: outside the agent's PID namespace
-        emit_simple(args, EV_EXEC, id, -1, 0);
+    if (!id || !setting(SET_WATCH_EXEC))  // 0: outside the agent's PID namespace
+        return 0;
+    // A new image named as an --exe name (its comm: the executed file's name) is a target from
+    // here, not from when user space reads the event: a quick curl has made and closed its
+    // connections by then. User space matches the other globs, and checks these the same way.
+    struct comm_name comm = {};
+    bpf_get_current_comm(comm.name, sizeof(comm.name));
+    if (exec_names.lookup(&comm)) {
+        u32 tgid = id >> 32;
+        u8 one = 1;
+        targets.update(&tgid, &one);
+    }
+    emit_simple(args, EV_EXEC, id, -1, 0);
     return 0;
 }
 

@@ -32,7 +32,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "--exe",
         action="append",
         metavar="GLOB",
-        help="trace processes whose executable path or name matches (repeatable)",
+        help="trace processes whose executable path or name, or process name, matches (repeatable)",
     )
 
 

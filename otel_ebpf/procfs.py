@@ -81,8 +81,12 @@ def iter_pids(proc: str = "/proc") -> Iterator[int]:
             yield int(name)
 
 
+COMM_CHARS = 15  # a process's name (comm) as the kernel keeps it: TASK_COMM_LEN less its NUL
+
+
 def executable_matches(pid: int, globs: Iterable[str], proc: str = "/proc") -> bool:
-    """True when the executable path or its basename (or argv[0]'s) matches one of ``globs``."""
+    """True when the executable path or its basename (or argv[0]'s), or the process's name (its
+    comm: a script's name when run by its ``#!`` line, as ``uvicorn`` is) matches one of ``globs``."""
     names: list[str] = []
     try:
         exe = os.readlink(f"{proc}/{pid}/exe").removesuffix(" (deleted)")
@@ -93,7 +97,16 @@ def executable_matches(pid: int, globs: Iterable[str], proc: str = "/proc") -> b
     if cmdline:
         argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
         names += [argv0, os.path.basename(argv0)]
+    comm = _read(f"{proc}/{pid}/comm")
+    if comm:
+        names.append(comm.rstrip(b"\n").decode(errors="replace"))
     return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names if name)
+
+
+def exact_names(globs: Iterable[str]) -> list[str]:
+    """The globs that are a process name as such (no wildcard, no path, short enough to be a comm):
+    those the kernel can match itself when a program is executed."""
+    return [glob for glob in globs if 0 < len(glob.encode()) <= COMM_CHARS and not set(glob) & set("*?[/")]
 
 
 def matching_pids(globs: Iterable[str], proc: str = "/proc") -> set[int]:

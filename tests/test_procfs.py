@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from otel_ebpf import procfs
 from otel_ebpf.protocol import Endpoint, Role
@@ -69,6 +70,27 @@ def test_process_identity_reads_only_resource_variables() -> None:
         child.kill()
         child.wait()
     assert procfs.process_identity(child.pid) is None
+
+
+def test_a_process_is_matched_by_its_name_too(tmp_path: Path) -> None:
+    """A script run by its ``#!`` line: the executable is the interpreter, the name is the script's."""
+    script = tmp_path / "model-server"
+    script.write_text(f"#!{sys.executable}\nprint(flush=True)\nimport time\ntime.sleep(30)\n")
+    script.chmod(0o755)
+    child = subprocess.Popen([str(script)], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        assert procfs.executable_matches(child.pid, ["model-server"])
+        assert procfs.executable_matches(child.pid, ["model-*"])
+        assert not procfs.executable_matches(child.pid, ["model"])
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_exact_names_are_the_globs_a_comm_can_equal() -> None:
+    globs = ["curl", "vllm*", "/usr/bin/node", "python3.1[01]", "a-name-of-16-chr", "model-server", "é"]
+    assert procfs.exact_names(globs) == ["curl", "model-server", "é"]
 
 
 def test_exited_but_unreaped_process_has_no_identity() -> None:

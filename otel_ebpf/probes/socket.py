@@ -307,6 +307,7 @@ class SocketProbe:
             # what the kernel measures the ring's backlog with, to shed before it overflows
             bpf["events_ref"][ctypes.c_int(0)] = ctypes.c_int(bpf["events"].map_fd)
             injection = Injection(bpf) if self.inject_traceparent else None
+            self._kernel_exec_names(bpf)
             if self.targets.ports:
                 ports = bpf["ports"]
                 for port in self.targets.ports:
@@ -439,6 +440,21 @@ class SocketProbe:
         if started.injection is not None:
             started.injection.close()
         close_program(started.bpf)
+
+    def _kernel_exec_names(self, bpf: Any) -> None:
+        """The --exe names the kernel matches at exec (bpf/socket_trace.c): a process run by one is
+        traced from its first syscall, however short its life."""
+        names = procfs.exact_names(self.targets.executables)
+        table = bpf["exec_names"]
+        for name in names[: table.max_entries]:
+            table[table.Key(name.encode())] = ctypes.c_uint8(1)
+        if len(names) > table.max_entries:
+            log.warning(
+                "--exe: %d names, the kernel matches the first %d at exec; processes run by the others are "
+                "traced once user space has seen their exec (a short-lived one may be missed)",
+                len(names),
+                table.max_entries,
+            )
 
     def keep_exchanges(self, share: float) -> None:
         """Copy only this share of new HTTP/1 exchanges (the rest are shed, counted, still in the
