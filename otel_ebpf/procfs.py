@@ -109,9 +109,42 @@ def exact_names(globs: Iterable[str]) -> list[str]:
     return [glob for glob in globs if 0 < len(glob.encode()) <= COMM_CHARS and not set(glob) & set("*?[/")]
 
 
-def matching_pids(globs: Iterable[str], proc: str = "/proc") -> set[int]:
-    """Processes (other than this one) whose executable matches one of ``globs`` (see above)."""
-    return {pid for pid in iter_pids(proc) if pid != os.getpid() and executable_matches(pid, globs, proc)}
+def parent_pid(pid: int, proc: str = "/proc") -> int | None:
+    stat = _read(f"{proc}/{pid}/stat")
+    if stat is None:
+        return None
+    # comm may hold spaces and parentheses: the fields after the last ')' are fixed
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def selected_pids(pids: Iterable[int], globs: Iterable[str], proc: str = "/proc") -> set[int]:
+    """The processes ``--pid``/``--exe`` select now: ``pids`` (those alive), the processes
+    (other than this one) whose executable matches one of ``globs`` (see above), and every living
+    descendant of those: the workers a server's master started before the agent (nginx,
+    gunicorn, ``uvicorn --workers``) are what serve its requests."""
+    globs = list(globs)
+    named = set(pids)
+    selected: set[int] = set()
+    parents: dict[int, int] = {}
+    for pid in iter_pids(proc):
+        if pid == os.getpid():
+            continue
+        if pid in named or globs and executable_matches(pid, globs, proc):
+            selected.add(pid)
+        parent = parent_pid(pid, proc)
+        if parent:
+            parents[pid] = parent
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    pending = list(selected)
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in selected:
+                selected.add(child)
+                pending.append(child)
+    return selected
 
 
 def _parse_endpoint(field: str, v6: bool) -> Endpoint:

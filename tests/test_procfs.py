@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +87,28 @@ def test_a_process_is_matched_by_its_name_too(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_selected_pids_take_in_the_living_descendants() -> None:
+    """A master that started its workers (and they theirs) before the agent: all are selected."""
+    tree = (
+        "import subprocess, sys, time\n"
+        'code = \'import subprocess, sys, time; print(subprocess.Popen([sys.executable, "-c", '
+        '"import time; time.sleep(30)"]).pid, flush=True); time.sleep(30)\'\n'
+        "child = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE)\n"
+        "print(child.pid, child.stdout.readline().decode().strip(), flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    master = subprocess.Popen([sys.executable, "-c", tree], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        worker, grandchild = map(int, master.stdout.readline().split())
+        assert procfs.selected_pids([master.pid], []) == {master.pid, worker, grandchild}
+        assert procfs.selected_pids([worker], []) == {worker, grandchild}
+        assert procfs.selected_pids([2**22], []) == set()  # gone (or never was): nothing
+        assert procfs.parent_pid(grandchild) == worker
+    finally:
+        os.killpg(master.pid, signal.SIGKILL)
+        master.wait()
 
 
 def test_exact_names_are_the_globs_a_comm_can_equal() -> None:

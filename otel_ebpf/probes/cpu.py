@@ -147,24 +147,7 @@ class CpuProbe:
             self.forget(pid)  # its pid may be reused by a process of another kind
         if not self.targets.selects_processes:
             return
-        wanted = set(self.targets.pids)
-        parents: dict[int, int] = {}
-        for pid in procfs.iter_pids():
-            if pid == os.getpid():
-                continue
-            if self.targets.executables and procfs.executable_matches(pid, self.targets.executables):
-                wanted.add(pid)
-            parent = _parent(pid)
-            if parent:
-                parents[pid] = parent
-        # children (and their children) of targets
-        changed = True
-        while changed:
-            changed = False
-            for pid, parent in parents.items():
-                if parent in wanted and pid not in wanted:
-                    wanted.add(pid)
-                    changed = True
+        wanted = procfs.selected_pids(self.targets.pids, self.targets.executables)
         for pid in wanted - self._targets.pids:
             if len(self._targets) >= MAX_TARGETS:
                 break
@@ -234,14 +217,3 @@ class CpuProbe:
         stats = {name: sum(table[ctypes.c_int(i)]) for i, name in enumerate(DROP_NAMES)}
         stats["python_table_full"] = self.python_table_full
         return stats
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            stat = stream.read()
-    except OSError:
-        return None
-    # comm may hold spaces and parentheses: the fields after the last ')' are fixed
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None

@@ -72,7 +72,7 @@ class GpuProbe:
         """Compile, configure, attach to what target processes map now. Raises RuntimeError."""
         mode = {"none": 0, "native": STACKS_NATIVE, "python": STACKS_NATIVE | STACKS_PYTHON}[self.stacks]
         settings = {SET_AGENT_TGID: os.getpid(), SET_FILTER_PIDS: self.targets.selects_processes, SET_STACKS: mode}
-        targets = {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}
+        targets = procfs.selected_pids(self.targets.pids, self.targets.executables)
         defines = {
             "RINGBUF_PAGES": ring_buffer_pages(self.ring_buffer_kb),
             "USER_FRAMES": USER_FRAMES,

@@ -266,7 +266,7 @@ class SocketProbe:
         ring_bytes = pages * os.sysconf("SC_PAGE_SIZE")
         drop_reasons, drop_flags = self._drops() if self.tcp_health else (None, [])
         filtering = self.targets.selects_processes
-        targets = {*self.targets.pids, *procfs.matching_pids(self.targets.executables)}
+        targets = procfs.selected_pids(self.targets.pids, self.targets.executables)
         bpf = load_program(
             [
                 "socket_trace.c",

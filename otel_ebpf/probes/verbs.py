@@ -180,8 +180,7 @@ class VerbsProbe:
 
     def _target_pids(self) -> set[int]:
         if self._targets.selects_processes:
-            chosen = {*self._targets.pids, *procfs.matching_pids(self._targets.executables)}
-            return {pid for pid in chosen if os.path.exists(f"/proc/{pid}")}
+            return procfs.selected_pids(self._targets.pids, self._targets.executables)
         return set(procfs.iter_pids()) - {os.getpid()}
 
     def _consider(self, path: str) -> None:

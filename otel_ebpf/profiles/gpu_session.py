@@ -162,7 +162,7 @@ class GpuMonitor:
     def _candidate_pids(self) -> set[int]:
         targets = self.config.targets
         if targets.pids or targets.executables:
-            return {*targets.pids, *procfs.matching_pids(targets.executables)}
+            return procfs.selected_pids(targets.pids, targets.executables)
         return set(procfs.iter_pids()) - {os.getpid()}
 
     @property
