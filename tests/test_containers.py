@@ -190,6 +190,23 @@ def test_process_resource_carries_the_container_and_its_own_variables_win() -> N
     assert "container.id" not in process_resource_attributes(ProcessInfo(1, 43, "", "sh", {}), "node-1")
 
 
+@pytest.mark.parametrize(
+    ("environment", "container", "service"),
+    [
+        ({}, {}, "python3.11"),
+        ({}, {"container.id": CID, "container.name": "nostalgic_turing"}, "python3.11"),  # docker run
+        ({}, {"container.id": CID, "k8s.pod.name": "api-7f9c-abcde", "k8s.container.name": "vllm"}, "vllm"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=chat"}, {"k8s.container.name": "vllm"}, "chat"),
+        ({"OTEL_SERVICE_NAME": "chat-api"}, {"k8s.container.name": "vllm"}, "chat-api"),
+    ],
+)
+def test_service_name_is_the_process_own_then_its_pod_container_then_its_executable(
+    environment: dict[str, str], container: dict[str, str], service: str
+) -> None:
+    info = ProcessInfo(1, 42, "/usr/bin/python3.11", "python3.11 -m vllm.entrypoints", environment, container)
+    assert process_resource_attributes(info, "node-1")["service.name"] == service
+
+
 def test_recordings_keep_the_container_and_older_ones_still_load() -> None:
     info = ProcessInfo(1, 42, "/bin/x", "x", {}, {"container.id": CID})
     assert decode_event(encode_event(info)) == info

@@ -84,10 +84,19 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
 
 def process_resource_attributes(info: ProcessInfo, host_name: str) -> dict[str, AttributeValue]:
     """Resource of an observed process; its own OTel variables win over what the agent infers or
-    reads from its container's runtime."""
+    reads from its container's runtime. Without a service name of its own, a process in a
+    Kubernetes pod is named after its container (the conventions' last resort for pods: the
+    kubelet's state gives no owner), any other after its executable: every Python service on a
+    node would otherwise be ``python3.11``."""
     executable_name = os.path.basename(info.executable) or info.command_line.split(" ", 1)[0]
     own = parse_resource_attributes(info.environment.get("OTEL_RESOURCE_ATTRIBUTES", ""))
-    service_name = info.environment.get("OTEL_SERVICE_NAME") or own.get("service.name") or executable_name or "unknown"
+    service_name = (
+        info.environment.get("OTEL_SERVICE_NAME")
+        or own.get("service.name")
+        or info.container.get("k8s.container.name")
+        or executable_name
+        or "unknown"
+    )
     attributes: dict[str, AttributeValue] = {
         "host.name": host_name,
         "process.pid": info.pid,

@@ -169,6 +169,7 @@ def test_spans_and_profiles_carry_their_own_pod(tmp_path: Path, pods: dict[str, 
         "k8s.namespace.name": "serving",
         "k8s.container.name": "model-server",
     }
+    assert heavy_resource["service.name"] == "model-server"  # no OTEL_SERVICE_NAME: its container's name
     # no runtime state file for this one: what the cgroup path says, nothing guessed
     assert {k: v for k, v in by_pid[plain.pid][0]["resource"].items() if k.startswith(("container.", "k8s."))} == {
         "container.id": crio["container.id"],
