@@ -593,6 +593,45 @@ def test_bytes_past_the_capture_cap_are_counted_and_content_length_bodies_keep_t
     assert run.total("otel_ebpf.parse.errors") == 0
 
 
+def test_a_request_line_longer_than_the_capture_cap_still_makes_a_span() -> None:
+    """A URL of 6 KB (a signed link, a long query): the cap cuts the request line, so the
+    connection is claimed by its response; the request is told from the line's first bytes. The
+    server reads the line in two syscalls (nginx: 1 KiB first), the client writes it in one."""
+    cap = 4096
+    request = get("/files/7?sig=" + "s" * 6000)
+    server, client = 7, 8
+    run = Run()
+    spans = run.feed(
+        [
+            opened(0, PID, server),
+            data(1, PID, server, IN, request[:1024]),
+            data(2, PID, server, IN, request[1024 : 1024 + cap], length=len(request) - 1024),
+            data(3, PID, server, OUT, ok(b"file")),
+            opened(4, PID, client, role=Role.CLIENT, local=CLIENT_END, peer=SERVER_END),
+            data(5, PID, client, OUT, request[:cap], length=len(request)),
+            data(6, PID, client, IN, ok(b"file")),
+        ]
+    )
+    gap = {"otel_ebpf.capture.gap": True}
+    server_span, client_span = (summary(span) for span in spans)
+    assert server_span == (
+        "GET /files/{id}",
+        SERVER,
+        at(1),
+        at(3),
+        UNSET,
+        None,
+        {
+            **server_attrs("/files/7", 200, query="sig=REDACTED", request_body=None, response_body=4, extra=gap),
+            "server.address": "10.0.0.1",  # the Host header was past the cap: the socket's end
+        },
+    )
+    assert client_span[:5] == ("GET /files/{id}", CLIENT, at(5), at(6), UNSET)
+    assert client_span[6]["url.full"] == "http://10.0.0.1:8080/files/7?sig=REDACTED"
+    assert client_span[6]["otel_ebpf.capture.gap"] is True
+    assert run.total("otel_ebpf.parse.errors") == 0 and run.total("otel_ebpf.connections.unknown_protocol") == 0
+
+
 # ---- the connection table -----------------------------------------------------------------------
 
 

@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 # How much undecided traffic a connection may show before it is declared unknown.
 SNIFF_MAX_EVENTS = 16
 SNIFF_MAX_BYTES = 64 * 1024
-# Bytes of one direction sniffed at most (a plugin that needs more says NO).
-SNIFF_HEAD = 4096
+# Bytes of one direction sniffed at most (a plugin that needs more says NO): past the default
+# capture cap, as an HTTP/1 request line of several KiB (a long URL) may be cut by the cap or span
+# two reads, and still be told once its response claims the connection.
+SNIFF_HEAD = 8192
 # Changes of a connection's TCP retransmission count kept to place them in its exchanges.
 RETRANSMISSION_MARKS = 8
 
@@ -261,7 +263,7 @@ class ConnectionTracker:
             matched, undecided = self._try_sniff(conn, event.direction, head)
         if matched is not None:
             protocol, role = matched
-            return self._claim(conn, protocol, role, conn.head_start[event.direction])
+            return self._claim(conn, protocol, role, self._claim_start(conn, protocol, event.direction))
         if not undecided or len(head) >= SNIFF_HEAD:
             head.clear()  # these bytes start no known message: try again from the next syscall
         if len(conn.pending) >= SNIFF_MAX_EVENTS or conn.pending_bytes >= SNIFF_MAX_BYTES:
@@ -286,6 +288,17 @@ class ConnectionTracker:
                 return (protocol, verdict.role), undecided
             undecided |= verdict.need_more
         return None, undecided
+
+    @staticmethod
+    def _claim_start(conn: Connection, protocol: Protocol, direction: Direction) -> int:
+        """Where the claimed connection's bytes begin: the head that matched, or an earlier one of
+        the other direction that the same protocol could not yet decide on (a request whose line
+        the capture cap cut, claimed by its response)."""
+        start = conn.head_start[direction]
+        for other, head in conn.heads.items():
+            if other is not direction and head and protocol.sniff(other, bytes(head)).need_more:
+                start = min(start, conn.head_start[other])
+        return start
 
     def _claim(self, conn: Connection, protocol: Protocol, role: Role | None, start: int) -> list[Outcome]:
         conn.protocol = protocol

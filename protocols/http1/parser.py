@@ -60,6 +60,8 @@ _TARGET_CHARS = rb"\x21-\x7e\x80-\xff"
 _REQUEST_LINE = re.compile(rb"([%s]{1,32}) ([%s]+) HTTP/1\.([01])\r?\n" % (_TCHARS, _TARGET_CHARS))
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?:[ \t]([^\r\n]*))?\r?\n")
 _TCHAR = re.compile(rb"[%s]" % _TCHARS)
+# a request line the capture cap cut in its target (a URL of several KiB): method and target prefix
+_CUT_REQUEST_LINE = re.compile(rb"([%s]{1,32}) ([%s]+)\Z" % (_TCHARS, _TARGET_CHARS))
 _BLANK = re.compile(rb"[\r\n]*")
 _HEAD_END = re.compile(rb"\n\r?\n")
 _CHUNK_LINE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r?\n")
@@ -582,10 +584,15 @@ class _Parser(ABC):
         return self._resync(pos)
 
     def _salvage_head(self, reason: str, ts: int, out: list[SessionOutput]) -> None:
-        """Report a message whose head was cut off, with the header lines seen so far."""
-        if not self._line:
-            return
+        """Report a message whose head was cut off, with the header lines seen so far (or, when
+        the capture cut its start line, with what that line tells: a peer that closed there sent
+        no request)."""
         buf = self._buf
+        if not self._line:
+            self._line = self._cut_start_line(buf) if reason == CAPTURE_GAP else ()
+            if not self._line:
+                return
+            self._start_ns = self._ts_at(0)
         first = buf.find(b"\n")
         last = buf.rfind(b"\n")
         self._headers = parse_fields(buf[first + 1 : last + 1]) or ()
@@ -619,6 +626,11 @@ class _Parser(ABC):
     # The start line (ending in LF) as a tuple, or ``None`` if invalid: each parser's line function.
     _parse_start_line: Callable[[bytes], tuple | None]
 
+    def _cut_start_line(self, buf: bytes | bytearray) -> tuple:
+        """The start line of a head a gap cut before its line ending, as far as it can be told
+        (empty: not at all)."""
+        return ()
+
     @abstractmethod
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         """Offset of the first plausible start line at or after ``pos``, or -1."""
@@ -643,6 +655,12 @@ class RequestParser(_Parser):
         return _TCHAR.match(buf, pos) is not None
 
     _parse_start_line = staticmethod(_request_line)
+
+    def _cut_start_line(self, buf: bytes | bytearray) -> tuple:
+        # The method and the target's first bytes: the path is whole when its query began in them.
+        # The version is not known; the response's stands for it on the span.
+        match = _CUT_REQUEST_LINE.fullmatch(buf)
+        return () if match is None else (match[1].decode("ascii"), _decode_target(match[2]), "1.1")
 
     def _find_start(self, buf: bytes | bytearray, pos: int) -> int:
         # Anchor on " HTTP/1.x" (a fast find), then walk back over the target and the method.

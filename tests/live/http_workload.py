@@ -23,6 +23,7 @@ EARLY_REQUESTS = 3  # on a connection opened before the agent started
 LARGE_BODY = 200_000  # far past the 4 KiB capture cap
 DOWNLOAD_BODY = 1 << 20  # /download: one chunk, its terminator in the same write
 UPLOAD_BODY = 50_000
+SIGNED_QUERY = 6_000  # a URL as long as a signed download link's
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -120,11 +121,12 @@ def client(port: int) -> None:
         ("POST", "/upload", b"u" * UPLOAD_BODY),
         ("GET", "/missing", None),
         ("GET", "/boom", None),
+        ("GET", f"/items/signed?sig={'s' * SIGNED_QUERY}", None),  # a request line past the capture cap
     ):
         conn.request(method, path, body=body)
         response = conn.getresponse()
         response.read()
-        _report(method, path, response.status)
+        _report(method, path.split("?", 1)[0], response.status)
     conn.close()
 
     # Pipelining: three requests in one write, then the three responses.

@@ -134,7 +134,7 @@ IN_FLIGHT_AT_ATTACH = ("GET", "/items/early-0", 200)
 def test_one_server_and_one_client_span_per_request(live: tuple) -> None:
     run, spans, _ = live
     expected = Counter((r["method"], r["path"], r["status"]) for r in run.requests)
-    assert len(run.requests) == 3 + 200 + 5 + 3 + 3
+    assert len(run.requests) == 3 + 200 + 6 + 3 + 3
     for kind in ("SERVER", "CLIENT"):
         got = Counter(_request_key(s) for s in _by_kind(spans, kind))
         want = expected - Counter([IN_FLIGHT_AT_ATTACH]) if kind == "SERVER" else expected

@@ -376,6 +376,21 @@ def test_a_chunked_upload_whose_framing_a_gap_hid_is_marked_on_its_span() -> Non
     assert span.status is StatusCode.UNSET and run.session.parse_errors == 0
 
 
+def test_a_request_line_the_capture_cut_is_told_from_its_first_bytes() -> None:
+    line = b"GET /search?q=" + b"q" * 5000 + b" HTTP/1.1\r\nHost: h\r\n\r\n"
+    run = replay(chunks((IN, line[:4096], len(line) - 4096), (OUT, ok(b"hits")), (IN, GET), (OUT, ok())))
+    assert brief(run) == [
+        ("GET", "/search?q=" + "q" * 4082, None, CAPTURE_GAP, 200, 4, None),
+        ("GET", "/a", 0, None, 200, 0, None),
+    ]
+    assert run.session.parse_errors == 0
+
+
+def test_a_request_line_a_close_cut_is_no_request() -> None:
+    run = replay(chunks((IN, b"GET /search?q=qqqq")))  # closed after it
+    assert brief(run) == [] and run.session.parse_errors == 0
+
+
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
