@@ -205,11 +205,6 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     stop = StopSignal(config.run.duration_s)
     stop.install()
     started_nice, nice = os.getpriority(os.PRIO_PROCESS, 0), config.capture.nice
-    if nice and nice != started_nice:  # from the start: BCC's compile, seconds of CPU, yields too
-        if set_niceness(nice):
-            log.info("scheduling: nice %d (capture.nice): the traced applications run first when CPUs are short", nice)
-        else:
-            log.warning("capture.nice: cannot go from nice %d to %d without CAP_SYS_NICE", started_nice, nice)
     kernel_http_metrics = config.capture.kernel_http_metrics
     agent = Agent(config, time.time_ns, kernel_http_metrics=kernel_http_metrics) if export else None
     probe = SocketProbe(
@@ -272,6 +267,15 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         if agent is not None and config.gpu.nvml:
             nvml = _start_nvml(agent)
         _check_targets_alive(config)
+        # Nicer from here on, not during start-up: BCC's compiles are seconds of CPU once, which
+        # at nice 10 on saturated CPUs would take minutes (a DaemonSet not ready for as long).
+        if nice and nice != started_nice:
+            if set_niceness(nice):
+                log.info(
+                    "scheduling: nice %d (capture.nice): the traced applications run first when CPUs are short", nice
+                )
+            else:
+                log.warning("capture.nice: cannot go from nice %d to %d without CAP_SYS_NICE", started_nice, nice)
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
         next_kernel_stats = 0.0
