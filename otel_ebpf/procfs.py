@@ -118,30 +118,60 @@ def parent_pid(pid: int, proc: str = "/proc") -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
+def child_pids(pid: int, proc: str = "/proc") -> list[int] | None:
+    """The children of ``pid``, from its threads' ``children`` files (the kernel's own list:
+    CONFIG_PROC_CHILDREN, which the major distributions enable); None when the kernel has no such
+    files."""
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return []  # gone
+    children: list[int] = []
+    for tid in tasks:
+        listed = _read(f"{proc}/{pid}/task/{tid}/children")
+        if listed is None:
+            if not os.path.exists(f"{proc}/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None
+        children += map(int, listed.split())
+    return children
+
+
 def selected_pids(pids: Iterable[int], globs: Iterable[str], proc: str = "/proc") -> set[int]:
     """The processes ``--pid``/``--exe`` select now: ``pids`` (those alive), the processes
     (other than this one) whose executable matches one of ``globs`` (see above), and every living
     descendant of those: the workers a server's master started before the agent (nginx,
-    gunicorn, ``uvicorn --workers``) are what serve its requests."""
+    gunicorn, ``uvicorn --workers``) are what serve its requests. Without globs only the chosen
+    processes' trees are read, not every process's."""
     globs = list(globs)
-    named = set(pids)
-    selected: set[int] = set()
-    parents: dict[int, int] = {}
+    own = os.getpid()
+    if globs:
+        roots = {pid for pid in iter_pids(proc) if pid != own and (pid in pids or executable_matches(pid, globs, proc))}
+    else:
+        roots = {pid for pid in pids if pid != own and os.path.exists(f"{proc}/{pid}")}
+    selected, pending = set(roots), list(roots)
+    while pending:
+        children = child_pids(pending.pop(), proc)
+        if children is None:
+            return _with_descendants_by_parent(roots, proc)
+        for child in children:
+            if child not in selected and child != own:
+                selected.add(child)
+                pending.append(child)
+    return selected
+
+
+def _with_descendants_by_parent(roots: set[int], proc: str) -> set[int]:
+    """``roots`` and their descendants, from every process's parent (kernels without ``children``)."""
+    children: dict[int, list[int]] = {}
     for pid in iter_pids(proc):
-        if pid == os.getpid():
-            continue
-        if pid in named or globs and executable_matches(pid, globs, proc):
-            selected.add(pid)
         parent = parent_pid(pid, proc)
         if parent:
-            parents[pid] = parent
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    pending = list(selected)
+            children.setdefault(parent, []).append(pid)
+    selected, pending = set(roots), list(roots)
     while pending:
         for child in children.get(pending.pop(), ()):
-            if child not in selected:
+            if child not in selected and child != os.getpid():
                 selected.add(child)
                 pending.append(child)
     return selected

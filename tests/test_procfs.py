@@ -111,6 +111,15 @@ def test_selected_pids_take_in_the_living_descendants() -> None:
         master.wait()
 
 
+def test_selected_pids_without_children_files_go_by_every_process_parent(tmp_path: Path) -> None:
+    """Kernels without CONFIG_PROC_CHILDREN: the tree is rebuilt from each process's stat."""
+    for pid, parent in ((10, 1), (11, 10), (12, 11), (13, 1)):
+        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {parent} {pid} {pid} 0 -1\n")
+    assert procfs.selected_pids([10], [], proc=str(tmp_path)) == {10, 11, 12}
+    assert procfs.selected_pids([12, 13], [], proc=str(tmp_path)) == {12, 13}
+
+
 def test_exact_names_are_the_globs_a_comm_can_equal() -> None:
     globs = ["curl", "vllm*", "/usr/bin/node", "python3.1[01]", "a-name-of-16-chr", "model-server", "é"]
     assert procfs.exact_names(globs) == ["curl", "model-server", "é"]
