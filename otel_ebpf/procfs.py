@@ -118,22 +118,15 @@ def parent_pid(pid: int, proc: str = "/proc") -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
-def child_pids(pid: int, proc: str = "/proc") -> list[int] | None:
-    """The children of ``pid``, from its threads' ``children`` files (the kernel's own list:
-    CONFIG_PROC_CHILDREN, which the major distributions enable); None when the kernel has no such
-    files."""
+def child_pids(pid: int, proc: str = "/proc") -> list[int]:
+    """The children of ``pid``, from its threads' ``children`` files (the kernel's own lists)."""
     try:
         tasks = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return []  # gone
     children: list[int] = []
     for tid in tasks:
-        listed = _read(f"{proc}/{pid}/task/{tid}/children")
-        if listed is None:
-            if not os.path.exists(f"{proc}/{pid}/task/{tid}"):
-                continue  # the thread ended meanwhile
-            return None
-        children += map(int, listed.split())
+        children += map(int, (_read(f"{proc}/{pid}/task/{tid}/children") or b"").split())
     return children
 
 
@@ -143,38 +136,35 @@ def selected_pids(pids: Iterable[int], globs: Iterable[str], proc: str = "/proc"
     descendant of those: the workers a server's master started before the agent (nginx,
     gunicorn, ``uvicorn --workers``) are what serve its requests. Without globs only the chosen
     processes' trees are read, not every process's."""
-    globs = list(globs)
-    own = os.getpid()
+    pids, globs, own = set(pids), list(globs), os.getpid()
     if globs:
         roots = {pid for pid in iter_pids(proc) if pid != own and (pid in pids or executable_matches(pid, globs, proc))}
     else:
         roots = {pid for pid in pids if pid != own and os.path.exists(f"{proc}/{pid}")}
+    if not roots:
+        return roots
+    children_of = _children_lister(proc, next(iter(roots)))
     selected, pending = set(roots), list(roots)
     while pending:
-        children = child_pids(pending.pop(), proc)
-        if children is None:
-            return _with_descendants_by_parent(roots, proc)
-        for child in children:
+        for child in children_of(pending.pop()):
             if child not in selected and child != own:
                 selected.add(child)
                 pending.append(child)
     return selected
 
 
-def _with_descendants_by_parent(roots: set[int], proc: str) -> set[int]:
-    """``roots`` and their descendants, from every process's parent (kernels without ``children``)."""
-    children: dict[int, list[int]] = {}
-    for pid in iter_pids(proc):
-        parent = parent_pid(pid, proc)
+def _children_lister(proc: str, pid: int) -> Callable[[int], list[int]]:
+    """How to list a process's children: its threads' ``children`` files (CONFIG_PROC_CHILDREN,
+    which the major distributions enable; ``pid``'s tells whether the kernel has them), else a
+    table of every process's parent."""
+    if os.path.exists(f"{proc}/{pid}/task/{pid}/children"):
+        return lambda parent: child_pids(parent, proc)
+    table: dict[int, list[int]] = {}
+    for child in iter_pids(proc):
+        parent = parent_pid(child, proc)
         if parent:
-            children.setdefault(parent, []).append(pid)
-    selected, pending = set(roots), list(roots)
-    while pending:
-        for child in children.get(pending.pop(), ()):
-            if child not in selected and child != os.getpid():
-                selected.add(child)
-                pending.append(child)
-    return selected
+            table.setdefault(parent, []).append(child)
+    return lambda parent: table.get(parent, [])
 
 
 def _parse_endpoint(field: str, v6: bool) -> Endpoint:
