@@ -772,7 +772,8 @@ class SocketProbe:
     def _on_exit(self, ts: int, pid: int) -> None:
         started = self._run
         started.tls.forget(pid)  # its per-process SSL probes, if it had some
-        started.targets.discard(pid)  # the kernel removed it: so many quick --exe matches leave no trace
+        if pid in started.targets.pids:  # the kernel removed it: quick --exe matches leave no trace
+            started.targets.discard(pid)
         if pid in self._known_pids:  # others never had a connection event
             self._known_pids.discard(pid)
             started.http_red.process_exited(pid)
