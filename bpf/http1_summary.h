@@ -14,7 +14,8 @@
 // pipelined behind it), never in the middle of one: when user space is far behind (ring backlog)
 // or over its CPU budget (keep ratio). A shed exchange is counted, still measured in http_red,
 // and none of its bytes are copied. An event lost to a full ring sheds the rest of its exchange;
-// the next event of the connection carries HDR_AFTER_LOSS so user space drops what it holds.
+// the next event of the connection carries HDR_AFTER_LOSS so user space drops what it holds
+// (on a connection of any protocol: a lost event leaves a hole in its bytes).
 //
 // Limits: requests pipelined into one syscall are counted by their responses, with the first
 // one's method and start (responses written together count once); a connection is judged
@@ -47,6 +48,7 @@ struct http_state {
     u8 misses;       // syscalls that started no message while HTTP_UNKNOWN
     u8 shed;         // SHED_*: the exchanges in flight are not copied
     u8 lost;         // an event was lost: the next one delivered says so
+    u8 h2;           // HTTP/2 (its client preface was seen): calls are copied past the cap
     u8 resp_method;
     u8 resp_minor;   // HTTP/1.x of the response
     u8 last_method;  // of the latest syscall that started a request
@@ -157,6 +159,7 @@ static __always_inline void http_measure(u32 tgid, u8 role, u8 tls, struct http_
 #define MSG_NONE 0
 #define MSG_REQUEST 1
 #define MSG_RESPONSE 2
+#define MSG_HTTP2 3  // the HTTP/2 client preface: the connection is not HTTP/1
 #define CLASSIFY_BYTES 16  // what classify reads: a status line's "HTTP/1.x NNN ", a method and a target's first byte
 
 struct msg_start {
@@ -199,6 +202,15 @@ static __always_inline struct msg_start classify(const u8 *b, u32 len) {
         m.status = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
         return m;
     }
+    // "PRI * HTTP/2.0\r\n" opens HTTP/2 (h2c with prior knowledge, h2 over TLS). It would pass for
+    // a request line below; taken for one, its connection would stay in the shed decision of that
+    // moment for good, as no HTTP/1 message ever follows to make another.
+    u64 w1;
+    __builtin_memcpy(&w1, b + 8, 8);
+    if (w == 0x5448202a20495250ULL && w1 == 0x0a0d302e322f5054ULL) {
+        m.kind = MSG_HTTP2;
+        return m;
+    }
     // A method (3 to 10 capitals), one space, and a visible character starting the target.
     u32 sp = 0;
 #pragma unroll
@@ -214,8 +226,6 @@ static __always_inline struct msg_start classify(const u8 *b, u32 len) {
         return m;
     // The target's first byte, at sp + 1 (4..11): shifted out of the words, as the verifier
     // takes no variable index into a stack array.
-    u64 w1;
-    __builtin_memcpy(&w1, b + 8, 8);
     u32 at = sp + 1;
     u8 t = at < 8 ? w >> (at * 8) : w1 >> ((at - 8) * 8);
     if (t < 0x21 || t > 0x7e)
@@ -290,8 +300,13 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
     if (h->state == HTTP_NO)
         return 1;
     struct msg_start m = classify(start, len);
-    if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)
-        *role = (m.kind == MSG_REQUEST) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;
+    if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)  // clients send all but responses
+        *role = (m.kind != MSG_RESPONSE) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;
+    if (m.kind == MSG_HTTP2) {
+        h->state = HTTP_NO;
+        h->h2 = 1;
+        return 1;
+    }
     u32 requests = *role == ROLE_SERVER ? DIR_INGRESS : DIR_EGRESS;
     if (m.kind == MSG_REQUEST && direction == requests) {
         h->state = HTTP_YES;
@@ -311,12 +326,13 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
     return !h->shed;
 }
 
-// An event of the connection could not be delivered: the exchanges in flight are incomplete for
-// user space, so the rest of them is not copied either, and they are counted as shed.
+// An event of the connection could not be delivered: the next one says so. On HTTP/1 the
+// exchanges in flight are incomplete for user space, so the rest of them is not copied either,
+// and they are counted as shed; other protocols have no exchange the kernel could shed.
 static __always_inline void http_lost(struct http_state *h) {
+    h->lost = 1;
     if (h->state != HTTP_YES || h->shed)
         return;
     h->shed = SHED_RING_FULL;
-    h->lost = 1;
     count(STAT_SHED_BASE + SHED_RING_FULL, h->queued + (h->resp_status != 0));
 }

@@ -17,6 +17,8 @@
 // MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
 // injection (inject_traceparent.c, appended).
 
+#define H2_CHUNKS 8  // events one buffer of an HTTP/2 connection may take (submit_buffer)
+
 #define EV_DATA 1
 #define EV_OPEN 2
 #define EV_CLOSE 3
@@ -955,6 +957,32 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
         copy_head(ev, base, ev->length, PAYLOAD_CAP);
 }
 
+// Submits the event copy_start made of one buffer (ev->length bytes at base). On HTTP/2 one read
+// holds frames of many streams (a busy multiplexed connection coalesces them), and bytes past the
+// cap would cost every stream whose frames lie there, not one body's tail: the rest follows in
+// events of the cap each, up to H2_CHUNKS in all, the last also standing for what is left (moved,
+// not copied, so the parser skips it).
+static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
+                                          u32 direction, const char *base, u32 flags) {
+    u32 len = ev->length;
+    if (!ci->http.h2 || len <= PAYLOAD_CAP || !base) {  // no base: sendfile, nothing to copy
+        submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
+        return;
+    }
+    u32 off = 0;
+    for (int i = 0; i < H2_CHUNKS; i++) {
+        u32 left = len - off;
+        u32 moved = left < PAYLOAD_CAP || i == H2_CHUNKS - 1 ? left : PAYLOAD_CAP;
+        if (i)
+            copy_head(ev, base + off, moved, PAYLOAD_CAP);
+        if (submit_data(ev, ts, id, fd, ci, direction, moved, ev->captured, flags))
+            return;
+        off += moved;
+        if (off >= len)
+            return;
+    }
+}
+
 // The rest of a syscall's bytes after copy_start's run (the segments of a vectored write or read
 // on a stream, from the second on), and then the run gathered: as few events as the cap allows,
 // each a run of consecutive bytes (grpcio writes one small segment per HPACK field and frame
@@ -964,13 +992,14 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
 // segment, read with the first; left: the bytes of ret after copy_start's. Returns the bytes
 // that no event covered (segments past MAX_IOV), or -1 when an event was lost.
 static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
-                                          struct conn_info *ci, const struct uiovec *second, u64 left) {
+                                          struct conn_info *ci, const struct uiovec *second, u64 left,
+                                          const u32 max_iov) {
     struct uiovec *iov = (struct uiovec *)io->buf;
     // What is gathered lives in the event (captured, length), not in locals: the verifier then
     // knows it only as bounded, so the paths through one iteration meet again at the next one
     // instead of multiplying over MAX_IOV iterations; and the loop has one send.
 // a bounded loop (Linux 5.3+): unrolling MAX_IOV iterations would multiply the program and its compile memory
-    for (int i = 1; i < MAX_IOV; i++) {
+    for (int i = 1; i < max_iov; i++) {
         if (i >= io->iovcnt || left == 0)
             break;
         struct uiovec seg = *second;
@@ -1068,9 +1097,9 @@ static __always_inline void emit_dgram(u64 ts, u64 id, s32 fd, u32 generation, u
 // The datagrams of a UDP syscall: one, or each message of a sendmmsg/recvmmsg (ret messages, each
 // with its own peer and length), up to MAX_MMSG of them; the rest are counted.
 static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32 generation, long ret,
-                                       const int mmsg) {
+                                       const int mmsg, const u32 max_iov) {
     if (!mmsg) {
-        emit_dgram(ts, id, io->fd, generation, io->direction, io->buf, io->iovcnt, io->name, ret, MAX_IOV);
+        emit_dgram(ts, id, io->fd, generation, io->direction, io->buf, io->iovcnt, io->name, ret, max_iov);
         return;
     }
     struct ummsghdr *vec = (struct ummsghdr *)io->buf;
@@ -1087,9 +1116,10 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
         count(STAT_MMSG_CALLS, ret - MAX_MMSG);
 }
 
-// mmsg: a compile-time constant, 1 only in the sendmmsg/recvmmsg programs, so that the other
-// programs carry none of the batch loop.
-static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
+// mmsg and max_iov: compile-time constants, so that each program carries only the loops its
+// syscall needs: mmsg is 1 only in the sendmmsg/recvmmsg programs (the batch loop), max_iov (the
+// iovec segments copied) MAX_IOV only in those of the vectored syscalls, 1 in the others.
+static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg, const u32 max_iov) {
     u64 id = current_pid_tgid();
     u32 tid = id;
     struct active_io *iop = current_io();
@@ -1133,7 +1163,7 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     u32 generation = ci->generation;
 
     if (io.udp) {
-        exit_dgram(ts, id, &io, generation, ret, mmsg);
+        exit_dgram(ts, id, &io, generation, ret, mmsg, max_iov);
         return;
     }
     if (mmsg) {  // batched on a stream socket: counted, not copied
@@ -1167,15 +1197,19 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg) {
     if (!copy)
         return;
     copy_rest(ev, first.base);
-    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len);
+    if (max_iov == 1 || !io.iovcnt) {
+        submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
+        return;
+    }
+    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, max_iov);
     if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
         submit_data(ev, ts, id, io.fd, ci, io.direction, left, 0, 0);
         count(STAT_IOV_BYTES, left);
     }
 }
 
-static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
-    exit_io_body(ctx, ret, mmsg);
+static __always_inline void exit_io_(void *ctx, long ret, const int mmsg, const u32 max_iov) {
+    exit_io_body(ctx, ret, mmsg, max_iov);
 #ifdef INJECT
     // After the data event, what the syscall decided goes to user space: inject_exit, a program of
     // its own (a tail call costs this one no stack, and it has none to spare).
@@ -1183,7 +1217,8 @@ static __always_inline void exit_io_(void *ctx, long ret, const int mmsg) {
 #endif
 }
 
-static __always_inline void exit_io(void *ctx, long ret) { exit_io_(ctx, ret, 0); }
+static __always_inline void exit_io(void *ctx, long ret) { exit_io_(ctx, ret, 0, 1); }
+static __always_inline void exit_iov(void *ctx, long ret) { exit_io_(ctx, ret, 0, MAX_IOV); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
@@ -1194,13 +1229,13 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_iov(args, args->ret); return 0; }
 
 // sendfile moves bytes the process never holds: reported as moved, none captured, so parsers
 // can skip over them (a body) instead of losing their place.
@@ -1210,6 +1245,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { exit_io(args, args->ret); retu
 // sendmmsg/recvmmsg batch several datagrams per call (UDP: one event each, up to MAX_MMSG; the
 // rest counted). On a TCP socket the batch is not copied: user space's parsers resynchronise.
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_EGRESS, 0, IO_MMSG); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) { exit_io_(args, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) { exit_io_(args, args->ret, 1, 1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_INGRESS, 0, IO_MMSG); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) { exit_io_(args, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) { exit_io_(args, args->ret, 1, 1); return 0; }

@@ -93,6 +93,6 @@ int ssl_return(struct pt_regs *ctx) {
     if (!ev || !http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts))
         return 0;
     copy_rest(ev, (const char *)call.buf);
-    submit_data(ev, ts, id, fd, ci, direction, ev->length, ev->captured, DATA_TLS);
+    submit_buffer(ev, ts, id, fd, ci, direction, (const char *)call.buf, DATA_TLS);
     return 0;
 }

@@ -71,7 +71,9 @@ STAT_NAMES = (
 )
 # stats[] slots 7.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
-MAX_IOV = 64  # iovec segments copied per vectored syscall (grpcio writes one per HPACK field)
+# iovec segments copied per vectored syscall: grpcio writes one per HPACK field, Node's http2 four
+# per stream with a write's worth of streams (32 at once: 128); 256 passes the verifier's limit
+MAX_IOV = 128
 MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
 # Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded.

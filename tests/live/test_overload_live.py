@@ -24,8 +24,13 @@ import pytest
 
 from otel_ebpf.config import CaptureConfig, load_config
 from otel_ebpf.containers import ContainerResolver
-from otel_ebpf.pipeline.events import ConnData
-from otel_ebpf.protocol import Direction
+from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import ConnData, Event
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
+from otel_ebpf.protocol import Direction, load_protocols
+from otel_ebpf.selfmetrics import SelfMetrics
 from tests.conftest import REPO
 from tests.live.file_agent import kill_all, start_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
@@ -48,6 +53,17 @@ for i in range({REQUESTS_PER_CONNECTION}):
     response = conn.getresponse()
     response.read()
     print(response.status)
+"""
+
+
+# GETs on one h2c (prior knowledge) connection, as told on stdin ("first count" per line); prints
+# each batch's statuses
+H2_CLIENT = """
+import sys, httpx
+with httpx.Client(http1=False, http2=True, base_url=sys.argv[1], timeout=30) as client:
+    for line in sys.stdin:
+        first, count = map(int, line.split())
+        print(*[client.get(f"/items/{i}").status_code for i in range(first, first + count)], flush=True)
 """
 
 
@@ -160,6 +176,104 @@ def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills(
     assert lost == 0
     assert shed["cpu_budget"] == shed["ring_full"] == 0
     assert len(copied) + shed["backlog"] == REQUESTS_PER_CONNECTION
+
+
+class _SilentProbe:
+    """A socket probe with a 64 KiB ring on a hypercorn server (HTTP/1.1 and h2c on one port) and
+    an h2c client, with nothing reading the ring until the test drains it."""
+
+    def __init__(self, tmp: Path) -> None:
+        from otel_ebpf.probes.socket import SocketProbe  # loads bcc: only when the test runs
+
+        port_file = tmp / "h2.port"
+        self.server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "protocols" / "h2_peers.py"), "serve-h2", str(port_file)]
+        )
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert self.server.poll() is None and time.monotonic() < deadline, "hypercorn did not start"
+            time.sleep(0.1)
+        self.port = int(port_file.read_text())
+        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": 64})
+        self.probe = SocketProbe(capture, load_config({"pid": [self.server.pid]}, {}).targets, ContainerResolver("/"))
+        self.probe.start()
+        self.h2 = subprocess.Popen(
+            [sys.executable, "-c", H2_CLIENT, f"http://127.0.0.1:{self.port}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.events: list[Event] = []
+
+    def h2_requests(self, first: int, count: int) -> None:
+        self.h2.stdin.write(f"{first} {count}\n")
+        self.h2.stdin.flush()
+        assert self.h2.stdout.readline().split() == ["200"] * count
+
+    def drain(self) -> list[Event]:
+        """What the ring holds now, kept for ``spans``."""
+        drained = []
+        while batch := self.probe.poll(0):
+            drained += batch
+        self.events += drained
+        return drained
+
+    def server_paths(self) -> list[str]:
+        """The paths of the SERVER spans the real pipeline makes of every event drained."""
+        protocols, selfmetrics = load_protocols(), SelfMetrics()
+        telemetry = Telemetry(protocols, "node", {}, selfmetrics)
+        tracker = ConnectionTracker(protocols, selfmetrics)
+        pipeline = Pipeline(tracker, telemetry, selfmetrics, reorderer=EventReorderer(selfmetrics, window_ns=0))
+        pipeline.handle(self.events)
+        pipeline.flush()
+        return sorted(str(s.attributes.get("url.path")) for s in telemetry.take_spans() if s.kind.name == "SERVER")
+
+    def close(self) -> None:
+        self.h2.stdin.close()
+        self.h2.wait(timeout=30)
+        self.probe.close()
+        kill_all(self.server)
+
+
+def test_an_http2_connection_opened_while_the_kernel_sheds_is_copied(tmp_path: Path) -> None:
+    """HTTP/2 is never shed. Its client preface, ``PRI * HTTP/2.0``, looks like an HTTP/1 request
+    line: taken for one, the connection kept the shed decision of the moment it opened for its
+    whole life (a gRPC channel opened while the agent was behind was never seen)."""
+    silent = _SilentProbe(tmp_path)
+    try:
+        subprocess.run([sys.executable, "-c", CLIENT, str(silent.port)], capture_output=True, timeout=300, check=True)
+        shed = silent.probe.shed_requests()
+        silent.h2_requests(0, 5)
+        silent.drain()
+        paths = silent.server_paths()
+    finally:
+        silent.close()
+    assert shed["backlog"] > 0, "the kernel never shed: the test proves nothing"
+    assert [p for p in paths if p.startswith("/items/")] == [f"/items/{i}" for i in range(5)]
+
+
+def test_an_http2_connection_that_lost_events_resumes_marked_after_the_loss(tmp_path: Path) -> None:
+    """Events of a connection lost to a full ring leave a hole in its bytes: the next one delivered
+    says so, whatever the protocol, so that its HTTP/2 session starts afresh (an HPACK table that
+    missed insertions would otherwise resolve later headers to the wrong entries)."""
+    silent = _SilentProbe(tmp_path)
+    try:
+        for batch in range(40):
+            silent.h2_requests(batch * 100, 100)
+            if silent.probe.kernel_stats()["ringbuf_full"]:
+                break
+        lost = silent.probe.kernel_stats()["ringbuf_full"]
+        silent.drain()
+        silent.h2_requests(100_000, 5)
+        after = [e for e in silent.drain() if isinstance(e, ConnData)]
+        paths = silent.server_paths()
+    finally:
+        silent.close()
+    assert lost > 0, "the ring never filled: the test proves nothing"
+    assert after and after[0].after_loss and not any(e.after_loss for e in after[1:])
+    resumed = [p for p in paths if p.startswith("/items/1000")]
+    assert resumed == [f"/items/{i}" for i in range(100_000, 100_005)]
+    assert all(p.startswith("/items/") for p in paths)
 
 
 def _cpu_s(pid: int) -> float:

@@ -1,7 +1,8 @@
 """Vectored writes (sendmsg with many iovecs, as grpcio and nginx write) captured as byte runs:
 the probe gathers a call's segments into as few events as the payload cap allows, so a request
 written as dozens of small segments costs user space a record or two, not one per segment; a
-segment past the cap ends its event with its uncopied rest, and the stream stays in step."""
+segment past the cap ends its event with its uncopied rest, and the stream stays in step. On
+HTTP/2, where one call carries the frames of many streams, a call is copied past the cap."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import subprocess
 import sys
 import threading
+import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -76,6 +79,21 @@ class _Handler(BaseHTTPRequestHandler):
         """No access log: the server runs in pytest's process, whose stderr the test reports."""
 
 
+def _traced(tmp: Path, client: subprocess.Popen, pids: int | list[int], config_yaml: str) -> list[str]:
+    """An agent attached to ``pids`` while ``client`` makes its requests (it waits for a line on
+    stdin): the statuses it printed, once it and the agent are done."""
+    agent = start_file_agent(tmp, pids, config_yaml)
+    try:
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        statuses = client.stdout.readline().split()
+        assert client.wait(timeout=60) == 0
+        stop_file_agent(agent)
+    finally:
+        kill_all(agent)
+    return statuses
+
+
 @pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
 def test_many_segments_make_few_events(tmp_path: Path, socket_mode: str) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -86,16 +104,10 @@ def test_many_segments_make_few_events(tmp_path: Path, socket_mode: str) -> None
         stdout=subprocess.PIPE,
         text=True,
     )
-    agent = None
     try:
-        agent = start_file_agent(tmp_path, client.pid, f"capture:\n  socket_mode: {socket_mode}\n")
-        client.stdin.write("go\n")
-        client.stdin.flush()
-        statuses = client.stdout.readline().split()
-        assert client.wait(timeout=30) == 0
-        stop_file_agent(agent)
+        statuses = _traced(tmp_path, client, client.pid, f"capture:\n  socket_mode: {socket_mode}\n")
     finally:
-        kill_all(client, agent)
+        kill_all(client)
         server.shutdown()
     assert statuses == ["200"] * (REQUESTS + 2)
 
@@ -111,3 +123,52 @@ def test_many_segments_make_few_events(tmp_path: Path, socket_mode: str) -> None
     # Per request: the gathered request, the response read, and little else; one event per
     # segment would be HEADERS + 2 per request alone.
     assert latest_total(load_file_metrics(out), "otel_ebpf.events.received") < (REQUESTS + 2) * 6
+
+
+def _path(span: dict) -> str:
+    """A span's request path: the server's ``url.path``, the client's out of its ``url.full``."""
+    attributes = span["attributes"]
+    return attributes.get("url.path") or "/" + attributes["url.full"].split("/", 3)[3]
+
+
+BURSTS, BURST = 10, 32  # 32 streams a call: 128 segments in the server's writev, ~6 KB a read
+
+
+def test_a_busy_http2_connection_is_copied_past_the_cap(tmp_path: Path) -> None:
+    """Node.js's ``http2`` on both ends, bursts of 32 concurrent requests on one h2c connection:
+    each burst's responses leave in one ``writev`` of 128 segments and arrive in one read of more
+    than the 4 KiB cap. Every call is a span on both sides, with nothing hidden by a gap (with 64
+    segments and one cap per read, a third of the server's and some of the client's were lost)."""
+    script = str(Path(__file__).with_name("h2_burst.js"))
+    port_file = tmp_path / "port"
+    server = subprocess.Popen(["node", script, "serve", str(port_file)])
+    client = None
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "the node server did not start"
+            time.sleep(0.05)
+        client = subprocess.Popen(
+            ["node", script, "burst", port_file.read_text(), str(BURSTS), str(BURST)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        statuses = _traced(tmp_path, client, [server.pid, client.pid], "{}\n")
+    finally:
+        kill_all(client, server)
+    assert statuses == ["200"] * (BURSTS * BURST)
+
+    out = tmp_path / "out"
+    spans = load_file_spans(out)
+    paths = [f"/items/{n}" for n in range(BURSTS * BURST)]
+    assert Counter((s["kind"], _path(s)) for s in spans) == Counter(
+        [("SERVER", p) for p in paths] + [("CLIENT", p) for p in paths]
+    )
+    for span in spans:  # each body whole: no frame of it hidden
+        body = json.dumps({"path": _path(span), "padding": "p" * 120}, separators=(",", ":"))
+        assert span["attributes"].get("http.response.body.size") == len(body), span
+        assert "otel_ebpf.capture.gap" not in span["attributes"], span
+    metrics = load_file_metrics(out)
+    assert latest_total(metrics, "otel_ebpf.payload.not_captured") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0

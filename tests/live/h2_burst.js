@@ -1,0 +1,46 @@
+// A busy multiplexed HTTP/2 (h2c) connection, as gRPC and Node services have them: the client
+// sends bursts of concurrent requests on one connection, so that each side writes and reads the
+// frames of a whole burst in one call (Node's writev: four segments per stream).
+//
+//   node h2_burst.js serve PORT_FILE          answers GET /items/N with a small JSON body
+//   node h2_burst.js burst PORT ROUNDS SIZE   waits for a line on stdin, then ROUNDS bursts of
+//                                             SIZE requests; prints one status per request
+const http2 = require('http2');
+const fs = require('fs');
+const [mode, ...args] = process.argv.slice(2);
+
+if (mode === 'serve') {
+  const server = http2.createServer();
+  server.on('stream', (stream, headers) => {
+    const path = headers[':path'];
+    stream.respond({':status': 200, 'content-type': 'application/json', 'x-path': path});
+    stream.end(JSON.stringify({path, padding: 'p'.repeat(120)}));
+  });
+  server.listen(0, '127.0.0.1', () => {
+    fs.writeFileSync(args[0] + '.tmp', String(server.address().port));
+    fs.renameSync(args[0] + '.tmp', args[0]);
+  });
+} else {
+  const [port, rounds, size] = args.map(Number);
+  const get = (client, path) => new Promise((resolve, reject) => {
+    const request = client.request({':path': path});
+    let status = 0;
+    request.on('response', (headers) => { status = headers[':status']; });
+    request.on('data', () => {});
+    request.on('end', () => resolve(status));
+    request.on('error', reject);
+    request.end();
+  });
+  process.stdin.once('data', async () => {
+    const client = http2.connect(`http://127.0.0.1:${port}`);
+    const statuses = [];
+    for (let round = 0; round < rounds; round++) {
+      const burst = [];
+      for (let i = 0; i < size; i++) burst.push(get(client, `/items/${round * size + i}`));
+      statuses.push(...await Promise.all(burst));
+    }
+    console.log(statuses.join(' '));
+    client.close();
+    process.stdin.destroy();
+  });
+}
