@@ -989,17 +989,19 @@ static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id,
 // header: an event each would cost user space a record apiece). An event's captured bytes are a
 // prefix of its length: a segment that does not fit what is gathered starts the next event, and
 // one past the cap (or unreadable) ends its event with its uncopied rest. second: the second
-// segment, read with the first; left: the bytes of ret after copy_start's. Returns the bytes
-// that no event covered (segments past MAX_IOV), or -1 when an event was lost.
+// segment, read with the first; left: the bytes of ret after copy_start's; *next: the segment
+// to start at (1 after copy_start's), then the one it stopped at. Returns the bytes that no event
+// covered (segments past max_iov of them, or unreadable), or -1 when an event was lost.
 static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
                                           struct conn_info *ci, const struct uiovec *second, u64 left,
-                                          const u32 max_iov) {
+                                          u32 *next, const u32 max_iov) {
     struct uiovec *iov = (struct uiovec *)io->buf;
     // What is gathered lives in the event (captured, length), not in locals: the verifier then
     // knows it only as bounded, so the paths through one iteration meet again at the next one
     // instead of multiplying over MAX_IOV iterations; and the loop has one send.
 // a bounded loop (Linux 5.3+): unrolling MAX_IOV iterations would multiply the program and its compile memory
-    for (int i = 1; i < max_iov; i++) {
+    u32 i = *next;
+    for (int k = 0; k < max_iov; k++, i++) {
         if (i >= io->iovcnt || left == 0)
             break;
         struct uiovec seg = *second;
@@ -1024,9 +1026,54 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
         ev->length = at + len;
         left -= len;
     }
+    *next = i;
     if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
         return -1;
     return left;
+}
+
+// A vectored call with more segments than its exit gathers (MAX_IOV: Node.js's http2 writes 4 a
+// stream, 32 streams at once; C-core gRPC up to 260 in one sendmsg when many calls are in
+// flight): where the exit stopped, for segments_more, a program of its own that the exit
+// tail-calls, which goes on for MORE_IOV segments more and may call itself again: SEGMENT_PASSES
+// in all, MAX_IOV + SEGMENT_PASSES * MORE_IOV segments a call (320). A longer loop in one program
+// would cost every start-up its verification, and 128 segments in segments_more (whose loop
+// starts at a segment the verifier does not know) is past the verifier's limit.
+#define SEGMENT_PASSES 4
+#define MORE_IOV 64
+struct segments_left {
+    struct active_io io;
+    u64 ts;
+    u64 id;
+    u64 left;  // bytes of the call not yet in an event
+    u32 next;  // the segment to go on from
+    u32 passes;
+};
+BPF_PERCPU_ARRAY(segments_left, struct segments_left, 1);
+BPF_PROG_ARRAY(segments_tail, 1);  // [0]: segments_more
+
+// Hands the rest of a vectored call to segments_more; returns only when that could not be done
+// (the rest is then a gap).
+static __always_inline void more_segments(void *ctx, u64 ts, u64 id, const struct active_io *io, u64 left,
+                                          u32 next) {
+    u32 zero = 0;
+    struct segments_left *rest = segments_left.lookup(&zero);
+    if (!rest)
+        return;
+    rest->io = *io;
+    rest->ts = ts;
+    rest->id = id;
+    rest->left = left;
+    rest->next = next;
+    rest->passes = 1;
+    segments_tail.call(ctx, 0);
+}
+
+// Segments no event covered: reported as moved but not copied, so parsers skip them.
+static __always_inline void segments_gap(struct data_event *ev, u64 ts, u64 id, const struct active_io *io,
+                                         struct conn_info *ci, u64 left) {
+    submit_data(ev, ts, id, io->fd, ci, io->direction, left, 0, 0);
+    count(STAT_IOV_BYTES, left);
 }
 
 // One datagram: its peer from the sockaddr at name (sendto/sendmsg's destination, or where
@@ -1201,11 +1248,39 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg, co
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
         return;
     }
-    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, max_iov);
-    if (left > 0) {  // segments past MAX_IOV: reported as moved but not copied, so parsers skip them
-        submit_data(ev, ts, id, io.fd, ci, io.direction, left, 0, 0);
-        count(STAT_IOV_BYTES, left);
+    u32 next = 1;
+    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, &next, max_iov);
+    if (left > 0 && next < io.iovcnt)
+        more_segments(ctx, ts, id, &io, left, next);
+    if (left > 0)
+        segments_gap(ev, ts, id, &io, ci, left);
+}
+
+// The segments of a vectored call past those its exit gathered (more_segments).
+int segments_more(void *ctx) {
+    u32 zero = 0, cpu = bpf_get_smp_processor_id();
+    struct segments_left *rest = segments_left.lookup(&zero);
+    struct data_event *ev = data_scratch.lookup(&cpu);
+    u64 key = rest ? (rest->id & 0xffffffff00000000ULL) | (u32)rest->io.fd : 0;
+    struct conn_info *ci = rest ? conns.lookup(&key) : 0;
+    if (rest && ev && ci) {
+        struct uiovec unused = {};  // emit_segments reads every segment from here on
+        u32 next = rest->next;
+        ev->length = ev->captured = 0;  // a new run: the exit sent what it had gathered
+        long left = emit_segments(ev, rest->ts, rest->id, &rest->io, ci, &unused, rest->left, &next, MORE_IOV);
+        if (left > 0 && next < rest->io.iovcnt && rest->passes < SEGMENT_PASSES) {
+            rest->left = left;
+            rest->next = next;
+            rest->passes += 1;
+            segments_tail.call(ctx, 0);
+        }
+        if (left > 0)
+            segments_gap(ev, rest->ts, rest->id, &rest->io, ci, left);
     }
+#ifdef INJECT
+    inject_tail.call(ctx, 0);  // what the syscall's exit would have done after its data events
+#endif
+    return 0;
 }
 
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg, const u32 max_iov) {

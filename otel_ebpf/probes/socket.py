@@ -71,9 +71,9 @@ STAT_NAMES = (
 )
 # stats[] slots 7.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
-# iovec segments copied per vectored syscall: grpcio writes one per HPACK field, Node's http2 four
-# per stream with a write's worth of streams (32 at once: 128); 256 passes the verifier's limit
-MAX_IOV = 128
+# iovec segments a vectored syscall's exit copies (grpcio writes one per HPACK field); the rest,
+# up to 320 in all, in a program it tail-calls (segments_more in bpf/socket_trace.c)
+MAX_IOV = 64
 MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
 # Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded.
@@ -308,6 +308,11 @@ class SocketProbe:
         try:  # until _started holds it, close() cannot free the program
             # what the kernel measures the ring's backlog with, to shed before it overflows
             bpf["events_ref"][ctypes.c_int(0)] = ctypes.c_int(bpf["events"].map_fd)
+            from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
+
+            # what a vectored call's exit hands the segments past MAX_IOV to
+            more = bpf.load_func("segments_more", BPF.TRACEPOINT)
+            bpf["segments_tail"][ctypes.c_int(0)] = ctypes.c_int(more.fd)
             injection = Injection(bpf) if self.inject_traceparent else None
             self._kernel_exec_names(bpf)
             if self.targets.ports:

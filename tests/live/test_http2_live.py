@@ -87,8 +87,8 @@ STATUS_CODES = {"OK": 0, "NOT_FOUND": 5}
 
 
 # grpcio (gRPC C-core) writes a call with one sendmsg of many iovecs (each HPACK literal its own):
-# the probe gathers up to 64 of them into as few events as the cap allows and reports the rest as a
-# gap, so the plugin knows what it missed.
+# the probe gathers up to 320 of them into as few events as the cap allows and reports the rest as
+# a gap, so the plugin knows what it missed.
 
 
 @SOCKET_MODES
@@ -126,6 +126,25 @@ def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
     # NOT_FOUND is the caller's error only
     assert errors == {("SERVER", 5, "UNSET", ""), ("CLIENT", 5, "ERROR", h2_peers.NOT_FOUND_MESSAGE)}
     assert sum(point["count"] for point in _latest_points(metrics["rpc.server.duration"])) == 105
+    assert latest_total(metrics, "otel_ebpf.messages.partial") == 0
+
+
+def test_concurrent_grpc_calls_keep_their_method(tmp_path: Path) -> None:
+    """Bursts of 64 calls in flight on one channel: C-core writes each burst in one sendmsg of more
+    iovec segments than a syscall's exit gathers. The rest go to segments_more; when they were a
+    gap, the client's HPACK table lost the entry its calls' ``:path`` refers to, and every later
+    call on the channel was ``_OTHER``."""
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, "tracepoints") as run:
+        server, port = run.server("grpc")
+        client = run.grpc_client(port, "concurrent")
+        run.start_agent(server, client.pid)
+        calls = run.go(client)
+        spans, metrics = run.stop_agent(2 * len(calls))
+
+    assert len(calls) == h2_peers.BURSTS * h2_peers.CONCURRENT and {c["code"] for c in calls} == {"OK"}
+    for pid, kind in ((server, "SERVER"), (client.pid, "CLIENT")):
+        assert Counter(s["name"] for s in _by(spans, pid, kind)) == {f"{SERVICE}/Unary": len(calls)}, kind
+    assert latest_total(metrics, "otel_ebpf.payload.not_captured") == 0
     assert latest_total(metrics, "otel_ebpf.messages.partial") == 0
 
 

@@ -54,6 +54,7 @@ SERVICE = "otelebpf.test.Echo"
 MISSING = "missing"  # Unary answers NOT_FOUND for this text
 NOT_FOUND_MESSAGE = "no such note: missing"
 STREAM_MESSAGES = 10
+BURSTS, CONCURRENT = 10, 64  # the concurrent scenario
 LARGE_BLOB = 100_000  # a message far past the 4 KiB capture cap, over several DATA frames
 H2_LARGE_BODY = 100_000
 
@@ -167,6 +168,16 @@ def many(stub: Any, pb2: ModuleType) -> list[Call]:
     return unary(stub, pb2, 100)
 
 
+def concurrent(stub: Any, pb2: ModuleType) -> list[Call]:
+    """Bursts of CONCURRENT unary calls in flight at once: C-core writes a burst's frames in one
+    sendmsg of a few hundred iovec segments."""
+    calls = []
+    for burst in range(BURSTS):
+        futures = [stub.Unary.future(pb2.Note(text=f"burst-{burst}-{i}")) for i in range(CONCURRENT)]
+        calls += [_record("Unary", future.result, 1) for future in futures]
+    return calls
+
+
 def everything(stub: Any, pb2: ModuleType) -> list[Call]:
     """Every kind of call once (the live tests' main scenario)."""
     return [*unary_not_found(stub, pb2), *server_stream(stub, pb2), *client_stream(stub, pb2), *bidi(stub, pb2)]
@@ -180,6 +191,7 @@ GRPC_SCENARIOS: dict[str, Scenario] = {
     "bidi": bidi,
     "large": large,
     "many": many,
+    "concurrent": concurrent,
     "everything": everything,
 }
 
