@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
+from tests.live.test_http_live import _wait_for_file
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
@@ -144,12 +144,9 @@ def test_a_busy_http2_connection_is_copied_past_the_cap(tmp_path: Path) -> None:
     server = subprocess.Popen(["node", script, "serve", str(port_file)])
     client = None
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert server.poll() is None and time.monotonic() < deadline, "the node server did not start"
-            time.sleep(0.05)
+        port = _wait_for_file(port_file, server, timeout=30)
         client = subprocess.Popen(
-            ["node", script, "burst", port_file.read_text(), str(BURSTS), str(BURST)],
+            ["node", script, "burst", port, str(BURSTS), str(BURST)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -6,11 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
+from opentelemetry.sdk.trace import ReadableSpan
+
+from otel_ebpf.pipeline import Pipeline
+from otel_ebpf.pipeline.connections import ConnectionTracker
+from otel_ebpf.pipeline.events import Event
+from otel_ebpf.pipeline.reorder import EventReorderer
+from otel_ebpf.pipeline.telemetry import Telemetry
+from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role, load_protocols
 from otel_ebpf.protocol_testing import Chunk, Replay, as_role, load_recording
 from otel_ebpf.protocol_testing import replay as replay_with
 from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
 from otel_ebpf.protocols.http2.types import pseudo
+from otel_ebpf.selfmetrics import SelfMetrics
 
 DATA = Path(__file__).parent / "data" / "http2"
 RECORDINGS = sorted(path.stem for path in DATA.glob("*.json"))
@@ -31,6 +39,22 @@ def replay(
     chunks: Sequence[Chunk], role: Role = Role.SERVER, protocol: HTTP2 | None = None, close: bool = True
 ) -> Replay:
     return replay_with(chunks, role, protocol or HTTP2(), close, check_starts)
+
+
+def pipeline_spans(events: list[Event]) -> list[ReadableSpan]:
+    """The spans the agent's pipeline makes of ``events``, with every installed plugin."""
+    protocols = load_protocols()
+    selfmetrics = SelfMetrics()
+    telemetry = Telemetry(protocols, "node-1", {}, selfmetrics)
+    pipeline = Pipeline(
+        ConnectionTracker(protocols, selfmetrics),
+        telemetry,
+        selfmetrics,
+        reorderer=EventReorderer(selfmetrics, window_ns=0),
+    )
+    pipeline.handle(events)
+    pipeline.flush()
+    return telemetry.take_spans()
 
 
 def check_starts(run: Replay) -> None:

@@ -5,19 +5,14 @@ client span, by the request starts the session announces."""
 from __future__ import annotations
 
 from hpack import Encoder
-from http2_replay import load
+from http2_replay import load, pipeline_spans
 from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.pipeline.connections import ConnectionTracker
 from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
-from otel_ebpf.pipeline.reorder import EventReorderer
-from otel_ebpf.pipeline.telemetry import Telemetry
-from otel_ebpf.protocol import Direction, Endpoint, Role, load_protocols
+from otel_ebpf.protocol import Direction, Endpoint, Role
 from otel_ebpf.protocol_testing import Chunk, as_client
-from otel_ebpf.selfmetrics import SelfMetrics
 
 CLIENT_PID, SERVER_PID = 100, 200
 CLIENT_END, SERVER_END = Endpoint("10.0.0.2", 51000), Endpoint("10.0.0.1", 50051)
@@ -63,21 +58,6 @@ def both_ends(chunks: list[Chunk]) -> list[Event]:
     return sorted(protocols_events, key=lambda e: e.timestamp_ns)
 
 
-def run(events: list[Event]) -> list[ReadableSpan]:
-    protocols = load_protocols()
-    selfmetrics = SelfMetrics()
-    telemetry = Telemetry(protocols, "node-1", {}, selfmetrics)
-    pipeline = Pipeline(
-        ConnectionTracker(protocols, selfmetrics),
-        telemetry,
-        selfmetrics,
-        reorderer=EventReorderer(selfmetrics, window_ns=0),
-    )
-    pipeline.handle(events)
-    pipeline.flush()
-    return telemetry.take_spans()
-
-
 def _pairs(spans: list[ReadableSpan]) -> list[tuple[ReadableSpan, ReadableSpan]]:
     by_kind = {
         kind: sorted((s for s in spans if s.kind is kind), key=lambda s: s.start_time)
@@ -87,7 +67,7 @@ def _pairs(spans: list[ReadableSpan]) -> list[tuple[ReadableSpan, ReadableSpan]]
 
 
 def test_grpc_server_spans_are_children_of_their_client_spans() -> None:
-    spans = run(both_ends(load("grpc_unary")))
+    spans = pipeline_spans(both_ends(load("grpc_unary")))
     pairs = _pairs(spans)
     assert len(pairs) == 3
     for client, server in pairs:
@@ -130,7 +110,7 @@ def test_concurrent_streams_in_one_syscall_keep_their_own_parents() -> None:
             + DataFrame(1, b"slow", flags=["END_STREAM"]).serialize(),
         ),
     ]
-    spans = run(both_ends(chunks))
+    spans = pipeline_spans(both_ends(chunks))
     clients = {s.attributes["url.full"].rsplit("/", 1)[1]: s for s in spans if s.kind is trace.SpanKind.CLIENT}
     servers = {s.attributes["url.path"][1:]: s for s in spans if s.kind is trace.SpanKind.SERVER}
     assert sorted(clients) == sorted(servers) == ["fast", "slow"]
