@@ -25,7 +25,8 @@
 
 #define HTTP_UNKNOWN 0
 #define HTTP_YES 1
-#define HTTP_NO 2
+#define HTTP_NO 2        // from here on, not HTTP/1 (any longer)
+#define HTTP_SWITCHED 3  // after a 101: HTTP/2 when the client's next bytes are its preface
 #define HTTP_MAX_MISSES 8
 #define HTTP_QUEUE 4  // power of two: requests awaiting their responses
 
@@ -288,7 +289,7 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
     // bytes may look like HTTP/1 (a CONNECT to port 80) and must not be counted as requests.
     if (m.status == 101 || (h->resp_method == METHOD_CONNECT && m.status >= 200 && m.status < 300)) {
         h->resp_status = 0;
-        h->state = HTTP_NO;
+        h->state = m.status == 101 ? HTTP_SWITCHED : HTTP_NO;
     }
 }
 
@@ -308,6 +309,11 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
         return 1;
     }
     u32 requests = *role == ROLE_SERVER ? DIR_INGRESS : DIR_EGRESS;
+    if (h->state == HTTP_SWITCHED) {  // an h2c client sends its preface right after the 101 (RFC 7540, 3.2)
+        if (direction == requests)
+            h->state = HTTP_NO;  // anything else: a WebSocket, another protocol
+        return 1;
+    }
     if (m.kind == MSG_REQUEST && direction == requests) {
         h->state = HTTP_YES;
         http_request(tgid, *role, tls, h, m.method, ts);

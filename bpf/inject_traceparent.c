@@ -380,7 +380,7 @@ int inject_msg(struct sk_msg_md *msg) {
         inject_count(INJ_TLS);
         return SK_PASS;
     }
-    if (ci && ci->http.state == HTTP_NO)
+    if (ci && ci->http.state >= HTTP_NO)
         return SK_PASS;  // no longer HTTP/1 (a tunnel, an upgraded connection)
 
     u32 n = size < HEAD_SCAN ? size : HEAD_SCAN;

@@ -17,7 +17,7 @@
 // MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
 // injection (inject_traceparent.c, appended).
 
-#define H2_CHUNKS 8  // events one buffer of an HTTP/2 connection may take (submit_buffer)
+#define H2_CHUNKS 8  // events one buffer or segment of an HTTP/2 connection may take (piece_length)
 
 #define EV_DATA 1
 #define EV_OPEN 2
@@ -947,7 +947,7 @@ static __always_inline struct data_event *copy_start(const char *base, u32 len, 
     u32 cpu = bpf_get_smp_processor_id();
     struct data_event *ev = data_scratch.lookup(&cpu);
     if (ev)
-        copy_head(ev, base, len, h->shed && h->state != HTTP_NO ? CLASSIFY_BYTES : PAYLOAD_CAP);
+        copy_head(ev, base, len, h->shed && h->state < HTTP_NO ? CLASSIFY_BYTES : PAYLOAD_CAP);
     return ev;
 }
 
@@ -957,22 +957,27 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
         copy_head(ev, base, ev->length, PAYLOAD_CAP);
 }
 
-// Submits the event copy_start made of one buffer (ev->length bytes at base). On HTTP/2 one read
-// holds frames of many streams (a busy multiplexed connection coalesces them), and bytes past the
-// cap would cost every stream whose frames lie there, not one body's tail: the rest follows in
-// events of the cap each, up to H2_CHUNKS in all, the last also standing for what is left (moved,
-// not copied, so the parser skips it).
+// How many of the rest bytes of a buffer or iovec segment (done of it already in events) the next
+// event stands for. On HTTP/2 one read holds frames of many streams (a busy multiplexed connection
+// coalesces them), and bytes past the cap would cost every stream whose frames lie there, not one
+// body's tail: there a buffer goes a cap at a time, up to H2_CHUNKS events, the last also standing
+// for what is left (moved, not copied, so the parser skips it). Elsewhere: all of it.
+static __always_inline u32 piece_length(const struct conn_info *ci, u32 rest, u32 done) {
+    return ci->http.h2 && rest > PAYLOAD_CAP && done < (H2_CHUNKS - 1) * PAYLOAD_CAP ? PAYLOAD_CAP : rest;
+}
+
+// Submits the event copy_start made of one buffer (ev->length bytes at base), in pieces
+// (piece_length).
 static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
                                           u32 direction, const char *base, u32 flags) {
     u32 len = ev->length;
-    if (!ci->http.h2 || len <= PAYLOAD_CAP || !base) {  // no base: sendfile, nothing to copy
+    if (!base) {  // sendfile: nothing to copy
         submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
         return;
     }
     u32 off = 0;
     for (int i = 0; i < H2_CHUNKS; i++) {
-        u32 left = len - off;
-        u32 moved = left < PAYLOAD_CAP || i == H2_CHUNKS - 1 ? left : PAYLOAD_CAP;
+        u32 moved = piece_length(ci, len - off, off);
         if (i)
             copy_head(ev, base + off, moved, PAYLOAD_CAP);
         if (submit_data(ev, ts, id, fd, ci, direction, moved, ev->captured, flags))
@@ -983,60 +988,81 @@ static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id,
     }
 }
 
+// Where a vectored call's gathering stands: the bytes of the call not yet in an event, the segment,
+// and how many of its bytes are already in events (more than none only for a segment taken in
+// pieces, piece_length). It lives in a map value (segments_left), which the verifier does not
+// track: the paths through one iteration (a whole segment or a piece of it, a cap or less) then
+// meet again at the next one instead of multiplying over the iterations.
+struct segment_at {
+    u64 left;
+    u32 seg;
+    u32 done;
+};
+
 // The rest of a syscall's bytes after copy_start's run (the segments of a vectored write or read
-// on a stream, from the second on), and then the run gathered: as few events as the cap allows,
-// each a run of consecutive bytes (grpcio writes one small segment per HPACK field and frame
-// header: an event each would cost user space a record apiece). An event's captured bytes are a
-// prefix of its length: a segment that does not fit what is gathered starts the next event, and
-// one past the cap (or unreadable) ends its event with its uncopied rest. second: the second
-// segment, read with the first; left: the bytes of ret after copy_start's; *next: the segment
-// to start at (1 after copy_start's), then the one it stopped at. Returns the bytes that no event
-// covered (segments past max_iov of them, or unreadable), or -1 when an event was lost.
+// on a stream), and then the run gathered: as few events as the cap allows, each a run of
+// consecutive bytes (grpcio writes one small segment per HPACK field and frame header: an event
+// each would cost user space a record apiece). An event's captured bytes are a prefix of its
+// length: a piece that does not fit what is gathered starts the next event, and one past the cap
+// (or unreadable) ends its event with its uncopied rest. head: the first two segments, read with
+// the first (0: read every segment from user memory); at: where to start, then where it stopped.
+// Returns the bytes that no event covered (past max_pieces pieces, or unreadable), or -1 when an
+// event was lost.
 static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id, struct active_io *io,
-                                          struct conn_info *ci, const struct uiovec *second, u64 left,
-                                          u32 *next, const u32 max_iov) {
+                                          struct conn_info *ci, const struct uiovec *head,
+                                          struct segment_at *at, const u32 max_pieces) {
     struct uiovec *iov = (struct uiovec *)io->buf;
-    // What is gathered lives in the event (captured, length), not in locals: the verifier then
-    // knows it only as bounded, so the paths through one iteration meet again at the next one
-    // instead of multiplying over MAX_IOV iterations; and the loop has one send.
-// a bounded loop (Linux 5.3+): unrolling MAX_IOV iterations would multiply the program and its compile memory
-    u32 i = *next;
-    for (int k = 0; k < max_iov; k++, i++) {
+    // What is gathered lives in the event (captured, length), and where it stands in *at, not in
+    // locals (read anew each iteration): the verifier then knows them only as bounded, and the
+    // loop has one send.
+// a bounded loop (Linux 5.3+): unrolling its iterations would multiply the program and its compile memory
+    for (int k = 0; k < max_pieces; k++) {
+        u64 left = *(volatile u64 *)&at->left;
+        u32 i = *(volatile u32 *)&at->seg, done = *(volatile u32 *)&at->done;
         if (i >= io->iovcnt || left == 0)
             break;
-        struct uiovec seg = *second;
-        if (i > 1 && bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
+        struct uiovec seg = {};
+        if (head && i < 2)
+            seg = i ? head[1] : head[0];
+        else if (bpf_probe_read_user(&seg, sizeof(seg), &iov[i]))
             break;
-        u32 len = seg.len < left ? seg.len : left;  // left <= ret, a syscall's count: fits u32
+        u64 rest = seg.len > done ? seg.len - done : 0;
+        u32 len = piece_length(ci, rest < left ? rest : left, done);  // left <= ret, a syscall's count: fits u32
         u32 off = ev->captured;
         if (ev->length && (ev->length != off || off + len > PAYLOAD_CAP)) {  // ended, or full
             if (submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, off, 0))
                 return -1;
             off = 0;
         }
-        u32 at = off, n = len < PAYLOAD_CAP ? len : PAYLOAD_CAP;
-        // Masks the verifier can see: at < PAYLOAD_CAP, n < 2 * PAYLOAD_CAP, inside data[].
-        asm volatile("" : "+r"(at));
+        u32 to = off, n = len < PAYLOAD_CAP ? len : PAYLOAD_CAP;
+        // Masks the verifier can see: to < PAYLOAD_CAP, n < 2 * PAYLOAD_CAP, inside data[].
+        asm volatile("" : "+r"(to));
         asm volatile("" : "+r"(n));
-        at &= PAYLOAD_CAP - 1;
+        to &= PAYLOAD_CAP - 1;
         n &= (PAYLOAD_CAP << 1) - 1;
-        if (n && bpf_probe_read_user(ev->data + at, n, seg.base))
+        if (n && bpf_probe_read_user(ev->data + to, n, seg.base + done))
             n = 0;  // unreadable: moved, not copied
-        ev->captured = at + n;
-        ev->length = at + len;
-        left -= len;
+        ev->captured = to + n;
+        ev->length = to + len;
+        at->left = left - len;
+        if (done + len >= seg.len || left == len) {
+            at->seg = i + 1;
+            at->done = 0;
+        } else {
+            at->done = done + len;
+        }
     }
-    *next = i;
     if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
         return -1;
-    return left;
+    return at->left;
 }
 
 // A vectored call with more segments than its exit gathers (MAX_IOV: Node.js's http2 writes 4 a
 // stream, 32 streams at once; C-core gRPC up to 260 in one sendmsg when many calls are in
 // flight): where the exit stopped, for segments_more, a program of its own that the exit
-// tail-calls, which goes on for MORE_IOV segments more and may call itself again: SEGMENT_PASSES
-// in all, MAX_IOV + SEGMENT_PASSES * MORE_IOV segments a call (320). A longer loop in one program
+// tail-calls, which goes on for MORE_IOV pieces more and may call itself again: SEGMENT_PASSES
+// in all, MAX_IOV + SEGMENT_PASSES * MORE_IOV pieces a call (320; a piece is a segment, or a cap
+// of a larger one on HTTP/2). A longer loop in one program
 // would cost every start-up its verification, and 128 segments in segments_more (whose loop
 // starts at a segment the verifier does not know) is past the verifier's limit.
 #define SEGMENT_PASSES 4
@@ -1045,26 +1071,19 @@ struct segments_left {
     struct active_io io;
     u64 ts;
     u64 id;
-    u64 left;  // bytes of the call not yet in an event
-    u32 next;  // the segment to go on from
+    struct segment_at at;  // where to go on from
     u32 passes;
 };
 BPF_PERCPU_ARRAY(segments_left, struct segments_left, 1);
 BPF_PROG_ARRAY(segments_tail, 1);  // [0]: segments_more
 
-// Hands the rest of a vectored call to segments_more; returns only when that could not be done
-// (the rest is then a gap).
-static __always_inline void more_segments(void *ctx, u64 ts, u64 id, const struct active_io *io, u64 left,
-                                          u32 next) {
-    u32 zero = 0;
-    struct segments_left *rest = segments_left.lookup(&zero);
-    if (!rest)
-        return;
+// Hands the rest of a vectored call (rest->at: where its exit stopped) to segments_more; returns
+// only when that could not be done (the rest is then a gap).
+static __always_inline void more_segments(void *ctx, struct segments_left *rest, u64 ts, u64 id,
+                                          const struct active_io *io) {
     rest->io = *io;
     rest->ts = ts;
     rest->id = id;
-    rest->left = left;
-    rest->next = next;
     rest->passes = 1;
     segments_tail.call(ctx, 0);
 }
@@ -1248,10 +1267,22 @@ static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg, co
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
         return;
     }
-    u32 next = 1;
-    long left = emit_segments(ev, ts, id, &io, ci, &head[1], ret - first_len, &next, max_iov);
-    if (left > 0 && next < io.iovcnt)
-        more_segments(ctx, ts, id, &io, left, next);
+    u32 zero = 0;
+    struct segments_left *rest = segments_left.lookup(&zero);
+    if (!rest)
+        return;  // never: a per-CPU array's one element
+    rest->at.left = ret - first_len;
+    rest->at.seg = 1;
+    rest->at.done = 0;
+    if (ev->captured == PAYLOAD_CAP && piece_length(ci, first_len, 0) < first_len) {  // its first piece
+        ev->length = PAYLOAD_CAP;
+        rest->at.left = ret - PAYLOAD_CAP;
+        rest->at.seg = 0;
+        rest->at.done = PAYLOAD_CAP;
+    }
+    long left = emit_segments(ev, ts, id, &io, ci, head, &rest->at, max_iov);
+    if (left > 0 && rest->at.seg < io.iovcnt)
+        more_segments(ctx, rest, ts, id, &io);
     if (left > 0)
         segments_gap(ev, ts, id, &io, ci, left);
 }
@@ -1264,13 +1295,9 @@ int segments_more(void *ctx) {
     u64 key = rest ? (rest->id & 0xffffffff00000000ULL) | (u32)rest->io.fd : 0;
     struct conn_info *ci = rest ? conns.lookup(&key) : 0;
     if (rest && ev && ci) {
-        struct uiovec unused = {};  // emit_segments reads every segment from here on
-        u32 next = rest->next;
         ev->length = ev->captured = 0;  // a new run: the exit sent what it had gathered
-        long left = emit_segments(ev, rest->ts, rest->id, &rest->io, ci, &unused, rest->left, &next, MORE_IOV);
-        if (left > 0 && next < rest->io.iovcnt && rest->passes < SEGMENT_PASSES) {
-            rest->left = left;
-            rest->next = next;
+        long left = emit_segments(ev, rest->ts, rest->id, &rest->io, ci, 0, &rest->at, MORE_IOV);
+        if (left > 0 && rest->at.seg < rest->io.iovcnt && rest->passes < SEGMENT_PASSES) {
             rest->passes += 1;
             segments_tail.call(ctx, 0);
         }

@@ -3,8 +3,10 @@
 // frames of a whole burst in one call (Node's writev: four segments per stream).
 //
 //   node h2_burst.js serve PORT_FILE          answers GET /items/N with a small JSON body
-//   node h2_burst.js burst PORT ROUNDS SIZE   waits for a line on stdin, then ROUNDS bursts of
-//                                             SIZE requests; prints one status per request
+//   node h2_burst.js burst PORT ROUNDS SIZE [BODY]
+//                                             waits for a line on stdin, then ROUNDS bursts of
+//                                             SIZE requests (POSTs of BODY bytes when BODY is
+//                                             given); prints one status per request
 const http2 = require('http2');
 const fs = require('fs');
 const [mode, ...args] = process.argv.slice(2);
@@ -21,15 +23,15 @@ if (mode === 'serve') {
     fs.renameSync(args[0] + '.tmp', args[0]);
   });
 } else {
-  const [port, rounds, size] = args.map(Number);
+  const [port, rounds, size, body] = args.map(Number);
   const get = (client, path) => new Promise((resolve, reject) => {
-    const request = client.request({':path': path});
+    const request = client.request(body ? {':path': path, ':method': 'POST'} : {':path': path});
     let status = 0;
     request.on('response', (headers) => { status = headers[':status']; });
     request.on('data', () => {});
     request.on('end', () => resolve(status));
     request.on('error', reject);
-    request.end();
+    request.end(body ? 'b'.repeat(body) : undefined);
   });
   process.stdin.once('data', async () => {
     const client = http2.connect(`http://127.0.0.1:${port}`);

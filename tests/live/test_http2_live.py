@@ -133,18 +133,18 @@ def test_concurrent_grpc_calls_keep_their_method(tmp_path: Path) -> None:
     """Bursts of 64 calls in flight on one channel: C-core writes each burst in one sendmsg of more
     iovec segments than a syscall's exit gathers. The rest go to segments_more; when they were a
     gap, the client's HPACK table lost the entry its calls' ``:path`` refers to, and every later
-    call on the channel was ``_OTHER``. The client alone is traced: the server reads a burst into
-    iovec segments, of which one past the capture cap is cut (see the README's limits)."""
+    call on the channel was ``_OTHER``. The server reads a burst with ``recvmsg`` into segments
+    that can be larger than the capture cap: they are copied a cap at a time, as one buffer is."""
     with OTLPReceiver() as receiver, Peers(tmp_path, receiver, "tracepoints") as run:
         server, port = run.server("grpc")
         client = run.grpc_client(port, "concurrent")
-        run.start_agent(client.pid)
+        run.start_agent(client.pid, server)
         calls = run.go(client)
-        spans, _ = run.stop_agent(len(calls))
+        spans, _ = run.stop_agent(2 * len(calls))
 
     assert len(calls) == h2_peers.BURSTS * h2_peers.CONCURRENT and {c["code"] for c in calls} == {"OK"}
     assert Counter(s["name"] for s in _by(spans, client.pid, "CLIENT")) == {f"{SERVICE}/Unary": len(calls)}
-    assert _by(spans, server, "SERVER") == []
+    assert Counter(s["name"] for s in _by(spans, server, "SERVER")) == {f"{SERVICE}/Unary": len(calls)}
 
 
 @SOCKET_MODES
@@ -178,6 +178,33 @@ def test_http2_hypercorn_httpx_and_curl(tmp_path: Path, socket_mode: str) -> Non
     curl = [s for s in spans if s["resource"]["process.executable.name"] == "curl"]
     assert [(s["kind"], s["attributes"]["url.full"]) for s in curl] == [("CLIENT", f"http://127.0.0.1:{port}/items/42")]
     assert len(spans) == 6
+
+
+def test_an_upgraded_h2c_connection_is_copied_past_the_cap(tmp_path: Path) -> None:
+    """``curl --http2`` on plain HTTP upgrades its connection (``Upgrade: h2c``, ``101``), then
+    POSTs 20 KB on it; hypercorn reads the upload in one call, far past the 4 KiB cap. The kernel
+    takes the client preface after the 101 for HTTP/2, as on a connection opened with it, and
+    copies the read a cap at a time: the SERVER span has the body's size (before, the kernel
+    stopped looking at the 101, copied the cap only, and the size was lost to the gap)."""
+    body = tmp_path / "body"
+    body.write_bytes(b"u" * 20_000)
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, "tracepoints") as run:
+        server, port = run.server("h2")
+        base = f"http://127.0.0.1:{port}"
+        # --next: a second request on the same (upgraded) connection, with its own options
+        curl = run.held(
+            "curl", "-s", "-o", "/dev/null", "--http2", f"{base}/items/1",
+            "--next", "-s", "-o", "/dev/null", "--http2", "--data-binary", f"@{body}", f"{base}/upload",
+        )  # fmt: skip
+        run.start_agent(server, curl.pid)
+        assert run.go(curl) == []
+        spans, metrics = run.stop_agent(4)
+
+    upload = [s for s in _by(spans, server, "SERVER") if s["name"] == "POST /upload"]
+    assert len(upload) == 1 and upload[0]["attributes"]["network.protocol.version"] == "2"
+    assert upload[0]["attributes"]["http.request.body.size"] == 20_000
+    assert "otel_ebpf.capture.gap" not in upload[0]["attributes"]
+    assert latest_total(metrics, "otel_ebpf.payload.not_captured") == 0
 
 
 @SOCKET_MODES

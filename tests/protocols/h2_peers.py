@@ -7,6 +7,10 @@ Run as separate processes (``python tests/protocols/h2_peers.py COMMAND ...``):
     STUBS_DIR) on 127.0.0.1 with a free port, written to PORT_FILE.
 ``serve-h2 PORT_FILE``
     A hypercorn server (HTTP/1.1, h2c prior knowledge and ``Upgrade: h2c``) for :func:`asgi_app`.
+``serve-h2-recvmsg PORT_FILE``
+    An h2c (prior knowledge) server on the ``h2`` library that reads as gRPC's C-core does, with
+    ``recvmsg`` into large segments, after a pause that lets a client's burst pile up
+    (:func:`serve_h2_recvmsg`).
 ``grpc-client PORT STUBS_DIR SCENARIO [--wait] [--warm]``
     Runs one of :data:`GRPC_SCENARIOS` on one channel, printing one JSON line per call
     (``{"method", "code", "requests", "responses"}``). ``--wait`` prints ``ready`` and waits for
@@ -23,10 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import itertools
 import json
 import signal
 import socket
 import sys
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -265,6 +272,51 @@ def serve_h2(port_file: str) -> None:
     asyncio.run(main())
 
 
+RECVMSG_PAUSE_S = 0.02
+RECVMSG_LAYOUTS = ((65536,), (64, 65536))  # the segments of its reads, in turn
+
+
+def serve_h2_recvmsg(port_file: str) -> None:
+    """Answers every request on h2c connections, one at a time, with ``200`` and the size of its
+    body (``{"path", "received"}``). Each read is a ``recvmsg`` into one 64 KiB segment or into a
+    small one and a 64 KiB one, in turn, :data:`RECVMSG_PAUSE_S` after the last: a burst of
+    requests arrives in one read, each request's frames far into a segment."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    server = socket.create_server(("127.0.0.1", 0))
+    _write_port(port_file, server.getsockname()[1])
+    layouts = itertools.cycle([[bytearray(size) for size in layout] for layout in RECVMSG_LAYOUTS])
+    while True:
+        sock, _ = server.accept()
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        paths: dict[int, str] = {}
+        received: Counter[int] = Counter()
+        while True:
+            time.sleep(RECVMSG_PAUSE_S)
+            buffers = next(layouts)
+            moved = sock.recvmsg_into(buffers)[0]
+            if not moved:
+                break
+            data = b"".join(buffers)[:moved]  # the segments filled in order
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    paths[event.stream_id] = dict(event.headers)[b":path"].decode()
+                elif isinstance(event, h2.events.DataReceived):
+                    received[event.stream_id] += len(event.data)
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    stream = event.stream_id
+                    body = json.dumps({"path": paths.pop(stream), "received": received.pop(stream, 0)})
+                    conn.send_headers(stream, [(":status", "200"), ("content-type", "application/json")])
+                    conn.send_data(stream, body.encode(), end_stream=True)
+            sock.sendall(conn.data_to_send())
+        sock.close()
+
+
 def httpx_requests(base: str) -> list[dict[str, Any]]:
     """``GET /items/1`` and ``POST /upload`` on one h2c (prior knowledge) connection."""
     import httpx
@@ -291,6 +343,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("stubs")
     p = sub.add_parser("serve-h2")
     p.add_argument("port_file")
+    p = sub.add_parser("serve-h2-recvmsg")
+    p.add_argument("port_file")
     p = sub.add_parser("grpc-client")
     p.add_argument("port", type=int)
     p.add_argument("stubs")
@@ -305,6 +359,8 @@ def main(argv: list[str]) -> None:
         serve_grpc(args.port_file, args.stubs)
     elif args.command == "serve-h2":
         serve_h2(args.port_file)
+    elif args.command == "serve-h2-recvmsg":
+        serve_h2_recvmsg(args.port_file)
     elif args.command == "grpc-client":
         calls = run_grpc_scenario(f"127.0.0.1:{args.port}", Path(args.stubs), args.scenario, args.wait, args.warm)
         for call in calls:
