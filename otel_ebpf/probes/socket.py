@@ -39,6 +39,7 @@ from ..pipeline.events import (
     TcpHealthCounts,
 )
 from ..protocol import Direction, Endpoint, Role, Transport
+from ..ring_loss import RingLossLog
 from . import tcp_health
 from .addresses import endpoint
 from .btf import Btf, BtfError
@@ -247,6 +248,7 @@ class SocketProbe:
         self._events: list[Event | _Opening] = []  # _Opening: placeholders, see poll
         self._known_pids: set[int] = set()
         self._lost_reported = 0
+        self._loss_log = RingLossLog()
         self._next_loss_check = 0.0
         # connections user space rejected (failing --port, not TCP, the agent's own exports) whose
         # events may still be in flight; insertion-ordered so the oldest go first past the cap
@@ -535,6 +537,7 @@ class SocketProbe:
             if lost > self._lost_reported:
                 events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
                 self._lost_reported = lost
+                self._loss_log.update(lost, now)
         return events
 
     def http_counts(self) -> list[Event]:

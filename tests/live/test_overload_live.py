@@ -10,6 +10,7 @@ request that got its 200 may show up as a failed span.
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import shutil
 import signal
@@ -242,10 +243,14 @@ def test_an_http2_connection_opened_while_the_kernel_sheds_is_copied(tmp_path: P
     assert [p for p in paths if p.startswith("/items/")] == [f"/items/{i}" for i in range(5)]
 
 
-def test_an_http2_connection_that_lost_events_resumes_marked_after_the_loss(tmp_path: Path) -> None:
+def test_an_http2_connection_that_lost_events_resumes_marked_after_the_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Events of a connection lost to a full ring leave a hole in its bytes: the next one delivered
     says so, whatever the protocol, so that its HTTP/2 session starts afresh (an HPACK table that
-    missed insertions would otherwise resolve later headers to the wrong entries)."""
+    missed insertions would otherwise resolve later headers to the wrong entries). The log says
+    that events were lost."""
+    caplog.set_level(logging.WARNING, "otel_ebpf")
     silent = _SilentProbe(tmp_path)
     try:
         for batch in range(40):
@@ -264,6 +269,8 @@ def test_an_http2_connection_that_lost_events_resumes_marked_after_the_loss(tmp_
     assert all(p.startswith("/items/") for p in paths)
     resumed = sorted(int(p.rsplit("/", 1)[1]) for p in paths if int(p.rsplit("/", 1)[1]) >= 100_000)
     assert resumed == list(range(100_000, 100_005))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [m for m in warned if m.startswith("ring buffer full: the kernel lost")], warned
 
 
 def _cpu_s(pid: int) -> float:
