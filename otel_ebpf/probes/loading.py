@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -16,6 +17,11 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from .compiler_memory import release_compiler_memory
 
 SET_AGENT_TGID, SET_FILTER_PIDS = 0, 1  # the settings slots bpf/targets.h gives every program that includes it
+# BCC keeps the tables of every module of the process in one static map (its "shared table
+# storage", a std::map without a lock): two modules made or freed at once, on two threads, can
+# corrupt it. The agent frees its probes side by side when it stops (the socket probe on a thread
+# of its own): it crashed there with SIGSEGV, now and then, while the RDMA probe was freed too.
+_BCC_MODULES = threading.Lock()
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_.]+\.h)"')
 RecordT = TypeVar("RecordT", covariant=True)
 
@@ -145,7 +151,8 @@ def compile_program(source: str, cflags: list[str], what: str, verify: Iterable[
     from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
     try:
-        bpf = BPF(text=source, cflags=cflags)
+        with _BCC_MODULES:
+            bpf = BPF(text=source, cflags=cflags)
         for name in verify:
             bpf.load_func(name.encode(), BPF.KPROBE)
     except Exception as exc:  # BCC raises bare Exception with the compiler's verdict
@@ -158,14 +165,15 @@ def close_program(bpf: Any) -> None:
     """Detach everything ``bpf`` attached, then free it. Each detach waits for the kernel (an RCU
     grace period, tens of milliseconds; a uprobe's more): one after another, a probe with dozens
     of them takes seconds to stop, past a container's grace period. Done side by side, the waits
-    overlap (the calls release the GIL)."""
+    overlap (the calls release the GIL). Freeing the module is one at a time (``_BCC_MODULES``)."""
     detaches = [(bpf.detach_uprobe_event, name) for name in list(bpf.uprobe_fds)]
     detaches += [(bpf.detach_tracepoint, name) for name in list(bpf.tracepoint_fds)]
     if detaches:
         with ThreadPoolExecutor(max_workers=min(32, len(detaches))) as pool:
             for future in [pool.submit(detach, name) for detach, name in detaches]:
                 future.exception()  # one that failed is left to cleanup(), which skips the rest
-    bpf.cleanup()
+    with _BCC_MODULES:
+        bpf.cleanup()
 
 
 def write_settings(bpf: Any, values: Mapping[int, int]) -> None:
