@@ -10,14 +10,15 @@ Python auto-instrumentation (``opentelemetry-instrument``), and plain with this 
   ``none`` (which would skip encoding and sending) or ``console`` (whose indented JSON per span
   costs more than OTLP); the sink itself costs next to nothing during the load, less than a
   node-local collector would.
-- ``agent``: the plain service with ``otel-ebpf run --pid <server> --exporter file`` attached
-  after the warm-up, stopped with SIGINT after the load.
+- ``agent``: the plain service with ``otel-ebpf run --pid <server> --exporter otlp`` attached
+  after the warm-up (OTLP http/protobuf to the same sink, as the SDK's), stopped with SIGINT after
+  the load.
 
 Each run gets a fresh server and 1 s of warm-up load; rounds rotate the order of the three, so
 drift hits all alike. Reported per variant: requests/s (median), ratio to plain (median of
-per-round ratios), latency, SERVER spans per request (the agent's file; for the SDK, what reached
-the sink over the requests of the warm-up and the load, as both were traced), the server's own
-CPU per request under load (``/proc``: the SDK's work and the agent's
+per-round ratios), latency, SERVER spans per request (what reached the sink: for the agent over
+the requests of the load, for the SDK over those of the warm-up and the load, as both were
+traced), the server's own CPU per request under load (``/proc``: the SDK's work and the agent's
 probes are charged there), and for the agent its CPU per request (whole run less start-up, i.e.
 the load and the final flush, from ``os.wait4``) and RSS.
 
@@ -54,7 +55,6 @@ from harness import (
     free_port,
     kill,
     parse_live_args,
-    span_counts,
     unshared,
     wait_listening,
     wrk,
@@ -144,7 +144,7 @@ def measure(variant: str, seconds: float, sink: Sink) -> Run:
             OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
             OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
         )
-        sink.server_spans()  # forget anything left over
+    sink.server_spans()  # forget anything left over
     url = f"http://127.0.0.1:{port}{PATH}"
     with tempfile.TemporaryDirectory(prefix="fastapi-load-") as tmp, ExitStack() as stack:
         server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -153,7 +153,8 @@ def measure(variant: str, seconds: float, sink: Sink) -> Run:
         wait_listening(port, server, f"the {variant} server")
         warm = wrk(url, 1, CONNECTIONS)  # warm-up, before any agent: not counted (the SDK traces it)
         if variant == "agent":
-            agent = stack.enter_context(Agent(["--pid", str(server.pid)], Path(tmp) / "out"))
+            export = ["--exporter", "otlp", "--otlp-protocol", "http/protobuf", "--otlp-endpoint", sink.endpoint]
+            agent = stack.enter_context(Agent(["--pid", str(server.pid)], Path(tmp) / "out", export=export))
         watch = Watch(agent and agent.pid)
         watch.start()
         cpu_before = cpu_seconds(server.pid)
@@ -169,12 +170,7 @@ def measure(variant: str, seconds: float, sink: Sink) -> Run:
                 usage.exit_s,
             )
             run.agent_rss_load_mb = watch.peak
-            run.server_spans = sum(
-                n
-                for (pid, kind, _), n in span_counts(Path(tmp) / "out" / "traces.jsonl").items()
-                if pid == server.pid and kind == SPAN_KIND["SERVER"]
-            )
-            run.spanned_requests = w.requests
+            run.server_spans, run.spanned_requests = sink.server_spans(), w.requests
         server.send_signal(signal.SIGTERM)  # graceful: the SDK flushes at exit
         server.wait(timeout=30)
         if variant == "otel-instrument":
@@ -240,7 +236,7 @@ def main() -> None:
         f"GET {PATH}, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of {args.duration:g} s, "
         f"variants rotated, medians; opentelemetry-instrument "
         f"{importlib.metadata.version('opentelemetry-instrumentation')} (OTLP http/protobuf to a local sink); "
-        f"agent: --pid, file exporter; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+        f"agent: --pid, OTLP http/protobuf to the sink; {os.cpu_count()} CPUs, kernel {os.uname().release}"
     )
     header = (
         f"{'variant':<16} {'req/s':>7} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'server CPU/req':>15} "
@@ -272,7 +268,7 @@ def main() -> None:
                     for p in ("fastapi", "uvicorn", "opentelemetry-sdk", "opentelemetry-instrumentation-fastapi")
                 },
                 "otel_instrument_export": "OTLP http/protobuf (traces, metrics) to a local sink",
-                "agent": "--pid SERVER --exporter file",
+                "agent": "--pid SERVER --exporter otlp --otlp-protocol http/protobuf (to the local sink)",
             },
             "variants": rows,
             "runs": [asdict(r) for v in VARIANTS for r in runs[v]],

@@ -290,12 +290,16 @@ class AgentUsage:
 
 
 class Agent:
-    """``otel-ebpf run ARGS --exporter file --output OUT --ready-file`` as a child; a context manager
-    that kills it if :meth:`stop` was not reached."""
+    """``otel-ebpf run ARGS --exporter file --output OUT --ready-file`` as a child (``export``, when
+    given, replaces the file exporter's arguments; ``OUT`` still names its log and ready file); a
+    context manager that kills it if :meth:`stop` was not reached."""
 
-    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], out: Path, env: dict[str, str] | None = None, export: list[str] | None = None
+    ) -> None:
         self.out, self.log, self.ready = out, out.with_name(out.name + ".log"), out.with_name(out.name + ".ready")
         self.args, self.env = args, env
+        self.export = ["--exporter", "file", "--output", str(out)] if export is None else export
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Agent:
@@ -306,10 +310,7 @@ class Agent:
                     *AGENT,
                     "run",
                     *self.args,
-                    "--exporter",
-                    "file",
-                    "--output",
-                    str(self.out),
+                    *self.export,
                     "--ready-file",
                     str(self.ready),
                 ],
