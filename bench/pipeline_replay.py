@@ -15,6 +15,13 @@ sends it and one with the whole response (status line, ``Server``, ``Date``, ``C
     by batch: ``session.feed`` for every syscall, ``stitcher.add`` for every message,
     ``exchange.span`` and ``exchange.metric_points`` for every exchange.
 
+Then the same for gRPC unary calls as ``bench/protocol_load.py`` makes them (a grpcio client and
+server, both traced): per call, the client's request (HEADERS and DATA, as grpcio's headers and
+HPACK-encoded by a real encoder, whose dynamic table the sessions must follow), the server's read
+of it, its response (HEADERS, DATA, trailers) and the client's read of that, one syscall each, on
+``--connections`` connections with their prefaces and SETTINGS; ``pipeline`` only, per call (two
+spans, client and server).
+
 Each stage is measured three ways in the same run, so that the figures are comparable on a busy
 machine: wall time (``time.perf_counter``), the process's CPU time (``time.process_time``: what the
 agent would be charged, whatever else the machine runs) and, in one extra run with a
@@ -26,8 +33,8 @@ run comes first, which also
 fills the plugin's caches as a long-running agent's are; the input stream itself is kept out of
 the garbage collector's way (``gc.freeze``), since the live agent never holds one.
 
-Usage: ``python bench/pipeline_replay.py [--quick] [--exchanges N] [--connections C] [--reps R]
-[--protocols DIR]``. ``--protocols`` runs a copy of ``protocols/`` (e.g. the code before a change)
+Usage: ``python bench/pipeline_replay.py [--quick] [--exchanges N] [--grpc-calls N] [--connections C]
+[--reps R] [--protocols DIR]``. ``--protocols`` runs a copy of ``protocols/`` (e.g. the code before a change)
 in place of the installed one, so two versions can be compared side by side on the same machine.
 """
 
@@ -43,6 +50,9 @@ from collections.abc import Callable
 from email.utils import formatdate
 from pathlib import Path
 
+from hpack import Encoder
+from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame
+
 from otel_ebpf.agent import REPLAY_BATCH
 from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
@@ -57,6 +67,27 @@ SERVICE_NS = 30_000  # request read -> response written
 REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n"
 BODY = b'{"status": "ok"}'
 SERVER_HEADER = b"demo-inference/1.0 Python/3.11.7"
+GRPC_CLIENT_PID, GRPC_SERVER_PID = 5151, 5252
+GRPC_PATH = "/tracechain.Chain/Work"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# What grpcio 1.8x sends and answers for a unary call, in its order.
+GRPC_REQUEST_HEADERS = [
+    (":scheme", "http"),
+    (":method", "POST"),
+    (":authority", "127.0.0.1:50051"),
+    (":path", GRPC_PATH),
+    ("te", "trailers"),
+    ("content-type", "application/grpc"),
+    ("user-agent", "grpc-python/1.85.3 grpc-c/51.0.0 (linux; chttp2)"),
+    ("grpc-accept-encoding", "identity, deflate, gzip"),
+]
+GRPC_RESPONSE_HEADERS = [
+    (":status", "200"),
+    ("content-type", "application/grpc"),
+    ("grpc-accept-encoding", "identity, deflate, gzip"),
+]
+GRPC_TRAILERS = [("grpc-status", "0")]
+GRPC_STAGE = "gRPC pipeline total"  # per call
 STAGES = ("session.feed", "stitcher.add", "exchange.span", "exchange.metric_points")
 # What a stage is measured in: a clock returns a reading, a stage costs the difference of two.
 Clock = Callable[[], float]
@@ -89,6 +120,63 @@ def build_events(exchanges: int, connections: int) -> list[Event]:
         answer = response(t)
         events.append(ConnData(t, PID, PID + 1, fd, 0, Direction.INGRESS, len(REQUEST), bytes(REQUEST)))
         events.append(ConnData(t + SERVICE_NS, PID, PID + 1, fd, 0, Direction.EGRESS, len(answer), answer))
+    return events
+
+
+def _grpc_message(payload: bytes) -> bytes:
+    return b"\x00" + len(payload).to_bytes(4, "big") + payload
+
+
+def _frames(*frames: HeadersFrame | DataFrame | SettingsFrame) -> bytes:
+    return b"".join(frame.serialize() for frame in frames)
+
+
+def build_grpc_events(calls: int, connections: int) -> list[Event]:
+    """Both processes' ProcessInfo, each connection's two ends and SETTINGS, then ``calls`` unary
+    calls round-robin over the connections: four syscalls each, as both sides see them."""
+    events: list[Event] = [
+        ProcessInfo(START_NS, GRPC_CLIENT_PID, "/usr/bin/python3.11", "python3 examples/trace_chain.py load-grpc"),
+        ProcessInfo(START_NS, GRPC_SERVER_PID, "/usr/bin/python3.11", "python3 examples/trace_chain.py serve-grpc"),
+    ]
+    server = Endpoint("127.0.0.1", 50051)
+    # per connection: each side's HPACK encoder, and the stream id of its next call
+    request_encoders = [Encoder() for _ in range(connections)]
+    response_encoders = [Encoder() for _ in range(connections)]
+    next_stream = [1] * connections
+    t = START_NS
+    for c in range(connections):
+        client = Endpoint("127.0.0.1", 41000 + c)
+        fd = 10 + c
+        events.append(ConnOpen(t, GRPC_CLIENT_PID, fd, 0, Role.CLIENT, client, server))
+        events.append(ConnOpen(t, GRPC_SERVER_PID, fd, 0, Role.SERVER, server, client))
+        hello = PREFACE + _frames(SettingsFrame(0, settings={SettingsFrame.MAX_CONCURRENT_STREAMS: 100}))
+        answer = _frames(SettingsFrame(0), SettingsFrame(0, flags=["ACK"]))
+        events.append(ConnData(t, GRPC_CLIENT_PID, GRPC_CLIENT_PID, fd, 0, Direction.EGRESS, len(hello), hello))
+        events.append(ConnData(t, GRPC_SERVER_PID, GRPC_SERVER_PID, fd, 0, Direction.INGRESS, len(hello), hello))
+        events.append(ConnData(t, GRPC_SERVER_PID, GRPC_SERVER_PID, fd, 0, Direction.EGRESS, len(answer), answer))
+        events.append(ConnData(t, GRPC_CLIENT_PID, GRPC_CLIENT_PID, fd, 0, Direction.INGRESS, len(answer), answer))
+    for i in range(calls):
+        c = i % connections
+        fd = 10 + c
+        stream = next_stream[c]
+        next_stream[c] += 2
+        t = START_NS + 1_000 + i * EXCHANGE_NS
+        request = _frames(
+            HeadersFrame(stream, data=request_encoders[c].encode(GRPC_REQUEST_HEADERS), flags=["END_HEADERS"]),
+            DataFrame(stream, data=_grpc_message(b"work %d" % i), flags=["END_STREAM"]),
+        )
+        response = _frames(
+            HeadersFrame(stream, data=response_encoders[c].encode(GRPC_RESPONSE_HEADERS), flags=["END_HEADERS"]),
+            DataFrame(stream, data=_grpc_message(b"done %d" % i)),
+            HeadersFrame(stream, data=response_encoders[c].encode(GRPC_TRAILERS), flags=["END_HEADERS", "END_STREAM"]),
+        )
+        for ts, pid, direction, data in (
+            (t, GRPC_CLIENT_PID, Direction.EGRESS, request),
+            (t + 5_000, GRPC_SERVER_PID, Direction.INGRESS, request),
+            (t + SERVICE_NS, GRPC_SERVER_PID, Direction.EGRESS, response),
+            (t + SERVICE_NS + 5_000, GRPC_CLIENT_PID, Direction.INGRESS, response),
+        ):
+            events.append(ConnData(ts, pid, pid + 1, fd, 0, direction, len(data), data))
     return events
 
 
@@ -204,13 +292,14 @@ def run_plugin(events: list[Event], clock: Clock = WALL) -> tuple[dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--exchanges", type=int, default=20_000)
+    parser.add_argument("--grpc-calls", type=int, default=10_000)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--protocols", type=Path, help="run this copy of protocols/ instead")
-    parser.add_argument("--quick", action="store_true", help="short run: 5,000 exchanges, 3 reps")
+    parser.add_argument("--quick", action="store_true", help="short run: 5,000 exchanges, 2,500 calls, 3 reps")
     args = parser.parse_args()
     if args.quick:
-        args.exchanges, args.reps = 5000, 3
+        args.exchanges, args.grpc_calls, args.reps = 5000, 2500, 3
     if args.protocols is not None:
         use_protocols_from(args.protocols.resolve())
 
@@ -219,11 +308,13 @@ def main() -> None:
     (http1,) = load_protocols(["http1"])
     print(f"plugin: {sys.modules[type(http1).__module__].__file__}")
     events = build_events(args.exchanges, args.connections)
+    grpc_events = build_grpc_events(args.grpc_calls, args.connections)
     # The live agent never holds a whole run of events: keep the garbage collector from walking
     # them again and again, which would charge every stage for the size of the input.
     gc.collect()
     gc.freeze()
     run_pipeline(events[: 2 + args.connections + 2000])  # warm up
+    run_pipeline(grpc_events[: 2 + 6 * args.connections + 2000])
     # stage -> clock -> one reading per repetition
     figures: dict[str, dict[str, list[float]]] = {}
 
@@ -242,19 +333,25 @@ def main() -> None:
             note("plugin share", clock_name, sum(times.values()))
             for stage, seconds in times.items():
                 note(stage, clock_name, seconds)
+            seconds, spans = run_pipeline(grpc_events, clock)
+            if spans != 2 * args.grpc_calls:
+                raise SystemExit(f"pipeline made {spans} spans for {args.grpc_calls} gRPC calls (two each)")
+            note(GRPC_STAGE, clock_name, seconds)
     with CallCounter() as counter:  # last: the hook slows everything it sees
         note("pipeline total", "calls", run_pipeline(events, counter)[0])
+        note(GRPC_STAGE, "calls", run_pipeline(grpc_events, counter)[0])
         times, _ = run_plugin(events, counter)
     note("plugin share", "calls", sum(times.values()))
     for stage, calls in times.items():
         note(stage, "calls", calls)
 
-    def per_exchange(clock: str, values: list[float]) -> float:
+    def per_unit(clock: str, values: list[float], units: int) -> float:
         scale = 1 if clock == "calls" else 1e6  # calls stay calls; seconds become µs
-        return round(statistics.median(values) / args.exchanges * scale, 2)
+        return round(statistics.median(values) / units * scale, 2)
 
+    grpc = {clock: per_unit(clock, values, args.grpc_calls) for clock, values in figures.pop(GRPC_STAGE).items()}
     table = {
-        stage: {clock: per_exchange(clock, values) for clock, values in by_clock.items()}
+        stage: {clock: per_unit(clock, values, args.exchanges) for clock, values in by_clock.items()}
         for stage, by_clock in figures.items()
     }
     print(
@@ -265,6 +362,8 @@ def main() -> None:
     for stage, row in table.items():
         indent = "  " if stage in STAGES else ""
         print(f"  {indent + stage:<26} {row['wall']:8.2f} {row['cpu']:8.2f} {row['calls']:9.1f}")
+    print(f"{args.grpc_calls} gRPC unary calls on {args.connections} connections, both sides traced, per call:")
+    print(f"  {'pipeline total':<26} {grpc['wall']:8.2f} {grpc['cpu']:8.2f} {grpc['calls']:9.1f}")
     write_result(
         "pipeline_replay",
         None,
@@ -275,6 +374,13 @@ def main() -> None:
             "us_per_exchange": {stage: row["wall"] for stage, row in table.items()},
             "cpu_us_per_exchange": {stage: row["cpu"] for stage, row in table.items()},
             "python_calls_per_exchange": {stage: row["calls"] for stage, row in table.items()},
+            "grpc": {
+                "calls": args.grpc_calls,
+                "spans_per_call": 2,
+                "us_per_call": grpc["wall"],
+                "cpu_us_per_call": grpc["cpu"],
+                "python_calls_per_call": grpc["calls"],
+            },
         },
     )
 

@@ -184,7 +184,7 @@ def fastapi_load(figures: Figures) -> list[str]:
 
 
 def pipeline_replay(figures: Figures) -> list[str]:
-    header = ["stage (HTTP/1.1 keep-alive, per exchange)", "CPU", "wall", "Python calls"]
+    header = ["stage (per HTTP/1.1 keep-alive exchange, or as named)", "CPU", "wall", "Python calls"]
     cpu, wall, calls = (figures[key] for key in ("cpu_us_per_exchange", "us_per_exchange", "python_calls_per_exchange"))
     rows = [
         [
@@ -195,6 +195,17 @@ def pipeline_replay(figures: Figures) -> list[str]:
         ]
         for stage in cpu
     ]
+    grpc = figures.get("grpc")
+    if grpc:  # results written before the gRPC stream was added lack it
+        spans = grpc["spans_per_call"]
+        rows.append(
+            [
+                f"gRPC unary, pipeline total per span ({spans} per call: client and server)",
+                f"{grpc['cpu_us_per_call'] / spans:.1f} µs",
+                f"{grpc['us_per_call'] / spans:.1f} µs",
+                f"{grpc['python_calls_per_call'] / spans:.0f}",
+            ]
+        )
     return _table(header, rows)
 
 
