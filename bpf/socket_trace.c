@@ -8,6 +8,9 @@
 //   sock:sock_send_length(sk, ...)    the fd is an inet socket; here is its sk  (active_io.sk)
 //   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
 // sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
+// Reads have no enter program (READ_ARGS_AT_EXIT, the default mode):
+//   sock:sock_recv_length(sk, ...)    a traced thread read from an inet socket: its active_io is made
+//   sys_exit_read(ret)                the fd and buffer from the registers the task saved at entry
 //
 // Kernels before 6.3 lack sock_{send,recv}_length; built with FD_TRACKING, a connection is instead
 // an fd that accept/connect returned or that user space found in /proc at start, and its "sk" is a
@@ -239,6 +242,7 @@ struct active_ssl {
 #define IO_BIND 3
 #define IO_MMSG 4  // sendmmsg/recvmmsg: buf is the mmsghdr vector, iovcnt its length
 #define IO_NAME 5  // getsockname: buf is where the kernel writes the local end
+#define IO_READ 6  // a socket read with no enter program: its exit takes the arguments (READ_ARGS_AT_EXIT)
 // The syscall has returned. An entry stays with its thread (deleted when the thread exits):
 // marking it costs a store where deleting and re-inserting cost two hash updates per syscall.
 #define IO_DONE 0xff
@@ -261,7 +265,7 @@ struct active_io {
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
     u8 udp;          // the socket is UDP (from the sock tracepoint): emit datagram events
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
-    u16 pad;
+    u16 nr;          // IO_READ: the syscall the read is in (the exit of another one drops it)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
     u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
@@ -324,6 +328,19 @@ static __always_inline int set_current_io(struct active_io *io) {
 }
 
 static __always_inline void forget_current_io(void) {}  // the kernel frees it with the task
+#endif
+// Reads then have no enter program: their exit takes the fd, the buffer and the rest from the
+// registers the task saved when the syscall began, which stay as they were until it returns (the
+// return value goes to another one). One enter program fewer per read of a traced socket, and
+// none at all for the reads of files, pipes and sockets of other processes.
+// Kept with fd-tracking (no sock_recv_length to make the slot), traceparent injection (its sk_msg
+// program reads the slot, a hash, before the bytes move) and on other architectures.
+#if !defined(FD_TRACKING) && !defined(INJECT) && defined(__x86_64__)
+#define READ_ARGS_AT_EXIT
+#include <asm/ptrace.h>
+static __always_inline struct pt_regs *syscall_regs(void) {
+    return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+}
 #endif
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
 // The socket each thread last read, and when: TLS over memory BIOs (Python asyncio) decrypts what
@@ -724,17 +741,22 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 
 // ---- data ------------------------------------------------------------------------------------
 
+// The thread's TLS state as its syscall begins (active_io.tls).
+static __always_inline u8 tls_state(u64 id) {
+    u32 tid = id, tgid = id >> 32;
+    u8 tls = tls_procs.lookup(&tgid) ? IO_SSL_USER : 0;
+    if (tls && active_ssl.lookup(&tid))
+        tls |= IO_IN_SSL;  // the call's socket is named at the exit, once the fd is known to be one
+    return tls;
+}
+
 static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction, const void *name,
                                      u32 kind) {
     u64 id = current_pid_tgid();
     if (!is_target(id >> 32))
         return;
-    u32 tid = id, tgid = id >> 32;
-    u8 tls = tls_procs.lookup(&tgid) ? IO_SSL_USER : 0;
-    if (tls && active_ssl.lookup(&tid))
-        tls |= IO_IN_SSL;  // the call's socket is named at the exit, once the fd is known to be one
     struct active_io io = {.buf = (u64)buf, .fd = fd, .iovcnt = iovcnt, .direction = direction,
-                           .name = (u64)name, .kind = kind, .tls = tls};
+                           .name = (u64)name, .kind = kind, .tls = tls_state(id)};
     if (direction == DIR_EGRESS)
         io.ts = bpf_ktime_get_ns();
     if (set_current_io(&io))
@@ -773,6 +795,30 @@ static __always_inline struct active_io *on_sock_io(u16 family, u16 protocol, co
     return io;
 }
 
+#ifdef READ_ARGS_AT_EXIT
+// A read by a traced thread: the slot of a syscall with an enter program (recvmmsg), or one made
+// here (IO_READ) for the read's exit to complete; 0 when the thread is not traced.
+static __always_inline struct active_io *read_slot(u16 family, u16 protocol, const void *sk, int ret) {
+    struct active_io *io = on_sock_io(family, protocol, sk);
+    if (io && io->kind != IO_DONE && io->kind != IO_READ)
+        return io;
+    u64 id = current_pid_tgid();
+    if (ret <= 0 || (family != AF_INET && family != AF_INET6) || !is_target(id >> 32))
+        return 0;  // is_target leaves out the agent, whose reads on_sock_io took
+    if (!io)
+        io = active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!io) {
+        count(STAT_ACTIVE_FULL, 1);
+        return 0;
+    }
+    struct active_io read = {.sk = (u64)sk, .direction = DIR_INGRESS, .kind = IO_READ,
+                             .udp = protocol == IPPROTO_UDP_, .tls = tls_state(id),
+                             .nr = syscall_regs()->orig_ax};
+    *io = read;
+    return io;
+}
+#endif
+
 #ifndef FD_TRACKING
 TRACEPOINT_PROBE(sock, sock_send_length) {
     on_sock_io(args->family, args->protocol, args->sk);
@@ -780,7 +826,11 @@ TRACEPOINT_PROBE(sock, sock_send_length) {
 }
 
 TRACEPOINT_PROBE(sock, sock_recv_length) {
+#ifdef READ_ARGS_AT_EXIT
+    struct active_io *io = read_slot(args->family, args->protocol, args->sk, args->ret);
+#else
     struct active_io *io = on_sock_io(args->family, args->protocol, args->sk);
+#endif
     if (!io || args->ret <= 0)
         return 0;
     // The read's stamp, taken here rather than at its exit, which then reads no clock.
@@ -1185,12 +1235,11 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
 // mmsg and max_iov: compile-time constants, so that each program carries only the loops its
 // syscall needs: mmsg is 1 only in the sendmmsg/recvmmsg programs (the batch loop), max_iov (the
 // iovec segments copied) MAX_IOV only in those of the vectored syscalls, 1 in the others.
-static __always_inline void exit_io_body(void *ctx, long ret, const int mmsg, const u32 max_iov) {
+// A syscall's exit, with the thread's slot (iop).
+static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long ret, const int mmsg,
+                                         const u32 max_iov) {
     u64 id = current_pid_tgid();
     u32 tid = id;
-    struct active_io *iop = current_io();
-    if (!iop)
-        return;
     struct active_io io = *iop;
     iop->kind = IO_DONE;
     if (ret <= 0 || io.kind != (mmsg ? IO_MMSG : IO_DATA))
@@ -1311,7 +1360,9 @@ int segments_more(void *ctx) {
 }
 
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg, const u32 max_iov) {
-    exit_io_body(ctx, ret, mmsg, max_iov);
+    struct active_io *iop = current_io();
+    if (iop)
+        exit_io_body(ctx, iop, ret, mmsg, max_iov);
 #ifdef INJECT
     // After the data event, what the syscall decided goes to user space: inject_exit, a program of
     // its own (a tail call costs this one no stack, and it has none to spare).
@@ -1324,20 +1375,64 @@ static __always_inline void exit_iov(void *ctx, long ret) { exit_io_(ctx, ret, 0
 
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0, DIR_EGRESS, args->addr, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_iov(args, args->ret); return 0; }
+
+#ifdef READ_ARGS_AT_EXIT
+#define READ_PLAIN 0  // read(fd, buf, count)
+#define READ_FROM 1   // recvfrom(fd, buf, len, flags, addr, addrlen)
+#define READ_V 2      // readv(fd, iov, iovcnt)
+#define READ_MSG 3    // recvmsg(fd, msg, flags)
+
+// A read's exit: the slot sock_recv_length made inside this very syscall, completed from its
+// arguments. A slot of a read inside another syscall (io_uring_enter, splice) is dropped here.
+static __always_inline void exit_read(void *ctx, int nr, long ret, const u32 which) {
+    struct active_io *iop = current_io();
+    if (!iop || iop->kind != IO_READ)
+        return;
+    iop->kind = IO_DONE;
+    if (iop->nr != (u16)nr || ret <= 0)
+        return;
+    struct pt_regs *regs = syscall_regs();
+    iop->fd = regs->di;
+    iop->buf = regs->si;
+    iop->iovcnt = 0;
+    iop->name = 0;
+    if (which == READ_V) {
+        u64 n = regs->dx;
+        iop->iovcnt = n > 0xffff ? 0xffff : n;
+    } else if (which == READ_FROM) {
+        iop->name = regs->r8;
+    } else if (which == READ_MSG) {
+        struct umsghdr m = {};
+        if (bpf_probe_read_user(&m, sizeof(m), (void *)iop->buf) || m.iovlen == 0)
+            return;
+        iop->buf = (u64)m.iov;
+        iop->iovcnt = m.iovlen > 0xffff ? 0xffff : m.iovlen;
+        iop->name = (u64)m.name;
+    }
+    iop->kind = IO_DATA;
+    exit_io_body(ctx, iop, ret, 0, which == READ_V || which == READ_MSG ? MAX_IOV : 1);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_read(args, args->__syscall_nr, args->ret, READ_PLAIN); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_read(args, args->__syscall_nr, args->ret, READ_FROM); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_read(args, args->__syscall_nr, args->ret, READ_V); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_read(args, args->__syscall_nr, args->ret, READ_MSG); return 0; }
+#else
+TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS, 0, IO_DATA); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS, 0, IO_DATA); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_iov(args, args->ret); return 0; }
+#endif
 
 // sendfile moves bytes the process never holds: reported as moved, none captured, so parsers
 // can skip over them (a body) instead of losing their place.
