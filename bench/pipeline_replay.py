@@ -69,6 +69,8 @@ BODY = b'{"status": "ok"}'
 SERVER_HEADER = b"demo-inference/1.0 Python/3.11.7"
 GRPC_CLIENT_PID, GRPC_SERVER_PID = 5151, 5252
 GRPC_PATH = "/tracechain.Chain/Work"
+# protocols/http2/frames.py has it too; imported from there, the plugins would load before
+# --protocols could replace them
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # What grpcio 1.8x sends and answers for a unary call, in its order.
 GRPC_REQUEST_HEADERS = [
@@ -139,27 +141,29 @@ def build_grpc_events(calls: int, connections: int) -> list[Event]:
         ProcessInfo(START_NS, GRPC_SERVER_PID, "/usr/bin/python3.11", "python3 examples/trace_chain.py serve-grpc"),
     ]
     server = Endpoint("127.0.0.1", 50051)
-    # per connection: each side's HPACK encoder, and the stream id of its next call
+    # per connection: each side's HPACK encoder (its dynamic table)
     request_encoders = [Encoder() for _ in range(connections)]
     response_encoders = [Encoder() for _ in range(connections)]
-    next_stream = [1] * connections
-    t = START_NS
+    hello = PREFACE + _frames(SettingsFrame(0, settings={SettingsFrame.MAX_CONCURRENT_STREAMS: 100}))
+    answer = _frames(SettingsFrame(0), SettingsFrame(0, flags=["ACK"]))
     for c in range(connections):
         client = Endpoint("127.0.0.1", 41000 + c)
         fd = 10 + c
-        events.append(ConnOpen(t, GRPC_CLIENT_PID, fd, 0, Role.CLIENT, client, server))
-        events.append(ConnOpen(t, GRPC_SERVER_PID, fd, 0, Role.SERVER, server, client))
-        hello = PREFACE + _frames(SettingsFrame(0, settings={SettingsFrame.MAX_CONCURRENT_STREAMS: 100}))
-        answer = _frames(SettingsFrame(0), SettingsFrame(0, flags=["ACK"]))
-        events.append(ConnData(t, GRPC_CLIENT_PID, GRPC_CLIENT_PID, fd, 0, Direction.EGRESS, len(hello), hello))
-        events.append(ConnData(t, GRPC_SERVER_PID, GRPC_SERVER_PID, fd, 0, Direction.INGRESS, len(hello), hello))
-        events.append(ConnData(t, GRPC_SERVER_PID, GRPC_SERVER_PID, fd, 0, Direction.EGRESS, len(answer), answer))
-        events.append(ConnData(t, GRPC_CLIENT_PID, GRPC_CLIENT_PID, fd, 0, Direction.INGRESS, len(answer), answer))
+        events.append(ConnOpen(START_NS, GRPC_CLIENT_PID, fd, 0, Role.CLIENT, client, server))
+        events.append(ConnOpen(START_NS, GRPC_SERVER_PID, fd, 0, Role.SERVER, server, client))
+        events.extend(
+            ConnData(START_NS, pid, pid, fd, 0, direction, len(data), data)
+            for pid, direction, data in (
+                (GRPC_CLIENT_PID, Direction.EGRESS, hello),
+                (GRPC_SERVER_PID, Direction.INGRESS, hello),
+                (GRPC_SERVER_PID, Direction.EGRESS, answer),
+                (GRPC_CLIENT_PID, Direction.INGRESS, answer),
+            )
+        )
     for i in range(calls):
         c = i % connections
         fd = 10 + c
-        stream = next_stream[c]
-        next_stream[c] += 2
+        stream = 1 + 2 * (i // connections)  # a client's streams are odd, in order
         t = START_NS + 1_000 + i * EXCHANGE_NS
         request = _frames(
             HeadersFrame(stream, data=request_encoders[c].encode(GRPC_REQUEST_HEADERS), flags=["END_HEADERS"]),
