@@ -5,8 +5,12 @@ The kernel sheds whole HTTP/1 exchanges at the share this controller sets (bpf/h
 budget for ``PATIENCE`` periods in a row (one busy second, a burst of start-up work, is no
 overload), the share drops in proportion to the excess, and the next cut waits as long again: the
 period after a cut still reads the backlog copied at the old share. Under ``HEADROOM`` of the
-budget the share grows back in proportion to the room, at most doubling per period. Pure: fed CPU
-and wall time (and the kernel's request counts), it reads no clock.
+budget the share grows back in proportion to the room, at most doubling per period. Both aim at
+``SETPOINT``, the middle of the band in which the share is left alone, not at the budget itself:
+the agent's CPU at a given share varies by a tenth or more from one second to the next (more when
+the applications take the CPUs), and a share that brought it to the budget exactly would leave it
+over the budget half the time. Pure: fed CPU and wall time (and the kernel's request counts), it
+reads no clock.
 
 The cut scales the share of exchanges the agent really received over the period. When user space
 falls behind, the kernel also sheds on ring backlog, and the agent's CPU then shows only what it
@@ -19,6 +23,7 @@ from __future__ import annotations
 MIN_KEEP = 1 / 1024  # the kernel's resolution
 PATIENCE = 2  # periods over budget before shedding starts
 HEADROOM = 0.8  # "well under budget": below this share of it
+SETPOINT = (1 + HEADROOM) / 2  # the share of the budget a change of the share aims at
 # One cut divides the share by at most this: a second in which the kernel shed nearly everything
 # on backlog (a burst that filled half the ring) says little about what the agent can take.
 MAX_CUT = 32
@@ -45,9 +50,9 @@ class CpuBudget:
         if self._over >= PATIENCE:
             counted = requests - last[2]
             copied = min(self.keep, max(0.0, 1 - (shed - last[3]) / counted)) if counted > 0 else self.keep
-            self.keep = max(MIN_KEEP, self.keep / MAX_CUT, copied * self.cores / used)
+            self.keep = max(MIN_KEEP, self.keep / MAX_CUT, copied * SETPOINT * self.cores / used)
             # The next period still ends the ring's backlog of the old share: judged anew after it.
             self._over = 0
-        elif used < HEADROOM * self.cores:  # toward the budget, at most doubling
-            self.keep = min(1.0, self.keep * (min(2.0, self.cores / used) if used > 0 else 2.0))
+        elif used < HEADROOM * self.cores:  # toward the setpoint, at most doubling
+            self.keep = min(1.0, self.keep * (min(2.0, SETPOINT * self.cores / used) if used > 0 else 2.0))
         return self.keep

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.budget import MAX_CUT, MIN_KEEP, CpuBudget
+from otel_ebpf.budget import MAX_CUT, MIN_KEEP, SETPOINT, CpuBudget
 
 
 def feed(budget: CpuBudget, usages: list[float]) -> list[float]:
@@ -26,24 +26,26 @@ def test_one_busy_period_is_no_overload() -> None:
 
 
 def test_sustained_excess_sheds_in_proportion_then_recovers() -> None:
+    """Each cut aims at the setpoint (0.45 of a core here), each step back up too, at most doubling."""
     keeps = feed(CpuBudget(0.5), [1.0, 1.0, 1.0, 1.0, 0.5, 0.2, 0.2, 0.2])
-    assert keeps == [1.0, 0.5, 0.5, 0.25, 0.25, 0.5, 1.0, 1.0]
+    assert SETPOINT == pytest.approx(0.9)
+    assert keeps == pytest.approx([1.0, 0.45, 0.45, 0.45**2, 0.45**2, 0.45**2 * 2, 0.45**2 * 4, 1.0])
 
 
 def test_the_period_after_a_cut_is_not_judged_alone() -> None:
-    """The cut reached the budget; the next period, still busy with the ring's backlog of the old
+    """The cut reached the setpoint; the next period, still busy with the ring's backlog of the old
     share, shows the old usage: no second cut on it."""
-    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 0.95, 0.5, 0.5])
-    assert keeps == [1.0, 0.5, 0.5, 0.5, 0.5]
+    keeps = feed(CpuBudget(0.5), [1.0, 1.0, 0.95, 0.45, 0.45])
+    assert keeps == pytest.approx([1.0, 0.45, 0.45, 0.45, 0.45])
 
 
 def test_the_cut_scales_what_was_copied_when_the_kernel_also_shed_on_backlog() -> None:
     """User space fell behind: the kernel copied only 1 request in 5 (it shed the rest on backlog),
-    and the agent's CPU shows what it could do, not what there was. One cut brings it to budget."""
+    and the agent's CPU shows what it could do, not what there was. One cut brings it to the setpoint."""
     budget = CpuBudget(0.5)
     budget.update(0.0, 0.0, 0, 0)
     budget.update(1.0, 1.0, 1000, 800)
-    assert budget.update(2.0, 2.0, 2000, 1600) == pytest.approx(0.2 * 0.5 / 1.0)
+    assert budget.update(2.0, 2.0, 2000, 1600) == pytest.approx(0.2 * SETPOINT * 0.5 / 1.0)
 
 
 def test_a_second_with_everything_shed_cuts_by_at_most_max_cut() -> None:
@@ -55,8 +57,8 @@ def test_a_second_with_everything_shed_cuts_by_at_most_max_cut() -> None:
 
 def test_the_share_grows_back_in_proportion_to_the_room() -> None:
     keeps = feed(CpuBudget(0.5), [1.0, 1.0, 0.3])
-    assert keeps[1] == 0.5
-    assert keeps[2] == pytest.approx(0.5 * 0.5 / 0.3)
+    assert keeps[1] == pytest.approx(SETPOINT * 0.5)
+    assert keeps[2] == pytest.approx(keeps[1] * SETPOINT * 0.5 / 0.3)
 
 
 def test_the_share_never_reaches_zero() -> None:

@@ -77,8 +77,10 @@ SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 MAX_IOV = 64
 MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
-# Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded.
-MAX_POLL_RECORDS = 8192
+# Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded, and
+# short enough (about 70 ms of CPU for HTTP/1) that the loop's once-a-second CPU-budget reading
+# stays near a second when the agent gets only a fraction of a core (8192 stretched it to 2-3 s).
+MAX_POLL_RECORDS = 2048
 # New HTTP/1 exchanges are shed while more than this share of the ring is waiting to be read.
 SHED_BACKLOG_SHARE = 0.5
 # The kernel wakes the agent each time the bytes waiting for it cross another such share of the
