@@ -363,10 +363,11 @@ class Agent:
 # --- what the agent wrote ---
 
 
-def span_counts(traces: Path) -> Counter[tuple[int | None, int, int]]:
-    """Spans in a file exporter's ``traces.jsonl`` by (resource ``process.pid``, kind, status code),
-    read straight from the OTLP JSON (millions of spans: no protobuf round trip)."""
-    counts: Counter[tuple[int | None, int, int]] = Counter()
+def span_counts(traces: Path) -> Counter[tuple[int | None, int, int, bool]]:
+    """Spans in a file exporter's ``traces.jsonl`` by (resource ``process.pid``, kind, status code,
+    ended by its process's exit: ``otel_ebpf.process.exited``), read straight from the OTLP JSON
+    (millions of spans: no protobuf round trip)."""
+    counts: Counter[tuple[int | None, int, int, bool]] = Counter()
     if not traces.exists():
         return counts
     with traces.open() as f:
@@ -382,7 +383,11 @@ def span_counts(traces: Path) -> Counter[tuple[int | None, int, int]]:
                 )
                 for ss in rs.get("scopeSpans", []):
                     for span in ss.get("spans", []):
-                        counts[(pid, span.get("kind", 0), span.get("status", {}).get("code", 0))] += 1
+                        exited = any(
+                            a["key"] == "otel_ebpf.process.exited" and a["value"].get("boolValue")
+                            for a in span.get("attributes", [])
+                        )
+                        counts[(pid, span.get("kind", 0), span.get("status", {}).get("code", 0), exited)] += 1
     return counts
 
 

@@ -58,7 +58,7 @@ def _start_service() -> tuple[subprocess.Popen, int]:
 
 
 def _count_server_spans(traces: Path) -> int:
-    return sum(n for (_, kind, _), n in span_counts(traces).items() if kind == SPAN_KIND["SERVER"])
+    return sum(n for (_, kind, _, _), n in span_counts(traces).items() if kind == SPAN_KIND["SERVER"])
 
 
 def run_untraced(duration: float, connections: int, rate: int | None) -> Result:

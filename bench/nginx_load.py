@@ -16,7 +16,9 @@ Per traced run: requests wrk completed (and non-2xx answers); SERVER spans from 
 (resource ``process.pid``), CLIENT spans from wrk's; the ``http.server.request.duration`` count
 for nginx's resources (temporality-aware); the self-metrics ``otel_ebpf.spans.shed`` (0 if the
 agent has none), ``otel_ebpf.events.lost``, ``otel_ebpf.kernel.drops``, ``otel_ebpf.spans.dropped``;
-ERROR spans while wrk saw only 2xx (false errors); agent CPU (whole run, at start-up, under
+ERROR spans while wrk saw only 2xx (false errors), less wrk's CLIENT spans that its own exit ended
+before their response (``otel_ebpf.process.exited``: requests it sent in its last loop turn and
+abandoned, counted apart, at most one per connection); agent CPU (whole run, at start-up, under
 load, and settled: from ``SETTLE_S`` into the load, once its CPU budget has acted), RSS (sampled
 under load, and peak), and its exit time after SIGINT.
 
@@ -129,7 +131,8 @@ class Run(WrkRun):
     server_spans: int = 0
     client_spans: int = 0
     error_server_spans: int = 0  # nginx's SERVER spans with status ERROR
-    error_client_spans: int = 0  # wrk's CLIENT spans with status ERROR
+    error_client_spans: int = 0  # wrk's CLIENT spans with status ERROR, but for those below
+    abandoned_client_spans: int = 0  # wrk's CLIENT spans ERROR as wrk exited before their response
     duration_count: int = 0  # http.server.request.duration count, nginx's resources
     shed: int = 0
     events_lost: int = 0
@@ -180,20 +183,25 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
             **asdict(w),
             traced=True,
             server_spans=sum(
-                n for (pid, kind, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]
+                n for (pid, kind, _, _), n in counts.items() if pid in nginx_pids and kind == SPAN_KIND["SERVER"]
             ),
             client_spans=sum(
-                n for (pid, kind, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]
+                n for (pid, kind, _, _), n in counts.items() if pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]
             ),
             error_server_spans=sum(
                 n
-                for (pid, kind, status), n in counts.items()
+                for (pid, kind, status, _), n in counts.items()
                 if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]
             ),
             error_client_spans=sum(
                 n
-                for (pid, kind, status), n in counts.items()
-                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]
+                for (pid, kind, status, exited), n in counts.items()
+                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"] and not exited
+            ),
+            abandoned_client_spans=sum(
+                n
+                for (pid, kind, status, exited), n in counts.items()
+                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"] and exited
             ),
             duration_count=int(
                 metric_total(
@@ -244,6 +252,8 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "false_error_spans": sum(r.error_server_spans + r.error_client_spans for r in traced if r.non_2xx == 0),
         "false_error_server_spans": sum(r.error_server_spans for r in traced if r.non_2xx == 0),
         "false_error_client_spans": sum(r.error_client_spans for r in traced if r.non_2xx == 0),
+        # not false: wrk exited with these requests unanswered (it does not count them either)
+        "client_spans_abandoned_at_exit": sum(r.abandoned_client_spans for r in traced),
         "agent_cpu_us_per_request_load": round(sum(r.agent_cpu_load_s for r in traced) / requests * 1e6, 1),
         "agent_cores_settled": round(med(r.agent_cores_settled for r in traced), 3),
         "agent_cpu_us_per_request_after_startup": round(
@@ -277,6 +287,7 @@ COLUMNS = [  # (header, key, format)
     ("(spans+shed)/req", "spans_plus_shed_per_request", "{:.4f}"),
     ("ev lost", "events_lost", "{:,}"),
     ("false ERR", "false_error_spans", "{}"),
+    ("wrk-exit ERR", "client_spans_abandoned_at_exit", "{}"),
     ("CPU µs/req", "agent_cpu_us_per_request_after_startup", "{:.1f}"),
     ("CPU s run", "agent_cpu_s_whole_run", "{:.2f}"),
     ("cores settled", "agent_cores_settled", "{:.2f}"),

@@ -64,6 +64,7 @@ def nginx_load(figures: Figures) -> list[str]:
         "duration histogram count / request",
         "events lost",
         "false ERROR spans",
+        "ERROR spans of requests wrk abandoned at exit",
         "agent exit after SIGINT",
     ]
     rows = [
@@ -75,6 +76,7 @@ def nginx_load(figures: Figures) -> list[str]:
             f"{load['duration_count_per_request']:.4f}",
             f"{load['events_lost']:,}",
             f"{load['false_error_spans']:,}",
+            f"{load['client_spans_abandoned_at_exit']:,}",
             f"{load['agent_exit_s']:.1f} s",
         ]
         for load in figures["loads"]
