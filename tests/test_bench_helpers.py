@@ -65,25 +65,36 @@ def test_a_missing_self_metric_counts_zero() -> None:
     assert harness.self_counter({}, "otel_ebpf.spans.shed") == 0
 
 
-def test_span_counts_by_process_kind_and_status(tmp_path: Path) -> None:
+def test_span_counts_by_process_kind_status_and_exit(tmp_path: Path) -> None:
     def resource_spans(pid: int, spans: list[dict]) -> dict:
         return {
             "resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
             "scopeSpans": [{"spans": spans}],
         }
 
+    exited = [
+        {"key": "error.type", "value": {"stringValue": "response_missing"}},
+        {"key": "otel_ebpf.process.exited", "value": {"boolValue": True}},
+    ]
     lines = [
         {
             "resourceSpans": [
                 resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
-                resource_spans(20, [{"kind": 3, "status": {}}]),
+                resource_spans(
+                    20, [{"kind": 3, "status": {}}, {"kind": 3, "status": {"code": 2}, "attributes": exited}]
+                ),
             ]
         },
         {"resourceSpans": [resource_spans(10, [{"kind": 2}])]},
     ]
     traces = tmp_path / "traces.jsonl"
     traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert harness.span_counts(traces) == {(10, 2, 0): 2, (10, 2, 2): 1, (20, 3, 0): 1}
+    assert harness.span_counts(traces) == {
+        (10, 2, 0, False): 2,
+        (10, 2, 2, False): 1,
+        (20, 3, 0, False): 1,
+        (20, 3, 2, True): 1,
+    }
     assert harness.span_counts(tmp_path / "absent.jsonl") == {}
 
 
