@@ -49,34 +49,37 @@ DTYPES = {
 
 
 def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The agent on ``pid``, its stderr in ``tmp/agent.stderr`` (readable while it runs)."""
     ready = tmp / "agent.ready"
-    agent = subprocess.Popen(
-        [
-            *AGENT,
-            "run",
-            "--pid",
-            str(pid),
-            "--gpu",
-            "true",
-            "--exporter",
-            "otlp",
-            "--otlp-endpoint",
-            receiver.grpc_endpoint,
-            "--ready-file",
-            str(ready),
-        ],
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
-    )
+    with (tmp / "agent.stderr").open("w") as stderr:
+        agent = subprocess.Popen(
+            [
+                *AGENT,
+                "run",
+                "--pid",
+                str(pid),
+                "--gpu",
+                "true",
+                "--exporter",
+                "otlp",
+                "--otlp-endpoint",
+                receiver.grpc_endpoint,
+                "--ready-file",
+                str(ready),
+            ],
+            cwd=REPO,
+            stderr=stderr,
+            env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
+        )
     _wait_for_file(ready, agent)
     return agent
 
 
-def _stop(agent: subprocess.Popen) -> str:
+def _stop(agent: subprocess.Popen, tmp: Path) -> str:
+    """SIGINT, then the agent's whole stderr."""
     agent.send_signal(signal.SIGINT)
-    stderr = agent.communicate(timeout=60)[1]
+    agent.wait(timeout=60)
+    stderr = (tmp / "agent.stderr").read_text()
     assert agent.returncode == 0, stderr
     return stderr
 
@@ -142,7 +145,7 @@ def _traced_run(
             program.stdin.flush()
             summary = json.loads(program.stdout.readline())
             time.sleep(settle_s)
-            stderr = _stop(agent)
+            stderr = _stop(agent, tmp)
             receiver.wait_for(
                 lambda r: bool(r.metrics()) and (bool(r.requests("profiles")) or not profiles), timeout=15
             )
@@ -309,7 +312,12 @@ def test_libraries_loaded_after_exec_are_hooked_without_restart(tmp_path: Path) 
         shell.stdin.write("exec\n")
         shell.stdin.flush()
         assert shell.stdout.readline() == "ready\n"  # the new image has loaded its libraries
-        time.sleep(2.5)  # the agent's periodic rescan (every second) hooks them meanwhile
+        # the agent's periodic rescan (every second) hooks them: waited for, not slept on, as the
+        # agent runs at niceness 10 and a loaded host can delay its rescan by seconds
+        deadline = time.monotonic() + 60
+        while "libnccl.so.2" not in (tmp_path / "agent.stderr").read_text():
+            assert time.monotonic() < deadline, "the agent never hooked the libraries loaded after the exec"
+            time.sleep(0.1)
 
     run = _traced_run(tmp_path, shell, exec_and_wait)
     summary, stderr, metrics = run.summary, run.stderr, run.metrics
@@ -420,7 +428,7 @@ def test_nccl_calls_inside_a_request_become_its_child_spans(tmp_path: Path) -> N
                     timeout=10,
                 ) as r:
                     assert r.status == 200
-            _stop(agent)
+            _stop(agent, tmp_path)
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * requests, timeout=15)
             spans = receiver.spans()
     finally:
