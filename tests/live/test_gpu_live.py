@@ -51,26 +51,27 @@ DTYPES = {
 def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     """The agent on ``pid``, its stderr in ``tmp/agent.stderr`` (readable while it runs)."""
     ready = tmp / "agent.ready"
-    with (tmp / "agent.stderr").open("w") as stderr:
-        agent = subprocess.Popen(
-            [
-                *AGENT,
-                "run",
-                "--pid",
-                str(pid),
-                "--gpu",
-                "true",
-                "--exporter",
-                "otlp",
-                "--otlp-endpoint",
-                receiver.grpc_endpoint,
-                "--ready-file",
-                str(ready),
-            ],
-            cwd=REPO,
-            stderr=stderr,
-            env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
-        )
+    stderr = (tmp / "agent.stderr").open("w")  # the child keeps its own descriptor
+    agent = subprocess.Popen(
+        [
+            *AGENT,
+            "run",
+            "--pid",
+            str(pid),
+            "--gpu",
+            "true",
+            "--exporter",
+            "otlp",
+            "--otlp-endpoint",
+            receiver.grpc_endpoint,
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        stderr=stderr,
+        env={**os.environ, "OTEL_EBPF_GPU_LEAK_AGE": "0.4", "OTEL_EBPF_GPU_INTERVAL": "60", **(env or {})},
+    )
+    stderr.close()
     _wait_for_file(ready, agent)
     return agent
 
