@@ -97,7 +97,7 @@ def test_gpu_memory_still_held_at_exit_is_exported_at_once(tmp_path: Path) -> No
                 workload.communicate("exit\n", timeout=30)
                 profiles, waited = _profiles_at_exit(receiver, pid, "inuse_space")
             finally:
-                _stop(agent)
+                _stop(agent, tmp_path / "agent.stderr")
     finally:
         workload.kill()
         workload.wait()

@@ -88,7 +88,7 @@ def test_children_forked_by_any_thread_of_a_target_are_traced(tmp_path: Path) ->
                     timeout=30,
                 )
             finally:
-                _stop(agent)
+                _stop(agent, tmp_path / "agent.stderr")
             metrics = receiver.metrics()
         assert {name: _calls_of(metrics, children[name]) for name in CALLS} == CALLS
         assert _calls_of(metrics, launcher.pid) == 0  # the parent made none

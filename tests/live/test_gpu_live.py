@@ -76,11 +76,12 @@ def _start_agent(tmp: Path, receiver: OTLPReceiver, pid: int, env: dict[str, str
     return agent
 
 
-def _stop(agent: subprocess.Popen, tmp: Path) -> str:
-    """SIGINT, then the agent's whole stderr."""
+def _stop(agent: subprocess.Popen, stderr_file: Path | None = None) -> str:
+    """SIGINT, then the agent's whole stderr: its pipe's, or ``stderr_file`` (``_start_agent``'s
+    ``tmp/agent.stderr``)."""
     agent.send_signal(signal.SIGINT)
-    agent.wait(timeout=60)
-    stderr = (tmp / "agent.stderr").read_text()
+    piped = agent.communicate(timeout=60)[1]
+    stderr = stderr_file.read_text() if stderr_file else piped
     assert agent.returncode == 0, stderr
     return stderr
 
@@ -146,7 +147,7 @@ def _traced_run(
             program.stdin.flush()
             summary = json.loads(program.stdout.readline())
             time.sleep(settle_s)
-            stderr = _stop(agent, tmp)
+            stderr = _stop(agent, tmp / "agent.stderr")
             receiver.wait_for(
                 lambda r: bool(r.metrics()) and (bool(r.requests("profiles")) or not profiles), timeout=15
             )
@@ -429,7 +430,7 @@ def test_nccl_calls_inside_a_request_become_its_child_spans(tmp_path: Path) -> N
                     timeout=10,
                 ) as r:
                     assert r.status == 200
-            _stop(agent, tmp_path)
+            _stop(agent, tmp_path / "agent.stderr")
             receiver.wait_for(lambda r: len(r.spans()) >= 2 * requests, timeout=15)
             spans = receiver.spans()
     finally:

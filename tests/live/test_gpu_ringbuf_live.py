@@ -59,7 +59,7 @@ def test_an_overflowing_ring_loses_only_what_it_counts(tmp_path: Path) -> None:
                     assert driver.stdout.readline() == "done\n"
                 receiver.wait_for(lambda r: _calls(r) >= SLOW, timeout=30)
             finally:
-                stderr = _stop(agent)
+                stderr = _stop(agent, tmp_path / "agent.stderr")
             metrics = receiver.metrics()
             decoded = _calls(receiver)
             lost = latest_total(metrics, "otel_ebpf.kernel.drops", reason="gpu_ringbuf_full")

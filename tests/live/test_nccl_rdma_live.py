@@ -86,7 +86,7 @@ def test_collective_span_names_the_queue_pairs_it_posted_on(tmp_path: Path) -> N
                 )
                 assert receiver.wait_for(lambda r: spare(r) == REQUESTS + 2, timeout=30)
             finally:
-                stderr = _stop(agent)
+                stderr = _stop(agent, tmp_path / "agent.stderr")
             receiver.wait_for(lambda r: len([s for s in r.spans() if s["name"] == "nccl AllReduce"]) >= REQUESTS, 15)
             spans = receiver.spans()
             metrics = receiver.metrics()
