@@ -18,7 +18,7 @@ for nginx's resources (temporality-aware); the self-metrics ``otel_ebpf.spans.sh
 agent has none), ``otel_ebpf.events.lost``, ``otel_ebpf.kernel.drops``, ``otel_ebpf.spans.dropped``;
 ERROR spans while wrk saw only 2xx (false errors), less wrk's CLIENT spans that its own exit ended
 before their response (``otel_ebpf.process.exited``: requests it sent in its last loop turn and
-abandoned, counted apart, at most one per connection); agent CPU (whole run, at start-up, under
+abandoned, counted apart, at most one per connection: any more count as false); agent CPU (whole run, at start-up, under
 load, and settled: from ``SETTLE_S`` into the load, once its CPU budget has acted), RSS (sampled
 under load, and peak), and its exit time after SIGINT.
 
@@ -178,6 +178,13 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
             shutil.copytree(tmp / "out", keep, dirs_exist_ok=True)
             shutil.copy(tmp / "out.log", keep / "agent.log")
         counts = span_counts(tmp / "out" / "traces.jsonl")
+        client_errors = ended_by_exit = 0
+        for (pid, kind, status, exited), n in counts.items():
+            if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"]:
+                client_errors += n
+                ended_by_exit += n if exited else 0
+        # wrk abandons at most its one request in flight per connection: any more are false
+        abandoned = min(ended_by_exit, CONNECTIONS)
         metrics = load_metrics(tmp / "out")
         return Run(
             **asdict(w),
@@ -193,16 +200,8 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
                 for (pid, kind, status, _), n in counts.items()
                 if status == STATUS_ERROR and pid in nginx_pids and kind == SPAN_KIND["SERVER"]
             ),
-            error_client_spans=sum(
-                n
-                for (pid, kind, status, exited), n in counts.items()
-                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"] and not exited
-            ),
-            abandoned_client_spans=sum(
-                n
-                for (pid, kind, status, exited), n in counts.items()
-                if status == STATUS_ERROR and pid == w.wrk_pid and kind == SPAN_KIND["CLIENT"] and exited
-            ),
+            error_client_spans=client_errors - abandoned,
+            abandoned_client_spans=abandoned,
             duration_count=int(
                 metric_total(
                     metrics.get("http.server.request.duration", []),
