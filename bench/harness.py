@@ -122,7 +122,8 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str, timeout: float 
 
 def program_stats(bpf: Any) -> dict[str, tuple[int, int]]:
     """(run_time_ns, run_cnt) of every program a BCC object loaded, by its name less BCC's prefix
-    (``tracepoint__tcp__tcp_probe`` -> ``tcp__tcp_probe``). The kernel counts only while
+    (``tracepoint__tcp__tcp_probe`` -> ``tcp__tcp_probe``, ``raw_tracepoint__sock_recv_length`` ->
+    ``sock_recv_length``). The kernel counts only while
     ``kernel.bpf_stats_enabled`` is 1."""
     stats = {}
     for name, function in bpf.funcs.items():
@@ -130,7 +131,7 @@ def program_stats(bpf: Any) -> dict[str, tuple[int, int]]:
             line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines()
         )
         label = name.decode()
-        for prefix in ("tracepoint__", "uprobe__", "uretprobe__"):
+        for prefix in ("tracepoint__", "raw_tracepoint__", "uprobe__", "uretprobe__"):
             label = label.removeprefix(prefix)
         stats[label] = (int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0)))
     return stats

@@ -8,7 +8,8 @@ nginx's port, a thread reading and dropping the ring), profiled system-wide by `
 - inside a BPF program (a ``bpf_prog_*`` frame on its stack): to that program, and by the kernel
   function at the top of the stack to one of the groups below;
 - in a tracepoint's dispatch but no program (``perf_syscall_{enter,exit}``, ``perf_trace_*``,
-  ``trace_call_bpf``): to the dispatch, the record the kernel fills before it runs a program;
+  ``trace_call_bpf``; a raw tracepoint's ``bpf_trace_run3``): to the dispatch, the record the
+  kernel fills before it runs a program;
 - elsewhere: to nginx and ``wrk`` themselves.
 
 Shares are of nginx's and ``wrk``'s samples, so they read as "of the work that serves the
@@ -79,7 +80,7 @@ GROUPS = {
     ),
 }
 GROUP_OF = {function: group for group, functions in GROUPS.items() for function in functions}
-DISPATCH = ("perf_syscall_enter", "perf_syscall_exit", "trace_call_bpf")
+DISPATCH = ("perf_syscall_enter", "perf_syscall_exit", "trace_call_bpf", "bpf_trace_run3")
 
 
 def samples(script: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
@@ -99,8 +100,9 @@ def samples(script: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
 
 
 def program_name(frame: str) -> str:
-    """``bpf_prog_<tag>_tracepoint__syscalls__sys_exit_read`` -> ``syscalls:sys_exit_read``."""
-    name = frame.split("_", 3)[-1].removeprefix("tracepoint__")
+    """``bpf_prog_<tag>_tracepoint__syscalls__sys_exit_read`` -> ``syscalls:sys_exit_read``,
+    ``bpf_prog_<tag>_raw_tracepoint__sock_recv_length`` -> ``sock_recv_length``."""
+    name = frame.split("_", 3)[-1].removeprefix("raw_tracepoint__").removeprefix("tracepoint__")
     return name.replace("__", ":", 1)
 
 

@@ -87,7 +87,7 @@ def _program_stats(probe: SocketProbe) -> dict[str, tuple[int, int]]:
     """(run_time_ns, run_cnt) of each tcp and flow program the probe loaded, and of the read's
     ``sock_recv_length``, where TCP health samples the RTT."""
     stats = program_stats(probe.bpf)
-    wanted = ("tcp__", "tcp_flow_", "sock__sock_recv_length")
+    wanted = ("tcp__", "tcp_flow_", "sock_recv_length")
     return {name.removeprefix("tcp__"): value for name, value in stats.items() if name.startswith(wanted)}
 
 

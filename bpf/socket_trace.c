@@ -1,24 +1,24 @@
 // Socket capture with stable kernel ABI only: syscall tracepoints, sock tracepoints, sched
-// tracepoints. No kprobes; the one kernel struct read (tcp_sock's sequence numbers, for the
-// handshake's ISNs) is at offsets from the running kernel's BTF (docs/architecture.md, "Stable
-// kernel ABI only").
+// tracepoints. No kprobes; the kernel structs read (a socket's family and protocol in the raw
+// sock_*_length programs, tcp_sock's sequence numbers for the handshake's ISNs) are read at
+// offsets from the running kernel's BTF (docs/architecture.md, "Stable kernel ABI only").
 //
 // How a syscall's bytes are tied to a TCP connection, all on one thread:
 //   sys_enter_write(fd, buf)          remember fd and the user buffer           (the thread's active_io)
 //   sock:sock_send_length(sk, ...)    the fd is an inet socket; here is its sk  (active_io.sk)
 //   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
 // sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
-// Reads have no enter program (READ_ARGS_AT_EXIT, the default mode):
-//   sock:sock_recv_length(sk, ...)    a traced thread read from an inet socket: its active_io is made
-//   sys_exit_read(ret)                the fd and buffer from the registers the task saved at entry
+// Reads have no syscall program at all (READ_IN_SOCK, the default mode):
+//   sock:sock_recv_length(sk, ret)    a traced thread read ret bytes from an inet socket: the fd and
+//                                     buffer from the registers the task saved at entry; copy them
 //
 // Kernels before 6.3 lack sock_{send,recv}_length; built with FD_TRACKING, a connection is instead
 // an fd that accept/connect returned or that user space found in /proc at start, and its "sk" is a
 // synthetic id (its tuple then comes from /proc too).
 //
 // Compile-time constants (BCC cflags): PAYLOAD_CAP (power of two), MAX_IOV, MAX_CONNS,
-// MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); FD_TRACKING optional; INJECT: traceparent
-// injection (inject_traceparent.c, appended).
+// MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); SKC_FAMILY, SK_PROTOCOL (BTF
+// offsets) unless FD_TRACKING; INJECT: traceparent injection (inject_traceparent.c, appended).
 
 #define H2_CHUNKS 8  // events one buffer or segment of an HTTP/2 connection may take (piece_length)
 
@@ -242,7 +242,7 @@ struct active_ssl {
 #define IO_BIND 3
 #define IO_MMSG 4  // sendmmsg/recvmmsg: buf is the mmsghdr vector, iovcnt its length
 #define IO_NAME 5  // getsockname: buf is where the kernel writes the local end
-#define IO_READ 6  // a socket read with no enter program: its exit takes the arguments (READ_ARGS_AT_EXIT)
+#define IO_READ 6  // a socket read with no syscall program: sock_recv_length copies it (READ_IN_SOCK)
 // The syscall has returned. An entry stays with its thread (deleted when the thread exits):
 // marking it costs a store where deleting and re-inserting cost two hash updates per syscall.
 #define IO_DONE 0xff
@@ -265,7 +265,7 @@ struct active_io {
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
     u8 udp;          // the socket is UDP (from the sock tracepoint): emit datagram events
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
-    u16 nr;          // IO_READ: the syscall the read is in (the exit of another one drops it)
+    u16 nr;          // IO_READ: the syscall the read is in (READ_IN_SOCK)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
     u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
@@ -329,14 +329,17 @@ static __always_inline int set_current_io(struct active_io *io) {
 
 static __always_inline void forget_current_io(void) {}  // the kernel frees it with the task
 #endif
-// Reads then have no enter program: their exit takes the fd, the buffer and the rest from the
-// registers the task saved when the syscall began, which stay as they were until it returns (the
-// return value goes to another one). One enter program fewer per read of a traced socket, and
-// none at all for the reads of files, pipes and sockets of other processes.
-// Kept with fd-tracking (no sock_recv_length to make the slot), traceparent injection (its sk_msg
-// program reads the slot, a hash, before the bytes move) and on other architectures.
-#if !defined(FD_TRACKING) && !defined(INJECT) && defined(__x86_64__)
-#define READ_ARGS_AT_EXIT
+// Reads then have no syscall program: sock_recv_length, which runs inside every socket read once
+// its bytes are in the user's buffer, takes the fd, the buffer and the rest from the registers the
+// task saved when the syscall began (they stay as they were until it returns) and copies the bytes
+// there. No program runs for the reads of files, pipes and the sockets of other processes, and a
+// traced read costs one program where it cost an enter and an exit. User space defines READ_IN_SOCK
+// (SocketProbe.start) except with fd-tracking (no sock_recv_length), traceparent injection (its
+// sk_msg program reads the slot, a hash, before the bytes move) and on other architectures.
+#ifdef READ_IN_SOCK
+#if defined(FD_TRACKING) || defined(INJECT) || !defined(__x86_64__)
+#error "READ_IN_SOCK needs sock_recv_length, task storage and x86-64's registers"
+#endif
 #include <asm/ptrace.h>
 static __always_inline struct pt_regs *syscall_regs(void) {
     return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -770,78 +773,126 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
     enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction, m.name, IO_DATA);
 }
 
-// Only inet sockets get here: the tracepoint names the kernel socket of the fd in flight. Returns
-// the traced thread's syscall in flight, or 0 (not traced).
-static __always_inline struct active_io *on_sock_io(u16 family, u16 protocol, const void *sk) {
-    if (family != AF_INET && family != AF_INET6)
-        return 0;
-    u64 id = current_pid_tgid();
-    if (id >> 32 == setting(SET_AGENT_TGID)) {
-        u64 skaddr = (u64)sk;
-        struct tuple *t = sk_tuples.lookup(&skaddr);
-        if (t) {
-            struct endpoint_key own = {.port = t->lport};
-            __builtin_memcpy(own.addr, t->laddr, 16);
-            u8 one = 1;
-            agent_endpoints.update(&own, &one);
-        }
+#ifndef FD_TRACKING
+// The kernel socket a sock tracepoint names: its protocol (IPPROTO_*), or -1 when it is not an inet
+// socket. Read from the socket at offsets from the running kernel's BTF (SKC_FAMILY, SK_PROTOCOL),
+// and only for traced threads: the programs are raw tracepoints, whose arguments arrive as they
+// are where a classic tracepoint first fills its record, family and protocol included, for every
+// socket send and receive of every process on the node.
+static __always_inline int inet_protocol(const void *sk) {
+    u16 family = 0, protocol = 0;
+    if (bpf_probe_read_kernel(&family, sizeof(family), sk + SKC_FAMILY) ||
+        (family != AF_INET && family != AF_INET6) ||
+        bpf_probe_read_kernel(&protocol, sizeof(protocol), sk + SK_PROTOCOL))
+        return -1;
+    return protocol;
+}
+
+// The agent's own socket I/O: its local end joins agent_endpoints, which its connections are left
+// out by (sk_tuples holds inet sockets only).
+static __always_inline void agent_sock_io(const void *sk) {
+    u64 skaddr = (u64)sk;
+    struct tuple *t = sk_tuples.lookup(&skaddr);
+    if (t) {
+        struct endpoint_key own = {.port = t->lport};
+        __builtin_memcpy(own.addr, t->laddr, 16);
+        u8 one = 1;
+        agent_endpoints.update(&own, &one);
+    }
+}
+
+// Socket I/O of the thread in flight on kernel socket sk: its syscall's slot, named the socket, or
+// 0 (not a traced thread's, not an inet socket, or the agent's own).
+static __always_inline struct active_io *on_sock_io(const void *sk) {
+    if (current_pid_tgid() >> 32 == setting(SET_AGENT_TGID)) {
+        agent_sock_io(sk);
         return 0;
     }
     struct active_io *io = current_io();
     if (!io)
+        return 0;
+    int protocol = inet_protocol(sk);
+    if (protocol < 0)
         return 0;
     io->sk = (u64)sk;
     io->udp = protocol == IPPROTO_UDP_;
     return io;
 }
 
-#ifdef READ_ARGS_AT_EXIT
+#ifdef READ_IN_SOCK
+// x86-64 syscall numbers of the reads sock_recv_length copies (orig_ax: the one in flight)
+#define NR_READ 0
+#define NR_READV 19
+#define NR_RECVFROM 45
+#define NR_RECVMSG 47
+
+// A UDP datagram read by recvfrom or recvmsg: its exit copies it, as the kernel writes the
+// sender's address to the user's buffer after sock_recv_length.
+static __always_inline int read_at_exit(const struct active_io *io) {
+    return io->udp && (io->nr == NR_RECVFROM || io->nr == NR_RECVMSG);
+}
+
 // A read by a traced thread: the slot of a syscall with an enter program (recvmmsg), or one made
-// here (IO_READ) for the read's exit to complete; 0 when the thread is not traced.
-static __always_inline struct active_io *read_slot(u16 family, u16 protocol, const void *sk, int ret) {
-    struct active_io *io = on_sock_io(family, protocol, sk);
+// here (IO_READ) from the read's arguments, which the task saved in its registers at entry; 0 when
+// the thread is not traced, or the read is inside another syscall (io_uring_enter, splice).
+static __always_inline struct active_io *read_slot(const void *sk, int ret) {
+    struct active_io *io = on_sock_io(sk);
     if (io && io->kind != IO_DONE && io->kind != IO_READ)
         return io;
     u64 id = current_pid_tgid();
-    if (ret <= 0 || (family != AF_INET && family != AF_INET6) || !is_target(id >> 32))
+    if (ret <= 0 || !is_target(id >> 32))
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
+    int protocol = io ? (io->udp ? IPPROTO_UDP_ : IPPROTO_TCP_) : inet_protocol(sk);
+    if (protocol < 0)
+        return 0;
+    struct pt_regs *regs = syscall_regs();
+    u64 nr = regs->orig_ax;
+    if (nr != NR_READ && nr != NR_READV && nr != NR_RECVFROM && nr != NR_RECVMSG)
+        return 0;
     if (!io)
         io = active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!io) {
         count(STAT_ACTIVE_FULL, 1);
         return 0;
     }
-    struct active_io read = {.sk = (u64)sk, .direction = DIR_INGRESS, .kind = IO_READ,
-                             .udp = protocol == IPPROTO_UDP_, .tls = tls_state(id),
-                             .nr = syscall_regs()->orig_ax};
-    *io = read;
+    // Field by field into the slot: the copy that follows needs all of this program's stack.
+    io->sk = (u64)sk;
+    io->direction = DIR_INGRESS;
+    io->kind = IO_READ;
+    io->udp = protocol == IPPROTO_UDP_;
+    io->tls = tls_state(id);
+    io->nr = nr;
+    io->fd = regs->di;
+    io->buf = regs->si;
+    io->iovcnt = 0;
+    io->name = 0;
+    if (read_at_exit(io))
+        return io;
+    if (nr == NR_READV) {
+        u64 n = regs->dx;
+        io->iovcnt = n > 0xffff ? 0xffff : n;
+    } else if (nr == NR_RECVMSG) {
+        struct umsghdr *msg = (struct umsghdr *)io->buf;
+        u64 n = 0;
+        if (bpf_probe_read_user(&io->buf, sizeof(io->buf), &msg->iov) ||
+            bpf_probe_read_user(&n, sizeof(n), &msg->iovlen) || n == 0) {
+            io->kind = IO_DONE;
+            return 0;
+        }
+        io->iovcnt = n > 0xffff ? 0xffff : n;
+    }
     return io;
 }
 #endif
 
-#ifndef FD_TRACKING
-TRACEPOINT_PROBE(sock, sock_send_length) {
-    on_sock_io(args->family, args->protocol, args->sk);
+// sock_send_length(sk, ret, flags): a raw tracepoint (above); sock_recv_length is below, with the
+// reads it copies.
+RAW_TRACEPOINT_PROBE(sock_send_length) {
+    on_sock_io((const void *)ctx->args[0]);
     return 0;
 }
 
-TRACEPOINT_PROBE(sock, sock_recv_length) {
-#ifdef READ_ARGS_AT_EXIT
-    struct active_io *io = read_slot(args->family, args->protocol, args->sk, args->ret);
-#else
-    struct active_io *io = on_sock_io(args->family, args->protocol, args->sk);
-#endif
-    if (!io || args->ret <= 0)
-        return 0;
-    // The read's stamp, taken here rather than at its exit, which then reads no clock.
-    io->ts = bpf_ktime_get_ns();
-#if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
-    if (args->protocol == IPPROTO_TCP_)
-        tcp_health_read((u64)args->sk, io->ts);  // a traced process received data: its RTT now
-#endif
-    return 0;
-}
-#endif
+#endif  // !FD_TRACKING
 
 static __always_inline int port_wanted(u16 lport, u16 rport) {
     if (!setting(SET_FILTER_PORTS))
@@ -1126,16 +1177,33 @@ struct segments_left {
 };
 BPF_PERCPU_ARRAY(segments_left, struct segments_left, 1);
 BPF_PROG_ARRAY(segments_tail, 1);  // [0]: segments_more
+#ifdef READ_IN_SOCK
+// A tail call stays within one program type: the reads sock_recv_length (a raw tracepoint) copies
+// go on in programs loaded as raw tracepoints too.
+#define READ_TAIL_SEGMENTS 0  // segments_more_read: segments_more, for them
+#define READ_TAIL_IOV 1       // read_iov: a vectored read
+BPF_PROG_ARRAY(read_tail, 2);
+#endif
+
+static __always_inline void segments_call(void *ctx, const int raw_tp) {
+#ifdef READ_IN_SOCK
+    if (raw_tp) {
+        read_tail.call(ctx, READ_TAIL_SEGMENTS);
+        return;
+    }
+#endif
+    segments_tail.call(ctx, 0);
+}
 
 // Hands the rest of a vectored call (rest->at: where its exit stopped) to segments_more; returns
 // only when that could not be done (the rest is then a gap).
 static __always_inline void more_segments(void *ctx, struct segments_left *rest, u64 ts, u64 id,
-                                          const struct active_io *io) {
+                                          const struct active_io *io, const int raw_tp) {
     rest->io = *io;
     rest->ts = ts;
     rest->id = id;
     rest->passes = 1;
-    segments_tail.call(ctx, 0);
+    segments_call(ctx, raw_tp);
 }
 
 // Segments no event covered: reported as moved but not copied, so parsers skip them.
@@ -1236,7 +1304,7 @@ static __always_inline void exit_dgram(u64 ts, u64 id, struct active_io *io, u32
 // syscall needs: mmsg is 1 only in the sendmmsg/recvmmsg programs (the batch loop), max_iov (the
 // iovec segments copied) MAX_IOV only in those of the vectored syscalls, 1 in the others.
 // A syscall's exit, with the thread's slot (iop).
-static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long ret, const int mmsg,
+static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long ret, const int mmsg, const int raw_tp,
                                          const u32 max_iov) {
     u64 id = current_pid_tgid();
     u32 tid = id;
@@ -1331,13 +1399,13 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     }
     long left = emit_segments(ev, ts, id, &io, ci, head, &rest->at, max_iov);
     if (left > 0 && rest->at.seg < io.iovcnt)
-        more_segments(ctx, rest, ts, id, &io);
+        more_segments(ctx, rest, ts, id, &io, raw_tp);
     if (left > 0)
         segments_gap(ev, ts, id, &io, ci, left);
 }
 
 // The segments of a vectored call past those its exit gathered (more_segments).
-int segments_more(void *ctx) {
+static __always_inline int segments_go_on(void *ctx, const int raw_tp) {
     u32 zero = 0, cpu = bpf_get_smp_processor_id();
     struct segments_left *rest = segments_left.lookup(&zero);
     struct data_event *ev = data_scratch.lookup(&cpu);
@@ -1348,7 +1416,7 @@ int segments_more(void *ctx) {
         long left = emit_segments(ev, rest->ts, rest->id, &rest->io, ci, 0, &rest->at, MORE_IOV);
         if (left > 0 && rest->at.seg < rest->io.iovcnt && rest->passes < SEGMENT_PASSES) {
             rest->passes += 1;
-            segments_tail.call(ctx, 0);
+            segments_call(ctx, raw_tp);
         }
         if (left > 0)
             segments_gap(ev, rest->ts, rest->id, &rest->io, ci, left);
@@ -1359,10 +1427,15 @@ int segments_more(void *ctx) {
     return 0;
 }
 
+int segments_more(void *ctx) { return segments_go_on(ctx, 0); }
+#ifdef READ_IN_SOCK
+int segments_more_read(void *ctx) { return segments_go_on(ctx, 1); }
+#endif
+
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg, const u32 max_iov) {
     struct active_io *iop = current_io();
     if (iop)
-        exit_io_body(ctx, iop, ret, mmsg, max_iov);
+        exit_io_body(ctx, iop, ret, mmsg, 0, max_iov);
 #ifdef INJECT
     // After the data event, what the syscall decided goes to user space: inject_exit, a program of
     // its own (a tail call costs this one no stack, and it has none to spare).
@@ -1382,32 +1455,65 @@ TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_iov(args, args->ret); return 0; }
 
-#ifdef READ_ARGS_AT_EXIT
-#define READ_PLAIN 0  // read(fd, buf, count)
-#define READ_FROM 1   // recvfrom(fd, buf, len, flags, addr, addrlen)
-#define READ_V 2      // readv(fd, iov, iovcnt)
-#define READ_MSG 3    // recvmsg(fd, msg, flags)
+#ifndef FD_TRACKING
+// A read's bytes are in the user's buffer when sock_recv_length(sk, ret, flags) runs: with
+// READ_IN_SOCK its read is copied here (read_slot), with no program on the syscall.
+RAW_TRACEPOINT_PROBE(sock_recv_length) {
+    const void *sk = (const void *)ctx->args[0];
+    int ret = ctx->args[1];
+#ifdef READ_IN_SOCK
+    struct active_io *io = read_slot(sk, ret);
+#else
+    struct active_io *io = on_sock_io(sk);
+#endif
+    if (!io || ret <= 0)
+        return 0;
+    // The read's stamp: when the socket handed its bytes over, just before the syscall returns.
+    io->ts = bpf_ktime_get_ns();
+#if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
+    if (!io->udp)
+        tcp_health_read((u64)sk, io->ts);  // a traced process received data: its RTT now
+#endif
+#ifdef READ_IN_SOCK
+    if (io->kind == IO_READ && !read_at_exit(io)) {
+        io->kind = IO_DATA;
+        if (io->iovcnt) {
+            read_tail.call(ctx, READ_TAIL_IOV);
+            io->kind = IO_DONE;  // not loaded yet
+            return 0;
+        }
+        exit_io_body(ctx, io, ret, 0, 1, 1);
+    }
+#endif
+    return 0;
+}
 
-// A read's exit: the slot sock_recv_length made inside this very syscall, completed from its
-// arguments. A slot of a read inside another syscall (io_uring_enter, splice) is dropped here.
-static __always_inline void exit_read(void *ctx, int nr, long ret, const u32 which) {
+#ifdef READ_IN_SOCK
+// A vectored read (readv, recvmsg) sock_recv_length hands on: the iovec loops in a program of their
+// own, as with a plain read's path beside them one program is past the verifier's limit.
+int read_iov(struct bpf_raw_tracepoint_args *ctx) {
+    struct active_io *io = current_io();
+    if (io && io->kind == IO_DATA)
+        exit_io_body(ctx, io, (int)ctx->args[1], 0, 1, MAX_IOV);
+    return 0;
+}
+#endif
+#endif
+
+#ifdef READ_IN_SOCK
+// The exit of a UDP datagram's recvfrom or recvmsg (read_at_exit): the slot sock_recv_length made
+// inside this very syscall, now with the sender's address in the user's buffer. Other reads find
+// their slot done and return.
+static __always_inline void exit_named_read(void *ctx, long ret, const int msg) {
     struct active_io *iop = current_io();
     if (!iop || iop->kind != IO_READ)
         return;
     iop->kind = IO_DONE;
-    if (iop->nr != (u16)nr || ret <= 0)
+    if (iop->nr != (msg ? NR_RECVMSG : NR_RECVFROM) || ret <= 0)
         return;
-    struct pt_regs *regs = syscall_regs();
-    iop->fd = regs->di;
-    iop->buf = regs->si;
-    iop->iovcnt = 0;
-    iop->name = 0;
-    if (which == READ_V) {
-        u64 n = regs->dx;
-        iop->iovcnt = n > 0xffff ? 0xffff : n;
-    } else if (which == READ_FROM) {
-        iop->name = regs->r8;
-    } else if (which == READ_MSG) {
+    if (!msg) {
+        iop->name = syscall_regs()->r8;
+    } else {
         struct umsghdr m = {};
         if (bpf_probe_read_user(&m, sizeof(m), (void *)iop->buf) || m.iovlen == 0)
             return;
@@ -1416,13 +1522,11 @@ static __always_inline void exit_read(void *ctx, int nr, long ret, const u32 whi
         iop->name = (u64)m.name;
     }
     iop->kind = IO_DATA;
-    exit_io_body(ctx, iop, ret, 0, which == READ_V || which == READ_MSG ? MAX_IOV : 1);
+    exit_io_body(ctx, iop, ret, 0, 0, msg ? MAX_IOV : 1);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_read(args, args->__syscall_nr, args->ret, READ_PLAIN); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_read(args, args->__syscall_nr, args->ret, READ_FROM); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_read(args, args->__syscall_nr, args->ret, READ_V); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_read(args, args->__syscall_nr, args->ret, READ_MSG); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_named_read(args, args->ret, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_named_read(args, args->ret, 1); return 0; }
 #else
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }

@@ -193,12 +193,14 @@ def check_kernel_version() -> CheckResult:
 
 
 def check_btf() -> CheckResult:
-    """The core probes compile with BCC and do not need BTF; LSM-hook features do."""
+    """The fast socket path (socket fields, task storage) and LSM-hook features need BTF; without
+    it the socket probe tracks fds (the fallback)."""
     ok = os.path.exists(BTF_VMLINUX)
     return CheckResult(
         "BTF",
         ok,
-        f"{BTF_VMLINUX} {'present' if ok else 'missing'} (only BTF-based features, e.g. LSM hooks, need it)",
+        f"{BTF_VMLINUX} {'present' if ok else 'missing'} (the fast socket path and BTF-based features, "
+        "e.g. LSM hooks, need it; without it sockets are tracked by fd)",
         "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y",
         required=False,
     )

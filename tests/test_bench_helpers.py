@@ -166,6 +166,14 @@ nginx
 wrk
 \tffffffff81000009 tcp_sendmsg
 
+wrk
+\tffffffff81000007 copy_from_user_nofault
+\tffffffffa000000a bpf_prog_00112233445566aa_raw_tracepoint__sock_recv_length
+\tffffffff8100000b bpf_trace_run3
+
+nginx
+\tffffffff8100000b bpf_trace_run3
+
 python3
 \tffffffffa0000006 bpf_prog_fedcba9876543210_tracepoint__syscalls__sys_exit_read
 """
@@ -173,15 +181,17 @@ python3
 
 def test_profile_samples_go_to_their_program_and_what_it_called() -> None:
     total, places, groups = kernel_profile.attribute(kernel_profile.samples(PERF_SCRIPT.splitlines()))
-    assert total == 5  # nginx's and wrk's, not the reader's (python3)
+    assert total == 7  # nginx's and wrk's, not the reader's (python3)
     assert places == {
         "syscalls:sys_enter_read": 1,
         "syscalls:sys_exit_read": 2,
-        "tracepoint dispatch": 1,
+        "sock_recv_length": 1,  # a raw tracepoint's program
+        "tracepoint dispatch": 2,
         "nginx and wrk": 1,
     }
     assert groups == {
         ("syscalls:sys_enter_read", "clock"): 1,
         ("syscalls:sys_exit_read", "program code"): 1,
         ("syscalls:sys_exit_read", "user-memory reads"): 1,
+        ("sock_recv_length", "user-memory reads"): 1,
     }

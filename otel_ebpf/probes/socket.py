@@ -42,7 +42,7 @@ from ..protocol import Direction, Endpoint, Role, Transport
 from ..ring_loss import RingLossLog
 from . import tcp_health
 from .addresses import endpoint
-from .btf import Btf, BtfError
+from .btf import VMLINUX, Btf, BtfError
 from .http_red import HttpRedReader
 from .inject import Injection
 from .loading import (
@@ -105,10 +105,11 @@ SOCK_LENGTH_TRACEPOINT = Path("/sys/kernel/tracing/events/sock/sock_send_length"
 
 
 def resolve_socket_mode(requested: str) -> str:
-    """``auto`` means the sock tracepoints when this kernel has them (Linux 6.3+)."""
+    """``auto`` means the sock tracepoints when this kernel has them (Linux 6.3+) and BTF, which
+    their programs read sockets and task storage by."""
     if requested != "auto":
         return requested
-    return "tracepoints" if SOCK_LENGTH_TRACEPOINT.exists() else "fd-tracking"
+    return "tracepoints" if SOCK_LENGTH_TRACEPOINT.exists() and VMLINUX.exists() else "fd-tracking"
 
 
 def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> list[int]:
@@ -141,23 +142,37 @@ class _Opening:
     isns: tuple[int, int] | None = None  # (client, server): the TCP handshake's sequence numbers
 
 
-def _tcp_sock_offsets(rtt_at_reads: bool) -> list[str]:
-    """Where ``tcp_sock`` keeps what the programs read, as ``-D`` flags: the sequence numbers the
-    ISNs are read from and, with ``rtt_at_reads``, the smoothed RTT that TCP health samples when
-    a traced process reads (bpf/tcp_health.c). None when the kernel has no BTF: no ISNs (said
-    once), and the RTT is sampled at each segment received instead."""
+def _kernel_offsets(sock_length: bool, rtt_at_reads: bool) -> list[str]:
+    """Where the kernel's structs keep what the programs read, as ``-D`` flags, from its BTF:
+    with ``sock_length``, a socket's family and protocol, which the raw ``sock_{send,recv}_length``
+    programs read (a RuntimeError without BTF, which that mode's task storage needs anyway); the
+    ``tcp_sock`` sequence numbers the ISNs are read from and, with ``rtt_at_reads``, the smoothed
+    RTT that TCP health samples when a traced process reads (bpf/tcp_health.c). Without BTF, no
+    ISNs (said once), and the RTT is sampled at each segment received instead."""
     try:
         btf = Btf.from_file()  # a second each: read once for all
-        flags = [
+        flags = []
+        if sock_length:
+            family = btf.offset("sock", "__sk_common") + btf.offset("sock_common", "skc_family")
+            flags += [f"-DSKC_FAMILY={family}", f"-DSK_PROTOCOL={btf.offset('sock', 'sk_protocol')}"]
+    except BtfError as exc:
+        if sock_length:
+            raise RuntimeError(
+                f"socket_mode tracepoints reads sockets by the kernel's BTF: {exc}; "
+                "capture.socket_mode: fd-tracking needs none"
+            ) from None
+        log.info("TCP initial sequence numbers not read (connections cannot be joined across nodes): %s", exc)
+        return []
+    try:
+        flags += [
             f"-DTCP_SND_UNA={btf.offset('tcp_sock', 'snd_una')}",
             f"-DTCP_RCV_NXT={btf.offset('tcp_sock', 'rcv_nxt')}",
         ]
         if rtt_at_reads:
             flags.append(f"-DTCP_SRTT_US={btf.offset('tcp_sock', 'srtt_us')}")
-        return flags
     except BtfError as exc:
         log.info("TCP initial sequence numbers not read (connections cannot be joined across nodes): %s", exc)
-        return []
+    return flags
 
 
 def _tls_symbols(path: str) -> set[str]:
@@ -273,6 +288,10 @@ class SocketProbe:
         drop_reasons, drop_flags = self._drops() if self.tcp_health else (None, [])
         filtering = self.targets.selects_processes
         targets = procfs.selected_pids(self.targets.pids, self.targets.executables)
+        sock_length = self.socket_mode != "fd-tracking"
+        # reads copied where the socket hands their bytes over, with no syscall program (the
+        # arguments from x86-64's saved registers; traceparent injection keeps the enters)
+        read_in_sock = sock_length and not self.inject_traceparent and os.uname().machine == "x86_64"
         bpf = load_program(
             [
                 "socket_trace.c",
@@ -297,9 +316,10 @@ class SocketProbe:
                 "TCP_RETRANSMIT_ERR": self.tcp_health and tcp_health.retransmit_reports_failures(),
                 "TCP_FLOWS": self._cgroup_mount is not None,
                 "INJECT": self.inject_traceparent,
+                "READ_IN_SOCK": read_in_sock,
             },
             # reads name their socket (sock_recv_length) unless tracking fds: RTT sampled there
-            cflags=[*_tcp_sock_offsets(self.tcp_health and self.socket_mode != "fd-tracking"), *drop_flags],
+            cflags=[*_kernel_offsets(sock_length, self.tcp_health and sock_length), *drop_flags],
             settings={
                 SET_AGENT_TGID: os.getpid(),
                 SET_FILTER_PIDS: filtering,
@@ -314,9 +334,14 @@ class SocketProbe:
             bpf["events_ref"][ctypes.c_int(0)] = ctypes.c_int(bpf["events"].map_fd)
             from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
-            # what a vectored call's exit hands the segments past MAX_IOV to
+            # what a vectored call's exit hands the segments past MAX_IOV to: a program of its own
+            # type (the syscall exits, and sock_recv_length for the reads it copies)
             more = bpf.load_func("segments_more", BPF.TRACEPOINT)
             bpf["segments_tail"][ctypes.c_int(0)] = ctypes.c_int(more.fd)
+            if read_in_sock:  # bpf/socket_trace.c: READ_TAIL_SEGMENTS, READ_TAIL_IOV
+                for index, name in enumerate(("segments_more_read", "read_iov")):
+                    program = bpf.load_func(name, BPF.RAW_TRACEPOINT)
+                    bpf["read_tail"][ctypes.c_int(index)] = ctypes.c_int(program.fd)
             injection = Injection(bpf) if self.inject_traceparent else None
             self._kernel_exec_names(bpf)
             if self.targets.ports:
