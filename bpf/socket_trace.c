@@ -219,6 +219,7 @@ struct conn_info {
     u8 role;
     u8 ignored;      // port filter rejected it
     u8 tls;          // its bytes are TLS: the SSL probes report the plaintext, syscalls nothing
+    u8 udp;          // a UDP socket: datagram events
     struct http_state http;
 };
 
@@ -263,7 +264,7 @@ struct active_io {
     u32 direction;
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
-    u8 udp;          // the socket is UDP (from the sock tracepoint): emit datagram events
+    u8 udp;          // the socket is UDP (its connection's, set at the exit): emit datagram events
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
     u16 nr;          // IO_READ: the syscall the read is in (READ_IN_SOCK)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
@@ -774,11 +775,11 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 }
 
 #ifndef FD_TRACKING
-// The kernel socket a sock tracepoint names: its protocol (IPPROTO_*), or -1 when it is not an inet
+// The kernel socket a sock tracepoint named: its protocol (IPPROTO_*), or -1 when it is not an inet
 // socket. Read from the socket at offsets from the running kernel's BTF (SKC_FAMILY, SK_PROTOCOL),
-// and only for traced threads: the programs are raw tracepoints, whose arguments arrive as they
-// are where a classic tracepoint first fills its record, family and protocol included, for every
-// socket send and receive of every process on the node.
+// once per connection (upsert_conn): the sock programs are raw tracepoints, whose arguments arrive
+// as they are where a classic tracepoint first fills its record, family and protocol included,
+// for every socket send and receive of every process on the node.
 static __always_inline int inet_protocol(const void *sk) {
     u16 family = 0, protocol = 0;
     if (bpf_probe_read_kernel(&family, sizeof(family), sk + SKC_FAMILY) ||
@@ -802,20 +803,16 @@ static __always_inline void agent_sock_io(const void *sk) {
 }
 
 // Socket I/O of the thread in flight on kernel socket sk: its syscall's slot, named the socket, or
-// 0 (not a traced thread's, not an inet socket, or the agent's own).
+// 0 (not a traced thread's, or the agent's own). Any socket: its exit leaves out all but inet
+// ones when it first meets the connection (upsert_conn).
 static __always_inline struct active_io *on_sock_io(const void *sk) {
     if (current_pid_tgid() >> 32 == setting(SET_AGENT_TGID)) {
         agent_sock_io(sk);
         return 0;
     }
     struct active_io *io = current_io();
-    if (!io)
-        return 0;
-    int protocol = inet_protocol(sk);
-    if (protocol < 0)
-        return 0;
-    io->sk = (u64)sk;
-    io->udp = protocol == IPPROTO_UDP_;
+    if (io)
+        io->sk = (u64)sk;
     return io;
 }
 
@@ -825,29 +822,32 @@ static __always_inline struct active_io *on_sock_io(const void *sk) {
 #define NR_READV 19
 #define NR_RECVFROM 45
 #define NR_RECVMSG 47
+#define ENOSYS_ 38  // pt_regs.ax from the syscall's entry until its return value replaces it
+#define MSG_PEEK_ 2         // bytes the next read returns again
+#define MSG_ERRQUEUE_ 0x2000  // the socket's error queue (transmit timestamps), not its data
 
-// A UDP datagram read by recvfrom or recvmsg: its exit copies it, as the kernel writes the
-// sender's address to the user's buffer after sock_recv_length.
+// A read that names its sender (recvfrom's or recvmsg's address buffer, a UDP server's): its exit
+// copies it, as the kernel writes the sender's address to that buffer after sock_recv_length.
 static __always_inline int read_at_exit(const struct active_io *io) {
-    return io->udp && (io->nr == NR_RECVFROM || io->nr == NR_RECVMSG);
+    return io->name != 0;
 }
 
 // A read by a traced thread: the slot of a syscall with an enter program (recvmmsg), or one made
 // here (IO_READ) from the read's arguments, which the task saved in its registers at entry; 0 when
 // the thread is not traced, or the read is inside another syscall (io_uring_enter, splice).
-static __always_inline struct active_io *read_slot(const void *sk, int ret) {
+static __always_inline struct active_io *read_slot(const void *sk, int ret, int flags) {
     struct active_io *io = on_sock_io(sk);
     if (io && io->kind != IO_DONE && io->kind != IO_READ)
         return io;
     u64 id = current_pid_tgid();
-    if (ret <= 0 || !is_target(id >> 32))
+    if (ret <= 0 || (flags & (MSG_PEEK_ | MSG_ERRQUEUE_)) || !is_target(id >> 32))
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
-    int protocol = io ? (io->udp ? IPPROTO_UDP_ : IPPROTO_TCP_) : inet_protocol(sk);
-    if (protocol < 0)
-        return 0;
+    // The syscall in flight, while ax still holds what entry put there: io_uring completes reads
+    // in task work after another syscall returned, or in its workers, whose registers are not a
+    // read's.
     struct pt_regs *regs = syscall_regs();
     u64 nr = regs->orig_ax;
-    if (nr != NR_READ && nr != NR_READV && nr != NR_RECVFROM && nr != NR_RECVMSG)
+    if ((long)regs->ax != -ENOSYS_ || (nr != NR_READ && nr != NR_READV && nr != NR_RECVFROM && nr != NR_RECVMSG))
         return 0;
     if (!io)
         io = active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -859,21 +859,24 @@ static __always_inline struct active_io *read_slot(const void *sk, int ret) {
     io->sk = (u64)sk;
     io->direction = DIR_INGRESS;
     io->kind = IO_READ;
-    io->udp = protocol == IPPROTO_UDP_;
     io->tls = tls_state(id);
     io->nr = nr;
     io->fd = regs->di;
     io->buf = regs->si;
     io->iovcnt = 0;
-    io->name = 0;
-    if (read_at_exit(io))
-        return io;
+    io->name = nr == NR_RECVFROM ? regs->r8 : 0;
     if (nr == NR_READV) {
         u64 n = regs->dx;
         io->iovcnt = n > 0xffff ? 0xffff : n;
     } else if (nr == NR_RECVMSG) {
         struct umsghdr *msg = (struct umsghdr *)io->buf;
         u64 n = 0;
+        if (bpf_probe_read_user(&io->name, sizeof(io->name), &msg->name)) {
+            io->kind = IO_DONE;
+            return 0;
+        }
+        if (io->name)
+            return io;  // read_at_exit: the exit reads the msghdr
         if (bpf_probe_read_user(&io->buf, sizeof(io->buf), &msg->iov) ||
             bpf_probe_read_user(&n, sizeof(n), &msg->iovlen) || n == 0) {
             io->kind = IO_DONE;
@@ -958,6 +961,18 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     struct conn_info fresh = {.sk = sk, .synthetic = sk};
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
+#ifndef FD_TRACKING
+    // A socket new to this fd: its family and protocol, read once. Any but an inet socket (unix,
+    // netlink) is kept as ignored, so that its next I/O costs this lookup and no more.
+    int protocol = inet_protocol((const void *)sk);
+    if (protocol < 0) {
+        fresh.ignored = 1;
+        conns.update(&key, &fresh);
+        return conns.lookup(&key);
+    }
+    udp = protocol == IPPROTO_UDP_;
+#endif
+    fresh.udp = udp;
 
     struct tuple *t = sk_tuples.lookup(&sk);
     struct local_end *end = 0;
@@ -978,7 +993,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     // connection in ignored[] if it does not match.
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
-    if (!udp && !fresh.ignored)
+    if (protocol == IPPROTO_TCP_ && !fresh.ignored)  // not ping, SCTP or raw sockets: no tcp_sock
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored)
@@ -1328,6 +1343,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts, io.udp);
     if (!ci || ci->ignored)
         return;
+    io.udp = ci->udp;
     if ((io.tls & IO_SSL_USER) && io.direction == DIR_INGRESS) {
         struct last_read read = {.fd = io.fd, .ts = ts};
         last_read.update(&tid, &read);
@@ -1462,7 +1478,7 @@ RAW_TRACEPOINT_PROBE(sock_recv_length) {
     const void *sk = (const void *)ctx->args[0];
     int ret = ctx->args[1];
 #ifdef READ_IN_SOCK
-    struct active_io *io = read_slot(sk, ret);
+    struct active_io *io = read_slot(sk, ret, ctx->args[2]);
 #else
     struct active_io *io = on_sock_io(sk);
 #endif
@@ -1471,8 +1487,7 @@ RAW_TRACEPOINT_PROBE(sock_recv_length) {
     // The read's stamp: when the socket handed its bytes over, just before the syscall returns.
     io->ts = bpf_ktime_get_ns();
 #if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
-    if (!io->udp)
-        tcp_health_read((u64)sk, io->ts);  // a traced process received data: its RTT now
+    tcp_health_read((u64)sk, io->ts);  // a traced process received data: its RTT now (TCP's only)
 #endif
 #ifdef READ_IN_SOCK
     if (io->kind == IO_READ && !read_at_exit(io)) {
@@ -1501,9 +1516,9 @@ int read_iov(struct bpf_raw_tracepoint_args *ctx) {
 #endif
 
 #ifdef READ_IN_SOCK
-// The exit of a UDP datagram's recvfrom or recvmsg (read_at_exit): the slot sock_recv_length made
-// inside this very syscall, now with the sender's address in the user's buffer. Other reads find
-// their slot done and return.
+// The exit of a recvfrom or recvmsg that names its sender (read_at_exit): the slot sock_recv_length
+// made inside this very syscall, now with the sender's address in the user's buffer. Other reads
+// find their slot done and return.
 static __always_inline void exit_named_read(void *ctx, long ret, const int msg) {
     struct active_io *iop = current_io();
     if (!iop || iop->kind != IO_READ)
