@@ -264,6 +264,7 @@ struct active_io {
     u32 direction;
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
+    u8 udp;          // the socket is UDP (its connection's, set at the exit): emit datagram events
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
     u16 nr;          // IO_READ: the syscall the read is in (READ_IN_SOCK)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
@@ -942,7 +943,7 @@ static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_
     events.ringbuf_submit(ev, flags);
 }
 
-static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts) {
+static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts, u32 udp) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
     struct conn_info *ci = conns.lookup(&key);
     if (ci && ci->sk == sk)
@@ -960,7 +961,6 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     struct conn_info fresh = {.sk = sk, .synthetic = sk};
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
-    u32 udp = 0;  // tracking fds, every connection is taken for TCP
 #ifndef FD_TRACKING
     // A socket new to this fd: its family and protocol, read once. Any but an inet socket (unix,
     // netlink) is kept as ignored, so that its next I/O costs this lookup and no more.
@@ -1340,9 +1340,10 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     // stamping them so keeps a client's span around the server's even on loopback, where the
     // reader can return before the writer's syscall does.
     u64 ts = io.ts ? io.ts : bpf_ktime_get_ns();
-    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts);
+    struct conn_info *ci = upsert_conn(ctx, id, io.fd, io.sk, ts, io.udp);
     if (!ci || ci->ignored)
         return;
+    io.udp = ci->udp;  // on the stack: branching on the map value later costs the verifier more states
     if ((io.tls & IO_SSL_USER) && io.direction == DIR_INGRESS) {
         struct last_read read = {.fd = io.fd, .ts = ts};
         last_read.update(&tid, &read);
@@ -1360,7 +1361,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
         return;
     u32 generation = ci->generation;
 
-    if (ci->udp) {
+    if (io.udp) {
         exit_dgram(ts, id, &io, generation, ret, mmsg, max_iov);
         return;
     }
