@@ -754,6 +754,15 @@ static __always_inline u8 tls_state(u64 id) {
     return tls;
 }
 
+// Reads whose bytes are not the stream's next ones in the buffer: not copied. MSG_PEEK's come again
+// (nginx peeks one byte to tell TLS from HTTP); with MSG_TRUNC a TCP socket discards them (nothing
+// is written to the buffer) and a UDP socket returns the datagram's whole length, past what the
+// buffer holds; MSG_ERRQUEUE reads the error queue (transmit timestamps), not data.
+#define MSG_PEEK_ 2
+#define MSG_TRUNC_ 0x20
+#define MSG_ERRQUEUE_ 0x2000
+#define READ_NOT_COPIED (MSG_PEEK_ | MSG_TRUNC_ | MSG_ERRQUEUE_)
+
 static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction, const void *name,
                                      u32 kind) {
     u64 id = current_pid_tgid();
@@ -767,9 +776,9 @@ static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 di
         count(STAT_ACTIVE_FULL, 1);
 }
 
-static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 direction) {
+static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 direction, u32 flags) {
     struct umsghdr m = {};
-    if (bpf_probe_read_user(&m, sizeof(m), msg) || m.iovlen == 0)
+    if ((flags & READ_NOT_COPIED) || bpf_probe_read_user(&m, sizeof(m), msg) || m.iovlen == 0)
         return;
     enter_io(fd, m.iov, m.iovlen > 0xffff ? 0xffff : m.iovlen, direction, m.name, IO_DATA);
 }
@@ -823,8 +832,6 @@ static __always_inline struct active_io *on_sock_io(const void *sk) {
 #define NR_RECVFROM 45
 #define NR_RECVMSG 47
 #define ENOSYS_ 38  // pt_regs.ax from the syscall's entry until its return value replaces it
-#define MSG_PEEK_ 2         // bytes the next read returns again
-#define MSG_ERRQUEUE_ 0x2000  // the socket's error queue (transmit timestamps), not its data
 
 // A read that names its sender (recvfrom's or recvmsg's address buffer, a UDP server's): its exit
 // copies it, as the kernel writes the sender's address to that buffer after sock_recv_length.
@@ -840,7 +847,7 @@ static __always_inline struct active_io *read_slot(const void *sk, int ret, int 
     if (io && io->kind != IO_DONE && io->kind != IO_READ)
         return io;
     u64 id = current_pid_tgid();
-    if (ret <= 0 || (flags & (MSG_PEEK_ | MSG_ERRQUEUE_)) || !is_target(id >> 32))
+    if (ret <= 0 || (flags & READ_NOT_COPIED) || !is_target(id >> 32))
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
     // The syscall in flight, while ax still holds what entry put there: io_uring completes reads
     // in task work after another syscall returned, or in its workers, whose registers are not a
@@ -962,10 +969,11 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING
-    // A socket new to this fd: its family and protocol, read once. Any but an inet socket (unix,
-    // netlink) is kept as ignored, so that its next I/O costs this lookup and no more.
+    // A socket new to this fd: its family and protocol, read once. Any but a TCP or UDP socket
+    // (unix, netlink; raw and ping sockets' ICMP, SCTP) is kept as ignored, so that its next I/O
+    // costs this lookup and no more.
     int protocol = inet_protocol((const void *)sk);
-    if (protocol < 0) {
+    if (protocol != IPPROTO_TCP_ && protocol != IPPROTO_UDP_) {
         fresh.ignored = 1;
         conns.update(&key, &fresh);
         return conns.lookup(&key);
@@ -993,7 +1001,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     // connection in ignored[] if it does not match.
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
-    if (protocol == IPPROTO_TCP_ && !fresh.ignored)  // not ping, SCTP or raw sockets: no tcp_sock
+    if (!udp && !fresh.ignored)
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored)
@@ -1468,7 +1476,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0,
 TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_iov(args, args->ret); return 0; }
 
 #ifndef FD_TRACKING
@@ -1545,11 +1553,15 @@ TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_named_read(args, args->ret, 
 #else
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { enter_io(args->fd, args->buf, 0, DIR_INGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { exit_io(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) {
+    if (!(args->flags & READ_NOT_COPIED))
+        enter_io(args->fd, args->ubuf, 0, DIR_INGRESS, args->addr, IO_DATA);
+    return 0;
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { enter_io(args->fd, args->vec, args->vlen, DIR_INGRESS, 0, IO_DATA); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_readv) { exit_iov(args, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_INGRESS, args->flags); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { exit_iov(args, args->ret); return 0; }
 #endif
 
@@ -1562,5 +1574,9 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { exit_io(args, args->ret); retu
 // rest counted). On a TCP socket the batch is not copied: user space's parsers resynchronise.
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_EGRESS, 0, IO_MMSG); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmmsg) { exit_io_(args, args->ret, 1, 1); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmmsg) { enter_io(args->fd, args->mmsg, args->vlen, DIR_INGRESS, 0, IO_MMSG); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmmsg) {
+    if (!(args->flags & READ_NOT_COPIED))
+        enter_io(args->fd, args->mmsg, args->vlen, DIR_INGRESS, 0, IO_MMSG);
+    return 0;
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmmsg) { exit_io_(args, args->ret, 1, 1); return 0; }
