@@ -657,6 +657,16 @@ static __always_inline void remember_local_end(u64 id, struct active_io *io) {
 static __always_inline void exit_conn_call(long ret, u32 kind) {
     u64 id = current_pid_tgid();
     struct active_io *io = current_io();
+#ifdef FD_TRACKING
+    // An accept that was in flight when the agent attached (a server's acceptor blocked in it):
+    // its enter was not seen, and without it the connection would never be tracked. Its peer is
+    // read from /proc, as for accept(fd, NULL, NULL).
+    if (kind == IO_ACCEPT && ret >= 0 && !(io && io->kind == IO_ACCEPT) && is_target(id >> 32)) {
+        struct active_io unseen = {};
+        remember_conn(id, ret, ROLE_SERVER, &unseen);
+        return;
+    }
+#endif
     if (!io)
         return;
     if (io->kind == kind && kind == IO_ACCEPT && ret >= 0)
