@@ -39,6 +39,7 @@
 
 #define IPPROTO_TCP_ 6
 #define IPPROTO_UDP_ 17
+#define IPPROTO_MPTCP_ 262  // a multipath TCP socket (Go's listeners since 1.24): a stream, as TCP's
 #define AF_INET 2
 #define AF_INET6 10
 #define TCP_ESTABLISHED 1
@@ -979,11 +980,11 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING
-    // A socket new to this fd: its family and protocol, read once. Any but a TCP or UDP socket
-    // (unix, netlink; raw and ping sockets' ICMP, SCTP) is kept as ignored, so that its next I/O
-    // costs this lookup and no more.
+    // A socket new to this fd: its family and protocol, read once. Any but a TCP, MPTCP or UDP
+    // socket (unix, netlink; raw and ping sockets' ICMP, SCTP) is kept as ignored, so that its
+    // next I/O costs this lookup and no more.
     int protocol = inet_protocol((const void *)sk);
-    if (protocol != IPPROTO_TCP_ && protocol != IPPROTO_UDP_) {
+    if (protocol != IPPROTO_TCP_ && protocol != IPPROTO_MPTCP_ && protocol != IPPROTO_UDP_) {
         fresh.ignored = 1;
         conns.update(&key, &fresh);
         return conns.lookup(&key);
@@ -1011,7 +1012,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     // connection in ignored[] if it does not match.
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
-    if (!udp && !fresh.ignored)
+    if (protocol == IPPROTO_TCP_ && !fresh.ignored)  // MPTCP's socket is no tcp_sock
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored)

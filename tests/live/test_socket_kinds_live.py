@@ -1,9 +1,10 @@
-"""Only TCP and UDP sockets become connections: a traced process that pings over a raw ICMP socket
-(as ``ping`` does when run by root) and talks over a unix socket pair, then makes one HTTP request,
-has one connection tracked, with its span, and no TCP health series but its own. Before, any inet
-socket but UDP was taken for a TCP stream: the ICMP packets went to user space as a connection's
-bytes no plugin could claim, and the raw socket was handed to TCP health, which read a round-trip
-time at ``tcp_sock``'s offset from a smaller object."""
+"""Only TCP, MPTCP and UDP sockets become connections: a traced process that pings over a raw ICMP
+socket (as ``ping`` does when run by root) and talks over a unix socket pair, then makes an HTTP
+request over TCP and one over multipath TCP (``IPPROTO_MPTCP``, as Go's listeners use since
+1.24), has two connections tracked, each with its span, and no TCP health series but the TCP
+connection's. Before, any inet socket but UDP was taken for a TCP stream: the ICMP packets went
+to user space as a connection's bytes no plugin could claim, and the raw socket was handed to
+TCP health, which read a round-trip time at ``tcp_sock``'s offset from a smaller object."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ PINGS = 3
 
 # Waits for a line on stdin (the agent is attached); pings 127.0.0.1 over a raw socket (each echo
 # and its reply come back to it on loopback); sends a line through a unix socket pair; then GETs
-# /after-ping from the port in argv[1] and prints the status.
+# /after-ping from the port in argv[1] over TCP and /over-mptcp over MPTCP, and prints the statuses.
 CLIENT = r"""
 import http.client, socket, struct, sys
 port, pings = int(sys.argv[1]), int(sys.argv[2])
@@ -51,7 +52,15 @@ right.recv(1024)
 
 connection = http.client.HTTPConnection("127.0.0.1", port)
 connection.request("GET", "/after-ping")
-print(connection.getresponse().status, flush=True)
+tcp_status = connection.getresponse().status
+
+mptcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_MPTCP)
+mptcp.connect(("127.0.0.1", port))
+mptcp.sendall(b"GET /over-mptcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+response = b""
+while chunk := mptcp.recv(4096):
+    response += chunk
+print(tcp_status, response.split()[1].decode(), flush=True)
 """
 
 
@@ -82,7 +91,7 @@ def test_raw_and_unix_sockets_are_not_connections(tmp_path: Path) -> None:
         agent = start_file_agent(tmp_path, client.pid, "capture:\n  socket_mode: tracepoints\n  tcp_health: true\n")
         client.stdin.write("go\n")
         client.stdin.flush()
-        assert client.stdout.readline().strip() == "200"
+        assert client.stdout.readline().split() == ["200", "200"]
         assert client.wait(timeout=30) == 0
         stop_file_agent(agent)
     finally:
@@ -91,11 +100,10 @@ def test_raw_and_unix_sockets_are_not_connections(tmp_path: Path) -> None:
 
     out = tmp_path / "out"
     spans = load_file_spans(out)
-    assert [(s["kind"], s["attributes"].get("url.full", "").rsplit("/", 1)[-1]) for s in spans] == [
-        ("CLIENT", "after-ping")
-    ], spans
+    paths = sorted((s["kind"], s["attributes"]["url.full"].rsplit("/", 1)[-1]) for s in spans)
+    assert paths == [("CLIENT", "after-ping"), ("CLIENT", "over-mptcp")], spans
     metrics = load_file_metrics(out)
-    assert latest_total(metrics, "otel_ebpf.connections.opened") == 1
+    assert latest_total(metrics, "otel_ebpf.connections.opened") == 2
     assert latest_total(metrics, "otel_ebpf.connections.unknown_protocol") == 0
     rtt_ports = {p["attributes"].get("server.port") for p in metrics.get("otel_ebpf.tcp.rtt", [])}
     assert rtt_ports <= {server.server_address[1]}, rtt_ports
