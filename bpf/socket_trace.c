@@ -42,6 +42,8 @@
 #define IPPROTO_MPTCP_ 262  // a multipath TCP socket (Go's listeners since 1.24): a stream, as TCP's
 #define AF_INET 2
 #define AF_INET6 10
+#define SOCK_STREAM_ 1
+#define SOCK_DGRAM_ 2
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
 #define TCP_SYN_RECV 3
@@ -265,7 +267,8 @@ struct active_io {
     u32 direction;
     u32 kind;        // IO_*
     u64 name;        // sendto/recvfrom/sendmsg/recvmsg: the peer's sockaddr (filled by recv*)
-    u8 udp;          // the socket is UDP (its connection's, set at the exit): emit datagram events
+    u8 udp;          // the socket is UDP: set on the exit's copy of the slot from its connection
+                     // (a copy on the stack: see exit_io_body), 0 in the slot itself
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
     u16 nr;          // IO_READ: the syscall the read is in (READ_IN_SOCK)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
@@ -766,13 +769,15 @@ static __always_inline u8 tls_state(u64 id) {
 }
 
 // Reads whose bytes are not the stream's next ones in the buffer: not copied. MSG_PEEK's come again
-// (nginx peeks one byte to tell TLS from HTTP); with MSG_TRUNC a TCP socket discards them (nothing
-// is written to the buffer) and a UDP socket returns the datagram's whole length, past what the
-// buffer holds; MSG_ERRQUEUE reads the error queue (transmit timestamps), not data.
+// (nginx peeks one byte to tell TLS from HTTP); MSG_OOB reads TCP's urgent byte, kept out of the
+// stream; with MSG_TRUNC a TCP socket discards them (nothing is written to the buffer) and a UDP
+// socket returns the datagram's whole length, which may be past what the buffer holds (such a UDP
+// read is not copied either); MSG_ERRQUEUE reads the error queue (transmit timestamps), not data.
+#define MSG_OOB_ 1
 #define MSG_PEEK_ 2
 #define MSG_TRUNC_ 0x20
 #define MSG_ERRQUEUE_ 0x2000
-#define READ_NOT_COPIED (MSG_PEEK_ | MSG_TRUNC_ | MSG_ERRQUEUE_)
+#define READ_NOT_COPIED (MSG_OOB_ | MSG_PEEK_ | MSG_TRUNC_ | MSG_ERRQUEUE_)
 
 static __always_inline void enter_io(s32 fd, const void *buf, u32 iovcnt, u32 direction, const void *name,
                                      u32 kind) {
@@ -795,18 +800,24 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 }
 
 #ifndef FD_TRACKING
-// The kernel socket a sock tracepoint named: its protocol (IPPROTO_*), or -1 when it is not an inet
-// socket. Read from the socket at offsets from the running kernel's BTF (SKC_FAMILY, SK_PROTOCOL),
-// once per connection (upsert_conn): the sock programs are raw tracepoints, whose arguments arrive
-// as they are where a classic tracepoint first fills its record, family and protocol included,
-// for every socket send and receive of every process on the node.
+// The kernel socket a sock tracepoint named: its protocol (IPPROTO_*) when it is an inet TCP or
+// multipath TCP stream (Go's listeners use MPTCP since 1.24) or a UDP datagram socket, else -1:
+// unix, netlink, ping sockets' ICMP, SCTP, and raw sockets whatever their protocol (a raw TCP
+// socket's packets are no stream). Read from the socket at offsets from the running kernel's BTF
+// (SKC_FAMILY, SK_TYPE, SK_PROTOCOL), once per connection (upsert_conn): the sock programs are raw
+// tracepoints, whose arguments arrive as they are where a classic tracepoint first fills its
+// record, family and protocol included, for every socket send and receive of every process on
+// the node.
 static __always_inline int inet_protocol(const void *sk) {
-    u16 family = 0, protocol = 0;
+    u16 family = 0, type = 0, protocol = 0;
     if (bpf_probe_read_kernel(&family, sizeof(family), sk + SKC_FAMILY) ||
         (family != AF_INET && family != AF_INET6) ||
+        bpf_probe_read_kernel(&type, sizeof(type), sk + SK_TYPE) ||
         bpf_probe_read_kernel(&protocol, sizeof(protocol), sk + SK_PROTOCOL))
         return -1;
-    return protocol;
+    if (type == SOCK_STREAM_ && (protocol == IPPROTO_TCP_ || protocol == IPPROTO_MPTCP_))
+        return protocol;
+    return type == SOCK_DGRAM_ && protocol == IPPROTO_UDP_ ? protocol : -1;
 }
 
 // The agent's own socket I/O: its local end joins agent_endpoints, which its connections are left
@@ -980,11 +991,10 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING
-    // A socket new to this fd: its family and protocol, read once. Any but a TCP, MPTCP or UDP
-    // socket (unix, netlink; raw and ping sockets' ICMP, SCTP) is kept as ignored, so that its
-    // next I/O costs this lookup and no more.
+    // A socket new to this fd: its family, type and protocol, read once. Any but a TCP, MPTCP or
+    // UDP socket is kept as ignored, so that its next I/O costs this lookup and no more.
     int protocol = inet_protocol((const void *)sk);
-    if (protocol != IPPROTO_TCP_ && protocol != IPPROTO_MPTCP_ && protocol != IPPROTO_UDP_) {
+    if (protocol < 0) {
         fresh.ignored = 1;
         conns.update(&key, &fresh);
         return conns.lookup(&key);

@@ -144,7 +144,7 @@ class _Opening:
 
 def _kernel_offsets(sock_length: bool, rtt_at_reads: bool) -> list[str]:
     """Where the kernel's structs keep what the programs read, as ``-D`` flags, from its BTF:
-    with ``sock_length``, a socket's family and protocol, which the raw ``sock_{send,recv}_length``
+    with ``sock_length``, a socket's family, type and protocol, which the raw ``sock_{send,recv}_length``
     programs read (a RuntimeError without BTF, which that mode's task storage needs anyway); the
     ``tcp_sock`` sequence numbers the ISNs are read from and, with ``rtt_at_reads``, the smoothed
     RTT that TCP health samples when a traced process reads (bpf/tcp_health.c). Without BTF, no
@@ -154,7 +154,11 @@ def _kernel_offsets(sock_length: bool, rtt_at_reads: bool) -> list[str]:
         flags = []
         if sock_length:
             family = btf.offset("sock", "__sk_common") + btf.offset("sock_common", "skc_family")
-            flags += [f"-DSKC_FAMILY={family}", f"-DSK_PROTOCOL={btf.offset('sock', 'sk_protocol')}"]
+            flags += [
+                f"-DSKC_FAMILY={family}",
+                f"-DSK_TYPE={btf.offset('sock', 'sk_type')}",
+                f"-DSK_PROTOCOL={btf.offset('sock', 'sk_protocol')}",
+            ]
     except BtfError as exc:
         if sock_length:
             raise RuntimeError(

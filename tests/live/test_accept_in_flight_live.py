@@ -6,6 +6,7 @@ alone now takes the new fd for a server connection, whose tuple user space reads
 
 from __future__ import annotations
 
+import platform
 import socket
 import subprocess
 import sys
@@ -21,9 +22,11 @@ pytestmark = pytest.mark.bpf
 
 REQUESTS = 5
 
-# Prints its port, then blocks in accept(); answers each request of the one keep-alive connection.
+# Prints its port, then blocks in accept(); answers each request of the one keep-alive connection;
+# once the client has closed it, keeps it open (the agent reads its tuple from /proc) until a line
+# on stdin says the agent has stopped.
 SERVER = r"""
-import socket
+import socket, sys
 listener = socket.create_server(("127.0.0.1", 0))
 print(listener.getsockname()[1], flush=True)
 conn, _ = listener.accept()
@@ -32,15 +35,21 @@ while (line := reader.readline()):
     while reader.readline() not in (b"\r\n", b""):
         pass
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+sys.stdin.readline()
 """
+
+
+# accept and accept4's numbers, as /proc/PID/syscall names the call a thread sleeps in
+ACCEPT_SYSCALLS = {"x86_64": ("43", "288"), "aarch64": ("202", "242")}
 
 
 def _in_accept(pid: int, timeout: float = 10) -> None:
     """Wait until the server's thread sleeps in accept (its syscall, per /proc)."""
+    accepts = ACCEPT_SYSCALLS[platform.machine()]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         fields = Path(f"/proc/{pid}/syscall").read_text().split()
-        if fields and fields[0] in ("43", "288"):  # x86-64 accept, accept4
+        if fields and fields[0] in accepts:
             return
         time.sleep(0.05)
     raise AssertionError(f"the server is not in accept: {Path(f'/proc/{pid}/syscall').read_text()!r}")
@@ -48,7 +57,7 @@ def _in_accept(pid: int, timeout: float = 10) -> None:
 
 @pytest.mark.parametrize("socket_mode", ["tracepoints", "fd-tracking"])
 def test_a_connection_accepted_by_a_call_older_than_the_agent_is_traced(tmp_path: Path, socket_mode: str) -> None:
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     agent = None
     try:
         port = int(server.stdout.readline())
@@ -63,8 +72,10 @@ def test_a_connection_accepted_by_a_call_older_than_the_agent_is_traced(tmp_path
                 while reader.readline() != b"\r\n":
                     pass
                 assert reader.read(2) == b"ok"
-        assert server.wait(timeout=30) == 0
         stop_file_agent(agent)
+        server.stdin.write("done\n")
+        server.stdin.flush()
+        assert server.wait(timeout=30) == 0
     finally:
         kill_all(agent, server)
 
