@@ -3,14 +3,15 @@
 // sock_*_length programs, tcp_sock's sequence numbers for the handshake's ISNs) are read at
 // offsets from the running kernel's BTF (docs/architecture.md, "Stable kernel ABI only").
 //
-// How a syscall's bytes are tied to a TCP connection, all on one thread:
-//   sys_enter_write(fd, buf)          remember fd and the user buffer           (the thread's active_io)
-//   sock:sock_send_length(sk, ...)    the fd is a socket; here is its sk        (active_io.sk)
-//   sys_exit_write(ret)               ret bytes moved: copy min(ret, cap) of them to the ring buffer
+// How a syscall's bytes are tied to a TCP connection, all on one thread (COPY_IN_SOCK, the default
+// mode; without it the syscall's exit copies, once sock_*_length has named the socket):
+//   sys_enter_write(fd, buf)          remember fd, the user buffer and when     (the thread's active_io)
+//   sock:sock_send_length(sk, ret)    the fd is a socket, sk, and ret bytes left: copy min(ret, cap)
+//                                     of them to the ring buffer
+//   sock:sock_recv_length(sk, ret)    a traced thread read ret bytes from a socket (no syscall
+//                                     program at all): fd and buffer from the registers the task
+//                                     saved at entry; copy them
 // sock:inet_sock_set_state gives sk -> 4-tuple when a connection becomes ESTABLISHED.
-// Reads have no syscall program at all (READ_IN_SOCK, the default mode):
-//   sock:sock_recv_length(sk, ret)    a traced thread read ret bytes from an inet socket: the fd and
-//                                     buffer from the registers the task saved at entry; copy them
 //
 // Kernels before 6.3 lack sock_{send,recv}_length; built with FD_TRACKING, a connection is instead
 // an fd that accept/connect returned or that user space found in /proc at start, and its "sk" is a
@@ -246,7 +247,7 @@ struct active_ssl {
 #define IO_BIND 3
 #define IO_MMSG 4  // sendmmsg/recvmmsg: buf is the mmsghdr vector, iovcnt its length
 #define IO_NAME 5  // getsockname: buf is where the kernel writes the local end
-#define IO_READ 6  // a socket read with no syscall program: sock_recv_length copies it (READ_IN_SOCK)
+#define IO_READ 6  // a socket read with no syscall program: sock_recv_length copies it (COPY_IN_SOCK)
 // The syscall has returned. An entry stays with its thread (deleted when the thread exits):
 // marking it costs a store where deleting and re-inserting cost two hash updates per syscall.
 #define IO_DONE 0xff
@@ -270,7 +271,7 @@ struct active_io {
     u8 udp;          // the socket is UDP: set on the exit's copy of the slot from its connection
                      // (a copy on the stack: see exit_io_body), 0 in the slot itself
     u8 tls;          // IO_SSL_USER | IO_IN_SSL
-    u16 nr;          // IO_READ: the syscall the read is in (READ_IN_SOCK)
+    u16 nr;          // IO_READ: the syscall the read is in (COPY_IN_SOCK)
     u16 verdicts;    // INJECT: 1 once an sk_msg verdict ran inside this syscall (inject_traceparent.c)
     u16 inject;      // INJECT: INJECT_* (what the syscall's exit has to do)
 #ifdef FD_TRACKING
@@ -338,16 +339,40 @@ static __always_inline void forget_current_io(void) {}  // the kernel frees it w
 // its bytes are in the user's buffer, takes the fd, the buffer and the rest from the registers the
 // task saved when the syscall began (they stay as they were until it returns) and copies the bytes
 // there. No program runs for the reads of files, pipes and the sockets of other processes, and a
-// traced read costs one program where it cost an enter and an exit. User space defines READ_IN_SOCK
-// (SocketProbe.start) except with fd-tracking (no sock_recv_length), traceparent injection (its
-// sk_msg program reads the slot, a hash, before the bytes move) and on other architectures.
-#ifdef READ_IN_SOCK
+// traced read costs one program where it cost an enter and an exit. Writes keep their enter, for
+// when the bytes left (see exit_io_body), and are copied by sock_send_length, which runs inside
+// the send once the socket took them (the user's buffer unchanged): no exit program either, so
+// the writes of files and pipes cost the enter only. User space defines COPY_IN_SOCK
+// (SocketProbe.start) except with fd-tracking (no sock_*_length), traceparent injection (its
+// sk_msg program reads the slot, a hash, before the bytes move; its exits write what it decided)
+// and on other architectures.
+#ifdef COPY_IN_SOCK
 #if defined(FD_TRACKING) || defined(INJECT) || !defined(__x86_64__)
-#error "READ_IN_SOCK needs sock_recv_length, task storage and x86-64's registers"
+#error "COPY_IN_SOCK needs sock_*_length, task storage and x86-64's registers"
 #endif
 #include <asm/ptrace.h>
 static __always_inline struct pt_regs *syscall_regs(void) {
     return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+}
+// x86-64 syscall numbers (orig_ax: the one in flight) whose bytes a sock tracepoint copies
+#define NR_READ 0
+#define NR_WRITE 1
+#define NR_READV 19
+#define NR_WRITEV 20
+#define NR_SENDTO 44
+#define NR_RECVFROM 45
+#define NR_SENDMSG 46
+#define NR_RECVMSG 47
+#define ENOSYS_ 38  // pt_regs.ax from the syscall's entry until its return value replaces it
+
+// The syscall in flight, while ax still holds what entry put there, when it is nr_a or nr_b, ...:
+// its number, else -1. io_uring completes socket I/O in task work after another syscall returned,
+// or in its workers, whose registers are no such syscall's.
+static __always_inline long syscall_in_flight(const struct pt_regs *regs, long a, long b, long c, long d) {
+    long nr = regs->orig_ax;
+    if ((long)regs->ax != -ENOSYS_ || (nr != a && nr != b && nr != c && nr != d))
+        return -1;
+    return nr;
 }
 #endif
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
@@ -847,14 +872,7 @@ static __always_inline struct active_io *on_sock_io(const void *sk) {
     return io;
 }
 
-#ifdef READ_IN_SOCK
-// x86-64 syscall numbers of the reads sock_recv_length copies (orig_ax: the one in flight)
-#define NR_READ 0
-#define NR_READV 19
-#define NR_RECVFROM 45
-#define NR_RECVMSG 47
-#define ENOSYS_ 38  // pt_regs.ax from the syscall's entry until its return value replaces it
-
+#ifdef COPY_IN_SOCK
 // A read that names its sender (recvfrom's or recvmsg's address buffer, a UDP server's): its exit
 // copies it, as the kernel writes the sender's address to that buffer after sock_recv_length.
 static __always_inline int read_at_exit(const struct active_io *io) {
@@ -866,17 +884,16 @@ static __always_inline int read_at_exit(const struct active_io *io) {
 // the thread is not traced, or the read is inside another syscall (io_uring_enter, splice).
 static __always_inline struct active_io *read_slot(const void *sk, int ret, int flags) {
     struct active_io *io = on_sock_io(sk);
-    if (io && io->kind != IO_DONE && io->kind != IO_READ)
+    // The only read with an enter program here; any other slot is a past syscall's (a write's
+    // stays IO_DATA when no socket took its bytes: a file's, a pipe's).
+    if (io && io->kind == IO_MMSG)
         return io;
     u64 id = current_pid_tgid();
     if (ret <= 0 || (flags & READ_NOT_COPIED) || !is_target(id >> 32))
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
-    // The syscall in flight, while ax still holds what entry put there: io_uring completes reads
-    // in task work after another syscall returned, or in its workers, whose registers are not a
-    // read's.
     struct pt_regs *regs = syscall_regs();
-    u64 nr = regs->orig_ax;
-    if ((long)regs->ax != -ENOSYS_ || (nr != NR_READ && nr != NR_READV && nr != NR_RECVFROM && nr != NR_RECVMSG))
+    long nr = syscall_in_flight(regs, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG);
+    if (nr < 0)
         return 0;
     if (!io)
         io = active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -916,13 +933,6 @@ static __always_inline struct active_io *read_slot(const void *sk, int ret, int 
     return io;
 }
 #endif
-
-// sock_send_length(sk, ret, flags): a raw tracepoint (above); sock_recv_length is below, with the
-// reads it copies.
-RAW_TRACEPOINT_PROBE(sock_send_length) {
-    on_sock_io((const void *)ctx->args[0]);
-    return 0;
-}
 
 #endif  // !FD_TRACKING
 
@@ -1221,18 +1231,18 @@ struct segments_left {
 };
 BPF_PERCPU_ARRAY(segments_left, struct segments_left, 1);
 BPF_PROG_ARRAY(segments_tail, 1);  // [0]: segments_more
-#ifdef READ_IN_SOCK
-// A tail call stays within one program type: the reads sock_recv_length (a raw tracepoint) copies
-// go on in programs loaded as raw tracepoints too.
-#define READ_TAIL_SEGMENTS 0  // segments_more_read: segments_more, for them
-#define READ_TAIL_IOV 1       // read_iov: a vectored read
-BPF_PROG_ARRAY(read_tail, 2);
+#ifdef COPY_IN_SOCK
+// A tail call stays within one program type: the reads and writes the sock tracepoints (raw
+// tracepoints) copy go on in programs loaded as raw tracepoints too.
+#define SOCK_TAIL_SEGMENTS 0  // segments_more_sock: segments_more, for them
+#define SOCK_TAIL_IOV 1       // sock_iov: a vectored read or write
+BPF_PROG_ARRAY(sock_tail, 2);
 #endif
 
 static __always_inline void segments_call(void *ctx, const int raw_tp) {
-#ifdef READ_IN_SOCK
+#ifdef COPY_IN_SOCK
     if (raw_tp) {
-        read_tail.call(ctx, READ_TAIL_SEGMENTS);
+        sock_tail.call(ctx, SOCK_TAIL_SEGMENTS);
         return;
     }
 #endif
@@ -1473,8 +1483,8 @@ static __always_inline int segments_go_on(void *ctx, const int raw_tp) {
 }
 
 int segments_more(void *ctx) { return segments_go_on(ctx, 0); }
-#ifdef READ_IN_SOCK
-int segments_more_read(void *ctx) { return segments_go_on(ctx, 1); }
+#ifdef COPY_IN_SOCK
+int segments_more_sock(void *ctx) { return segments_go_on(ctx, 1); }
 #endif
 
 static __always_inline void exit_io_(void *ctx, long ret, const int mmsg, const u32 max_iov) {
@@ -1492,21 +1502,59 @@ static __always_inline void exit_io(void *ctx, long ret) { exit_io_(ctx, ret, 0,
 static __always_inline void exit_iov(void *ctx, long ret) { exit_io_(ctx, ret, 0, MAX_IOV); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { enter_io(args->fd, args->buf, 0, DIR_EGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { enter_io(args->fd, args->buff, 0, DIR_EGRESS, args->addr, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { enter_io(args->fd, args->vec, args->vlen, DIR_EGRESS, 0, IO_DATA); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { enter_msg(args->fd, (const struct umsghdr *)args->msg, DIR_EGRESS, 0); return 0; }
+#ifndef COPY_IN_SOCK  // else sock_send_length copies
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { exit_io(args, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { exit_iov(args, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { exit_iov(args, args->ret); return 0; }
+#endif
 
 #ifndef FD_TRACKING
+#ifdef COPY_IN_SOCK
+// The bytes of the syscall in the slot, from a sock tracepoint: a plain buffer's here, a vectored
+// call's in sock_iov (with a plain buffer's path beside the iovec loops, one program is past the
+// verifier's million instructions).
+static __always_inline void copy_in_sock(void *ctx, struct active_io *io, int ret) {
+    io->kind = IO_DATA;
+    if (io->iovcnt) {
+        sock_tail.call(ctx, SOCK_TAIL_IOV);
+        io->kind = IO_DONE;  // not loaded yet
+        return;
+    }
+    exit_io_body(ctx, io, ret, 0, 1, 1);
+}
+
+// A write whose enter made the slot (io) and whose bytes the socket took: a write, writev, sendto
+// or sendmsg (sendfile's and sendmmsg's exits report theirs) of the slot's fd, still in flight.
+static __always_inline int write_in_flight(const struct active_io *io) {
+    if (io->kind != IO_DATA || io->direction != DIR_EGRESS)
+        return 0;
+    struct pt_regs *regs = syscall_regs();
+    return syscall_in_flight(regs, NR_WRITE, NR_WRITEV, NR_SENDTO, NR_SENDMSG) >= 0 && (s32)regs->di == io->fd;
+}
+#endif
+
+// sock_send_length(sk, ret, flags) runs once the socket took a send's bytes, still in the user's
+// buffer: with COPY_IN_SOCK they are copied here, stamped when the syscall began (its enter).
+RAW_TRACEPOINT_PROBE(sock_send_length) {
+    struct active_io *io = on_sock_io((const void *)ctx->args[0]);
+#ifdef COPY_IN_SOCK
+    int ret = ctx->args[1];
+    if (io && ret > 0 && write_in_flight(io))
+        copy_in_sock(ctx, io, ret);
+#endif
+    return 0;
+}
+
 // A read's bytes are in the user's buffer when sock_recv_length(sk, ret, flags) runs: with
-// READ_IN_SOCK its read is copied here (read_slot), with no program on the syscall.
+// COPY_IN_SOCK its read is copied here (read_slot), with no program on the syscall.
 RAW_TRACEPOINT_PROBE(sock_recv_length) {
     const void *sk = (const void *)ctx->args[0];
     int ret = ctx->args[1];
-#ifdef READ_IN_SOCK
+#ifdef COPY_IN_SOCK
     struct active_io *io = read_slot(sk, ret, ctx->args[2]);
 #else
     struct active_io *io = on_sock_io(sk);
@@ -1518,24 +1566,16 @@ RAW_TRACEPOINT_PROBE(sock_recv_length) {
 #if defined(TCP_HEALTH) && defined(TCP_SRTT_US)
     tcp_health_read((u64)sk, io->ts);  // a traced process received data: its RTT now (TCP's only)
 #endif
-#ifdef READ_IN_SOCK
-    if (io->kind == IO_READ && !read_at_exit(io)) {
-        io->kind = IO_DATA;
-        if (io->iovcnt) {
-            read_tail.call(ctx, READ_TAIL_IOV);
-            io->kind = IO_DONE;  // not loaded yet
-            return 0;
-        }
-        exit_io_body(ctx, io, ret, 0, 1, 1);
-    }
+#ifdef COPY_IN_SOCK
+    if (io->kind == IO_READ && !read_at_exit(io))
+        copy_in_sock(ctx, io, ret);
 #endif
     return 0;
 }
 
-#ifdef READ_IN_SOCK
-// A vectored read (readv, recvmsg) sock_recv_length hands on: the iovec loops in a program of their
-// own, as with a plain read's path beside them one program is past the verifier's limit.
-int read_iov(struct bpf_raw_tracepoint_args *ctx) {
+#ifdef COPY_IN_SOCK
+// A vectored read or write (readv, recvmsg, writev, sendmsg) that copy_in_sock hands on.
+int sock_iov(struct bpf_raw_tracepoint_args *ctx) {
     struct active_io *io = current_io();
     if (io && io->kind == IO_DATA)
         exit_io_body(ctx, io, (int)ctx->args[1], 0, 1, MAX_IOV);
@@ -1544,7 +1584,7 @@ int read_iov(struct bpf_raw_tracepoint_args *ctx) {
 #endif
 #endif
 
-#ifdef READ_IN_SOCK
+#ifdef COPY_IN_SOCK
 // The exit of a recvfrom or recvmsg that names its sender (read_at_exit): the slot sock_recv_length
 // made inside this very syscall, now with the sender's address in the user's buffer. Other reads
 // find their slot done and return.

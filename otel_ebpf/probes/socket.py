@@ -293,9 +293,10 @@ class SocketProbe:
         filtering = self.targets.selects_processes
         targets = procfs.selected_pids(self.targets.pids, self.targets.executables)
         sock_length = self.socket_mode != "fd-tracking"
-        # reads copied where the socket hands their bytes over, with no syscall program (the
-        # arguments from x86-64's saved registers; traceparent injection keeps the enters)
-        read_in_sock = sock_length and not self.inject_traceparent and os.uname().machine == "x86_64"
+        # reads and writes copied where the socket hands their bytes over or takes them, with no
+        # exit program (a read's arguments from x86-64's saved registers; traceparent injection
+        # keeps the enters and exits)
+        copy_in_sock = sock_length and not self.inject_traceparent and os.uname().machine == "x86_64"
         bpf = load_program(
             [
                 "socket_trace.c",
@@ -320,7 +321,7 @@ class SocketProbe:
                 "TCP_RETRANSMIT_ERR": self.tcp_health and tcp_health.retransmit_reports_failures(),
                 "TCP_FLOWS": self._cgroup_mount is not None,
                 "INJECT": self.inject_traceparent,
-                "READ_IN_SOCK": read_in_sock,
+                "COPY_IN_SOCK": copy_in_sock,
             },
             # reads name their socket (sock_recv_length) unless tracking fds: RTT sampled there
             cflags=[*_kernel_offsets(sock_length, self.tcp_health and sock_length), *drop_flags],
@@ -339,13 +340,13 @@ class SocketProbe:
             from bcc import BPF  # noqa: PLC0415 — only the probe layer needs bcc
 
             # what a vectored call's exit hands the segments past MAX_IOV to: a program of its own
-            # type (the syscall exits, and sock_recv_length for the reads it copies)
+            # type (the syscall exits, and the sock tracepoints for the reads and writes they copy)
             more = bpf.load_func("segments_more", BPF.TRACEPOINT)
             bpf["segments_tail"][ctypes.c_int(0)] = ctypes.c_int(more.fd)
-            if read_in_sock:  # bpf/socket_trace.c: READ_TAIL_SEGMENTS, READ_TAIL_IOV
-                for index, name in enumerate(("segments_more_read", "read_iov")):
+            if copy_in_sock:  # bpf/socket_trace.c: SOCK_TAIL_SEGMENTS, SOCK_TAIL_IOV
+                for index, name in enumerate(("segments_more_sock", "sock_iov")):
                     program = bpf.load_func(name, BPF.RAW_TRACEPOINT)
-                    bpf["read_tail"][ctypes.c_int(index)] = ctypes.c_int(program.fd)
+                    bpf["sock_tail"][ctypes.c_int(index)] = ctypes.c_int(program.fd)
             injection = Injection(bpf) if self.inject_traceparent else None
             self._kernel_exec_names(bpf)
             if self.targets.ports:
