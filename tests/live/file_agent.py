@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.conftest import AGENT, REPO
+from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
+
+# The three ways the socket probe copies a syscall's bytes (bpf/socket_trace.c): in the sock
+# tracepoints (the default), at the syscalls' exits (traceparent injection keeps them), or
+# tracking fds (kernels before 6.3).
+SOCKET_MODES = {
+    "copy-in-sock": "capture:\n  socket_mode: tracepoints\n",
+    "fd-tracking": "capture:\n  socket_mode: fd-tracking\n",
+    "syscall-exits": "capture:\n  socket_mode: tracepoints\ntrace:\n  inject_traceparent: true\n",
+}
 
 
 def start_file_agent(
@@ -70,3 +82,40 @@ def stop_file_agent(agent: subprocess.Popen) -> str:
     stderr = agent.communicate(timeout=60)[1]
     assert agent.returncode == 0, stderr
     return stderr
+
+
+def serve_one_connection(
+    tmp: Path, server_script: str, config_yaml: str, exchange: Callable[[socket.socket, int], None], requests: int
+) -> None:
+    """Run ``server_script`` under an agent with ``config_yaml`` (output in ``tmp/out``): Python that
+    prints its port, then waits for a line on stdin before it accepts (tracking fds, the agent sees
+    only the accepts it saw start) and serves one connection until it closes. Once the server is
+    told to go, one connection makes ``exchange(sock, n)`` for each of ``requests``; the server must
+    then exit cleanly, and the agent is stopped."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", server_script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    agent = None
+    try:
+        port = int(server.stdout.readline())
+        agent = start_file_agent(tmp, server.pid, config_yaml)
+        server.stdin.write("go\n")
+        server.stdin.flush()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            for n in range(requests):
+                exchange(sock, n)
+        assert server.wait(timeout=30) == 0
+        stop_file_agent(agent)
+    finally:
+        kill_all(agent, server)
+
+
+def whole_server_spans(out: Path) -> list[dict]:
+    """The SERVER spans a run wrote to ``out``, each checked whole (no error status, no capture
+    gap), with no parse error counted."""
+    spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER"]
+    for span in spans:
+        assert span["status_code"] == "UNSET", span
+        assert "otel_ebpf.capture.gap" not in span["attributes"], span
+    assert latest_total(load_file_metrics(out), "otel_ebpf.parse.errors") == 0
+    return spans

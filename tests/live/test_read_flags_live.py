@@ -9,15 +9,12 @@ syscall's entry otherwise."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
-from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
+from tests.live.file_agent import SOCKET_MODES, serve_one_connection, whole_server_spans
 
 pytestmark = pytest.mark.bpf
 
@@ -47,12 +44,6 @@ while (first := conn.recv(1, socket.MSG_PEEK)):
     conn.sendall(response)
 """
 
-MODES = {
-    "read-in-sock": "capture:\n  socket_mode: tracepoints\n",
-    "fd-tracking": "capture:\n  socket_mode: fd-tracking\n",
-    "syscall-exits": "capture:\n  socket_mode: tracepoints\ntrace:\n  inject_traceparent: true\n",
-}
-
 
 def _exchange(sock: socket.socket, n: int) -> None:
     prefix = PREFIX if n % 2 else b""
@@ -65,36 +56,12 @@ def _exchange(sock: socket.socket, n: int) -> None:
     assert received == RESPONSE
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SOCKET_MODES)
 def test_peeked_and_discarded_bytes_are_not_copied(tmp_path: Path, mode: str) -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    agent = None
-    try:
-        port = int(server.stdout.readline())
-        agent = start_file_agent(tmp_path, server.pid, MODES[mode])
-        server.stdin.write("go\n")
-        server.stdin.flush()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            for n in range(REQUESTS):
-                _exchange(sock, n)
-        assert server.wait(timeout=30) == 0
-        stop_file_agent(agent)
-    finally:
-        kill_all(agent, server)
-
-    out = tmp_path / "out"
-    spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER"]
+    serve_one_connection(tmp_path, SERVER, SOCKET_MODES[mode], _exchange, REQUESTS)
+    spans = whole_server_spans(tmp_path / "out")
     seen = Counter(
         (a["http.request.method"], a["url.path"], a["http.response.status_code"])
         for a in (s["attributes"] for s in spans)
     )
     assert seen == Counter(("GET", f"/items/{n}", 200) for n in range(REQUESTS)), spans
-    for span in spans:
-        assert span["status_code"] == "UNSET", span
-        assert "otel_ebpf.capture.gap" not in span["attributes"], span
-    assert latest_total(load_file_metrics(out), "otel_ebpf.parse.errors") == 0
