@@ -2,12 +2,14 @@
 
 The syscall tracepoints and the sock tracepoints fire for every process on the node; the agent's
 programs there return at once for a process it does not trace, but each run, and each tracepoint's
-dispatch around it, is paid by that process. Three workloads, each an untraced child process doing
+dispatch around it, is paid by that process. Four workloads, each an untraced child process doing
 one kind of I/O in a loop, timed by its own clock:
 
 - ``file``: ``dd bs=1 if=/dev/zero of=/dev/null``: a ``read`` and a ``write`` per byte, no socket;
 - ``unix``: a Unix socket pair, one byte ``send`` then ``recv`` (a Python loop);
-- ``tcp``: the same over a TCP loopback connection.
+- ``tcp``: the same over a TCP loopback connection;
+- ``getppid``: a syscall no program of the agent is for (a Python loop): what every other syscall
+  of the node pays for the tracepoints the agent enabled on all of them.
 
 Arms: no agent; the agent tracing an unrelated idle ``sleep`` (``--pid``); and with ``--before DIR``
 the same agent from another source tree (e.g. a worktree of an earlier commit, with its ``bpf/``
@@ -34,11 +36,19 @@ sys.path.insert(0, str(REPO / "bench"))  # bench/ is no package
 from results import write_result  # noqa: E402
 from tls_untraced import AGENT, agent_on_sleep, nothing  # noqa: E402
 
-# One iteration: a one-byte send and the matching receive, on a socket pair of FAMILY.
-SOCKET_LOOP = """
-import socket, sys, time
-family, n = sys.argv[1], int(sys.argv[2])
-if family == "unix":
+# One iteration: a one-byte send and the matching receive on a socket pair of KIND (unix, tcp),
+# or (getppid) one getppid.
+SYSCALL_LOOP = """
+import os, socket, sys, time
+kind, n = sys.argv[1], int(sys.argv[2])
+if kind == "getppid":
+    getppid = os.getppid
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        getppid()
+    print((time.perf_counter_ns() - start) / n)
+    sys.exit()
+if kind == "unix":
     a, b = socket.socketpair()
 else:
     listener = socket.create_server(("127.0.0.1", 0))
@@ -65,9 +75,10 @@ def dd_ns(iterations: int) -> float:
     return (time.perf_counter_ns() - start) / iterations
 
 
-def socket_ns(family: str, iterations: int) -> float:
+def loop_ns(kind: str, iterations: int) -> float:
+    """ns per iteration of SYSCALL_LOOP's ``kind`` loop, in a child process."""
     out = subprocess.run(
-        [sys.executable, "-c", SOCKET_LOOP, family, str(iterations)], check=True, capture_output=True, text=True
+        [sys.executable, "-c", SYSCALL_LOOP, kind, str(iterations)], check=True, capture_output=True, text=True
     )
     return float(out.stdout)
 
@@ -89,8 +100,9 @@ def main() -> None:
         raise SystemExit("the agent attaches eBPF programs: run the benchmark as root")
     workloads: dict[str, Callable[[], float]] = {
         "file (dd: read + write)": lambda: dd_ns(args.iterations),
-        "unix socket pair (send + recv)": lambda: socket_ns("unix", args.iterations),
-        "tcp loopback (send + recv)": lambda: socket_ns("tcp", args.iterations),
+        "unix socket pair (send + recv)": lambda: loop_ns("unix", args.iterations),
+        "tcp loopback (send + recv)": lambda: loop_ns("tcp", args.iterations),
+        "other syscalls (getppid)": lambda: loop_ns("getppid", args.iterations),
     }
     arms: dict[str, Callable[[], Iterator[None]]] = {
         "no agent": nothing,

@@ -67,8 +67,11 @@
 #define STAT_TLS_UNATTRIBUTED 4  // TLS reads/writes whose socket was never named (memory BIOs)
 #define STAT_RED_FULL 5      // HTTP/1 exchanges not counted: the http_red table was full
 #define STAT_HTTP_QUEUE_FULL 6  // pipelined requests past HTTP_QUEUE, not measured
-#define STAT_SHED_BASE 6     // + SHED_* (1..3): HTTP/1 requests shed, by reason (http1_summary.h)
-#define NSTATS 10
+// COPY_IN_SOCK: socket reads and sends of traced threads inside no read- or write-family syscall
+// (io_uring's, splice's): not copied (count_outside_syscalls)
+#define STAT_OUTSIDE_SYSCALLS 7
+#define STAT_SHED_BASE 7     // + SHED_* (1..3): HTTP/1 requests shed, by reason (http1_summary.h)
+#define NSTATS 11
 
 // Messages of one sendmmsg/recvmmsg call copied (each its own datagram event); more are counted.
 // Their iovecs are gathered up to MAX_MMSG_IOV per message: the nested loops must stay within
@@ -363,6 +366,9 @@ static __always_inline struct pt_regs *syscall_regs(void) {
 #define NR_RECVFROM 45
 #define NR_SENDMSG 46
 #define NR_RECVMSG 47
+#define NR_SENDFILE 40
+#define NR_RECVMMSG 299
+#define NR_SENDMMSG 307
 #define ENOSYS_ 38  // pt_regs.ax from the syscall's entry until its return value replaces it
 
 // The syscall in flight, while ax still holds what entry put there, when it is nr_a or nr_b, ...:
@@ -373,6 +379,29 @@ static __always_inline long syscall_in_flight(const struct pt_regs *regs, long a
     if ((long)regs->ax != -ENOSYS_ || (nr != a && nr != b && nr != c && nr != d))
         return -1;
     return nr;
+}
+
+struct counted_process {
+    u32 tgid;
+    char comm[16];  // the thread's name (TASK_COMM_LEN): io_uring's workers are "iou-wrk-<tid>"
+};
+BPF_ARRAY(outside_syscalls_process, struct counted_process, 1);  // what count_outside_syscalls last counted
+
+// Counts a traced thread's socket read or send that no read- or write-family syscall is making
+// (regs: the thread's, none of those in flight): io_uring's (in io_uring_enter, in task work after
+// another syscall returned, in its io-wq workers, whose registers are no syscall's) or splice's.
+// Its bytes are not copied; the counter, and the process user space names in its log, tell the
+// user why such a process has no spans.
+static __always_inline void count_outside_syscalls(const struct pt_regs *regs) {
+    if (syscall_in_flight(regs, NR_SENDFILE, NR_SENDMMSG, NR_RECVMMSG, NR_RECVMMSG) >= 0)
+        return;  // those three report at their exits
+    count(STAT_OUTSIDE_SYSCALLS, 1);
+    u32 zero = 0;
+    struct counted_process *last = outside_syscalls_process.lookup(&zero);
+    if (last) {
+        last->tgid = current_pid_tgid() >> 32;
+        bpf_get_current_comm(last->comm, sizeof(last->comm));
+    }
 }
 #endif
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
@@ -893,8 +922,10 @@ static __always_inline struct active_io *read_slot(const void *sk, int ret, int 
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
     struct pt_regs *regs = syscall_regs();
     long nr = syscall_in_flight(regs, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG);
-    if (nr < 0)
+    if (nr < 0) {
+        count_outside_syscalls(regs);
         return 0;
+    }
     if (!io)
         io = active_io.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!io) {
@@ -1529,11 +1560,15 @@ static __always_inline void copy_in_sock(void *ctx, struct active_io *io, int re
 
 // A write whose enter made the slot (io) and whose bytes the socket took: a write, writev, sendto
 // or sendmsg (sendfile's and sendmmsg's exits report theirs) of the slot's fd, still in flight.
+// A send outside those (count_outside_syscalls) is counted: io, the thread's slot, tells that the
+// thread is traced without a lookup, which every untraced send on the node would pay.
 static __always_inline int write_in_flight(const struct active_io *io) {
-    if (io->kind != IO_DATA || io->direction != DIR_EGRESS)
-        return 0;
     struct pt_regs *regs = syscall_regs();
-    return syscall_in_flight(regs, NR_WRITE, NR_WRITEV, NR_SENDTO, NR_SENDMSG) >= 0 && (s32)regs->di == io->fd;
+    if (syscall_in_flight(regs, NR_WRITE, NR_WRITEV, NR_SENDTO, NR_SENDMSG) < 0) {
+        count_outside_syscalls(regs);
+        return 0;
+    }
+    return io->kind == IO_DATA && io->direction == DIR_EGRESS && (s32)regs->di == io->fd;
 }
 #endif
 

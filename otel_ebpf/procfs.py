@@ -75,6 +75,12 @@ def process_info(pid: int, timestamp_ns: int, containers: ContainerResolver, pro
     )
 
 
+def process_name(pid: int, proc: str = "/proc") -> str | None:
+    """The name the kernel gives ``pid`` (``comm``: the executable's, at most 15 bytes); None if it is gone."""
+    comm = _read(f"{proc}/{pid}/comm")
+    return comm.rstrip(b"\n").decode(errors="replace") if comm else None
+
+
 def iter_pids(proc: str = "/proc") -> Iterator[int]:
     for name in os.listdir(proc):
         if name.isdigit():
@@ -97,9 +103,9 @@ def executable_matches(pid: int, globs: Iterable[str], proc: str = "/proc") -> b
     if cmdline:
         argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
         names += [argv0, os.path.basename(argv0)]
-    comm = _read(f"{proc}/{pid}/comm")
+    comm = process_name(pid, proc)
     if comm:
-        names.append(comm.rstrip(b"\n").decode(errors="replace"))
+        names.append(comm)
     return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names if name)
 
 

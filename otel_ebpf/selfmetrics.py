@@ -56,6 +56,7 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "{item}",
         "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
         "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket, "
+        "socket reads and sends made through io_uring or splice, "
         "RoCEv2 packets not counted by flow because a table was full)",
         False,
     ),

@@ -84,9 +84,11 @@ def test_a_process_is_matched_by_its_name_too(tmp_path: Path) -> None:
         assert procfs.executable_matches(child.pid, ["model-server"])
         assert procfs.executable_matches(child.pid, ["model-*"])
         assert not procfs.executable_matches(child.pid, ["model"])
+        assert procfs.process_name(child.pid) == "model-server"
     finally:
         child.kill()
         child.wait()
+    assert procfs.process_name(child.pid) is None  # reaped: gone
 
 
 def test_selected_pids_take_in_the_living_descendants() -> None:

@@ -69,14 +69,16 @@ STAT_NAMES = (
     "tls_unattributed",
     "http_red_full",
     "http_pipeline_full",
+    "socket_io_outside_syscalls",  # io_uring's or splice's socket I/O of traced processes: not copied
 )
-# stats[] slots 7.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
+# stats[] slots 8.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 # iovec segments a vectored syscall's exit copies (grpcio writes one per HPACK field); the rest,
 # up to 320 in all, in a program it tail-calls (segments_more in bpf/socket_trace.c)
 MAX_IOV = 64
 MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
+MAX_OUTSIDE_TOLD = 64  # processes the log names for socket I/O outside the syscalls; the counter counts all
 # Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded, and
 # short enough (about 70 ms of CPU for HTTP/1) that the loop's once-a-second CPU-budget reading
 # stays near a second when the agent gets only a fraction of a core (8192 stretched it to 2-3 s).
@@ -271,6 +273,8 @@ class SocketProbe:
         self._lost_reported = 0
         self._loss_log = RingLossLog()
         self._next_loss_check = 0.0
+        self._outside_counted = 0
+        self._outside_told: set[int] = set()  # processes named in the log (at most MAX_OUTSIDE_TOLD)
         # connections user space rejected (failing --port, not TCP, the agent's own exports) whose
         # events may still be in flight; insertion-ordered so the oldest go first past the cap
         self._filtered_out: dict[ConnKey, None] = {}
@@ -565,12 +569,31 @@ class SocketProbe:
         now = time.monotonic()
         if now >= self._next_loss_check:  # per-CPU map reads are syscalls: not every poll
             self._next_loss_check = now + LOSS_CHECK_S
-            lost = self.kernel_stats()["ringbuf_full"]
+            stats = self.kernel_stats()
+            lost = stats["ringbuf_full"]
+            if stats["socket_io_outside_syscalls"] > self._outside_counted:
+                self._outside_counted = stats["socket_io_outside_syscalls"]
+                self._tell_outside_syscalls()
             if lost > self._lost_reported:
                 events.append(KernelLoss(time.time_ns(), lost - self._lost_reported))
                 self._lost_reported = lost
                 self._loss_log.update(lost, now)
         return events
+
+    def _tell_outside_syscalls(self) -> None:
+        """The kernel counted socket I/O it could not copy: name the process it counted last, once (by
+        its own name while it runs, else by the name of the thread the kernel counted)."""
+        last = self._run.bpf["outside_syscalls_process"][ctypes.c_int(0)]
+        if last.tgid in self._outside_told or len(self._outside_told) >= MAX_OUTSIDE_TOLD:
+            return
+        self._outside_told.add(last.tgid)
+        log.warning(
+            "process %d (%s) reads or sends on sockets through io_uring or splice, not read/write-family "
+            "syscalls: those bytes are not captured and make no spans (counted in otel_ebpf.kernel.drops, "
+            "reason=socket_io_outside_syscalls)",
+            last.tgid,
+            procfs.process_name(last.tgid) or bytes(last.comm).split(b"\0", 1)[0].decode(errors="replace"),
+        )
 
     def http_counts(self) -> list[Event]:
         """The kernel's HTTP/1 counts since the last call. The kernel counts a request when its

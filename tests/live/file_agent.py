@@ -85,16 +85,20 @@ def stop_file_agent(agent: subprocess.Popen) -> str:
 
 
 def serve_one_connection(
-    tmp: Path, server_script: str, config_yaml: str, exchange: Callable[[socket.socket, int], None], requests: int
-) -> None:
-    """Run ``server_script`` under an agent with ``config_yaml`` (output in ``tmp/out``): Python that
-    prints its port, then waits for a line on stdin before it accepts (tracking fds, the agent sees
-    only the accepts it saw start) and serves one connection until it closes. Once the server is
-    told to go, one connection makes ``exchange(sock, n)`` for each of ``requests``; the server must
-    then exit cleanly, and the agent is stopped."""
-    server = subprocess.Popen(
-        [sys.executable, "-c", server_script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    tmp: Path,
+    server_script: str | Sequence[str],
+    config_yaml: str,
+    exchange: Callable[[socket.socket, int], None],
+    requests: int,
+) -> str:
+    """Run a server under an agent with ``config_yaml`` (output in ``tmp/out``) and return the
+    agent's stderr. The server (``server_script``: Python, or a command) prints its port, then
+    waits for a line on stdin before it accepts (tracking fds, the agent sees only the accepts it
+    saw start) and serves one connection until it closes. Once the server is told to go, one
+    connection makes ``exchange(sock, n)`` for each of ``requests``; the server must then exit
+    cleanly, and the agent is stopped."""
+    command = [sys.executable, "-c", server_script] if isinstance(server_script, str) else list(server_script)
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     agent = None
     try:
         port = int(server.stdout.readline())
@@ -105,17 +109,19 @@ def serve_one_connection(
             for n in range(requests):
                 exchange(sock, n)
         assert server.wait(timeout=30) == 0
-        stop_file_agent(agent)
+        return stop_file_agent(agent)
     finally:
         kill_all(agent, server)
 
 
 def whole_server_spans(out: Path) -> list[dict]:
     """The SERVER spans a run wrote to ``out``, each checked whole (no error status, no capture
-    gap), with no parse error counted."""
+    gap), with no parse error counted and no socket I/O counted as outside the syscalls."""
     spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER"]
     for span in spans:
         assert span["status_code"] == "UNSET", span
         assert "otel_ebpf.capture.gap" not in span["attributes"], span
-    assert latest_total(load_file_metrics(out), "otel_ebpf.parse.errors") == 0
+    metrics = load_file_metrics(out)
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="socket_io_outside_syscalls") == 0
     return spans
