@@ -215,6 +215,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     )
     if agent is not None:
         agent.tracker.on_unknown = probe.ignore_connection
+        agent.tracker.on_ciphertext = probe.tell_ciphertext
     header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)
     recorder = RecordingWriter(record_to, header) if record_to else None
     budget = CpuBudget(config.capture.cpu_budget)

@@ -34,6 +34,12 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     ),
     "otel_ebpf.connections.tls": ("{connection}", "Connections read as TLS plaintext from the SSL probes", False),
     "otel_ebpf.connections.unknown_protocol": ("{connection}", "Connections no protocol plugin claimed", False),
+    "otel_ebpf.connections.tls_ciphertext": (
+        "{connection}",
+        "Connections given up on (at the sniff budget, or closed first) whose bytes were TLS records with no "
+        "plaintext from the SSL probes: a TLS library the agent does not hook, or one hooked after they began",
+        False,
+    ),
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),
     "otel_ebpf.spans.dropped": (
         "{span}",

@@ -49,7 +49,8 @@ need_root() { is_root || die "$1 needs root: run 'sudo make bootstrap' (or sudo 
 # driver against its infiniband/verbs.h (no RDMA device is needed)
 # linux-perf: bench/kernel_profile.py profiles the BPF programs with `perf record`
 # nodejs: a live TLS test's client is Node.js (OpenSSL over memory BIOs)
-base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus iproute2 libibverbs1 libibverbs-dev linux-perf nodejs)
+# gnutls-bin: a live TLS test's server is gnutls-serv (TLS through a library the agent does not hook)
+base_packages=(bpfcc-tools python3-bpfcc curl wrk nginx python3 gcc libc6-dev redis-server prometheus iproute2 libibverbs1 libibverbs-dev linux-perf nodejs gnutls-bin)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 

@@ -178,6 +178,20 @@ def test_arrival_later_than_the_window_is_counted() -> None:
     assert run.total("otel_ebpf.events.late") == 1
 
 
+def test_a_declined_h2c_upgrade_request_is_in_the_chain() -> None:
+    """The gateway asks the service for h2c on its call (as Java's HttpClient does on a new
+    connection); the service answers in HTTP/1.1. The call, its serving and the service's own call
+    to the backend are one chain: each request starts when its head arrives, not when the answer
+    tells which protocol the connection speaks."""
+    upgrade = b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAEAAEAAAAIAAAAA\r\nUpgrade: h2c\r\n"
+    run = Assembly()
+    spans = run.run([info(GATEWAY), info(SERVICE), info(BACKEND), *chain(1, "r1", service_headers=upgrade)])
+    assert_chain(spans)
+    assert {s.attributes["network.protocol.version"] for s in spans} == {"1.1"}
+    assert run.total("otel_ebpf.trace.same_node_parents") == 2
+    assert run.assembler.inflight == 0
+
+
 def test_incoming_traceparent_joins_the_callers_trace() -> None:
     header = b"traceparent: 00-%s-%s-01\r\ntracestate: vendor=x\r\n" % (TRACE_HEX.encode(), SPAN_HEX.encode())
     run = Assembly()

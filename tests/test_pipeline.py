@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ebpf import __version__
 from otel_ebpf.pipeline import Pipeline
-from otel_ebpf.pipeline.connections import SNIFF_MAX_BYTES, SNIFF_MAX_EVENTS, ConnectionTracker
+from otel_ebpf.pipeline.connections import SNIFF_MAX_BYTES, SNIFF_MAX_EVENTS, ConnectionTracker, tls_record_start
 from otel_ebpf.pipeline.events import (
     ConnClose,
     ConnData,
@@ -131,7 +131,10 @@ class Run:
     ) -> None:
         self.selfmetrics = SelfMetrics()
         self.unknown: list[ConnKey] = []
-        self.tracker = ConnectionTracker(PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append)
+        self.ciphertext: list[ConnKey] = []
+        self.tracker = ConnectionTracker(
+            PROTOCOLS, self.selfmetrics, max_connections, self.unknown.append, self.ciphertext.append
+        )
         self.telemetry = Telemetry(
             PROTOCOLS,
             HOST,
@@ -513,9 +516,12 @@ def test_tls_connection_is_given_up_after_the_sniff_budget() -> None:
     assert run.feed(events) == []
     assert run.unknown == []  # one event short of the budget
     assert run.total("otel_ebpf.connections.unknown_protocol") == 0
+    assert run.ciphertext == [] and run.total("otel_ebpf.connections.tls_ciphertext") == 0
     assert run.feed([data(50, PID, 7, IN, b"\x15\x03\x03\x00\x02\x02\x28", 3)]) == []
     assert run.unknown == [key]
     assert run.total("otel_ebpf.connections.unknown_protocol") == 1
+    assert run.ciphertext == [key]  # the user is told why (its TLS library is not hooked)
+    assert run.total("otel_ebpf.connections.tls_ciphertext") == 1
     # from now on its bytes are ignored, even ones a plugin would have claimed
     assert (
         run.feed(
@@ -544,6 +550,34 @@ def test_unknown_protocol_after_the_byte_budget() -> None:
     assert run.feed([data(2, PID, 7, IN, blob)]) == []
     assert run.unknown == [(PID, 7, 0)]
     assert run.total("otel_ebpf.connections.unknown_protocol") == 1
+    assert run.ciphertext == [] and run.total("otel_ebpf.connections.tls_ciphertext") == 0  # not TLS
+
+
+def test_tls_record_start() -> None:
+    assert tls_record_start(TLS_CLIENT_HELLO)
+    assert tls_record_start(b"\x17\x03\x03\x40\x11" + bytes(10))  # application data, 16 KiB + 17
+    assert tls_record_start(b"\x15\x03\x03\x00\x02\x02\x28")  # an alert
+    assert not tls_record_start(b"\x17\x03\x03\x48\x01")  # longer than a record may be
+    assert not tls_record_start(b"\x18\x03\x03\x00\x10")  # no such content type
+    assert not tls_record_start(b"\x16\xfe\xfd\x00\x10")  # DTLS 1.2
+    assert not tls_record_start(b"\x16\x03\x01")  # too short to tell
+    assert not tls_record_start(get("/"))
+
+
+def test_a_tls_connection_closed_before_the_sniff_budget_is_told() -> None:
+    """A short one (a handshake, a request, a response, as curl makes against a server whose TLS
+    library is not hooked): judged at its close. Connections still open when the agent stops are
+    not judged, and a connection that began with something else is not TLS."""
+    run = Run()
+    app_data = b"\x17\x03\x03\x00\x20" + bytes(32)
+    events: list[Event] = [opened(0, PID, 7), data(1, PID, 7, IN, TLS_CLIENT_HELLO)]
+    events += [data(2, PID, 7, OUT, app_data), data(3, PID, 7, IN, app_data), closed(4, PID, 7)]
+    events += [opened(5, PID, 8), data(6, PID, 8, IN, b"\x00\x01binary"), closed(7, PID, 8)]
+    events += [opened(8, PID, 9), data(9, PID, 9, IN, TLS_CLIENT_HELLO)]
+    assert run.feed(events) == []
+    run.pipeline.flush()
+    assert run.ciphertext == [(PID, 7, 0)] and run.total("otel_ebpf.connections.tls_ciphertext") == 1
+    assert run.unknown == [] and run.total("otel_ebpf.connections.unknown_protocol") == 0
 
 
 def test_udp_connection_is_not_offered_to_a_tcp_only_plugin() -> None:
@@ -758,6 +792,8 @@ def test_tls_plaintext_replaces_the_ciphertext_seen_before_it() -> None:
     ]
     assert run.total("otel_ebpf.connections.tls") == 1
     assert run.total("otel_ebpf.parse.errors") == 0
+    # judged when its budget ran out, before the plaintext came: counted as given up then
+    assert run.total("otel_ebpf.connections.tls_ciphertext") == 1
 
 
 def test_open_sorted_after_its_data_fills_in_the_connection() -> None:

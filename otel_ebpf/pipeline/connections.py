@@ -42,6 +42,20 @@ SNIFF_MAX_BYTES = 64 * 1024
 SNIFF_HEAD = 8192
 # Changes of a connection's TCP retransmission count kept to place them in its exchanges.
 RETRANSMISSION_MARKS = 8
+TLS_RECORD_MAX = 2**14 + 2048  # a TLS record's length at most (RFC 8446, 5.2)
+
+
+def tls_record_start(data: bytes) -> bool:
+    """Whether ``data`` begins with a TLS record header: content type 20-23 (change_cipher_spec,
+    alert, handshake, application_data), version 3.x (SSL 3.0 to TLS 1.3, whose records say 3.3)
+    and a length a record may have."""
+    return (
+        len(data) >= 5
+        and 20 <= data[0] <= 23
+        and data[1] == 3
+        and data[2] <= 4
+        and int.from_bytes(data[3:5], "big") <= TLS_RECORD_MAX
+    )
 
 
 class Claim(NamedTuple):
@@ -155,11 +169,13 @@ class ConnectionTracker:
         selfmetrics: SelfMetrics,
         max_connections: int = 16384,
         on_unknown: Callable[[ConnKey], None] | None = None,
+        on_ciphertext: Callable[[ConnKey], None] | None = None,
     ) -> None:
         self._protocols = list(protocols)
         self._metrics = selfmetrics
         self._max = max_connections
         self.on_unknown = on_unknown  # told which connections no plugin claimed
+        self.on_ciphertext = on_ciphertext  # told which of those were TLS no SSL probe decrypted
         self._table: OrderedDict[ConnKey, Connection] = OrderedDict()
         self._reported_drops: dict[tuple[str, str], int] = {}  # (protocol, reason) -> reported
         self._failed: set[str] = set()  # protocols whose failure was logged
@@ -267,6 +283,7 @@ class ConnectionTracker:
         if not undecided or len(head) >= SNIFF_HEAD:
             head.clear()  # these bytes start no known message: try again from the next syscall
         if len(conn.pending) >= SNIFF_MAX_EVENTS or conn.pending_bytes >= SNIFF_MAX_BYTES:
+            self._judge_ciphertext(conn)
             conn.unknown = True
             conn.pending.clear()
             conn.heads.clear()
@@ -337,6 +354,8 @@ class ConnectionTracker:
             return []
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         if conn.session is None:
+            if closed:  # before any plugin claimed it
+                self._judge_ciphertext(conn)
             return []
         claim = conn.claimed()
         try:
@@ -347,6 +366,19 @@ class ConnectionTracker:
             return []
         self._account(conn, claim)
         return done
+
+    def _judge_ciphertext(self, conn: Connection) -> None:
+        """A connection no plugin claimed, judged unknown or closed: when its bytes began with a
+        TLS record and no plaintext came from the SSL probes, its TLS library is not hooked (or was
+        hooked after the connection began, or it carried no application data). Counted and told,
+        so that a user knows why a TLS service makes no spans."""
+        if conn.tls or conn.transport is not Transport.TCP or not conn.pending:
+            return
+        if not tls_record_start(conn.pending[0].data):
+            return
+        self._metrics.add("otel_ebpf.connections.tls_ciphertext")
+        if self.on_ciphertext is not None:
+            self.on_ciphertext(conn.key)
 
     def _give_up(self, conn: Connection, exc: Exception) -> None:
         """A plugin raised on this connection's bytes. Only the connection pays: what its session

@@ -54,7 +54,7 @@ from .loading import (
     write_settings,
 )
 from .ringbuf import RingBufferReader
-from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, system_libssl
+from .tls import SYMBOL_PATTERN, TLSAttacher, TLSLibraries, mapped_files, system_libssl
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 MAX_IOV = 64
 MAX_RED_SERIES = 4096  # HTTP/1 metric series the kernel aggregates (http_red)
 LOSS_CHECK_S = 1.0
-MAX_OUTSIDE_TOLD = 64  # processes the log names for socket I/O outside the syscalls; the counter counts all
+MAX_TOLD = 64  # processes a warning names, each once (socket I/O outside syscalls, unread TLS); counters count all
 # Records decoded per poll at most: what one loop iteration hands the pipeline stays bounded, and
 # short enough (about 70 ms of CPU for HTTP/1) that the loop's once-a-second CPU-budget reading
 # stays near a second when the agent gets only a fraction of a core (8192 stretched it to 2-3 s).
@@ -274,7 +274,9 @@ class SocketProbe:
         self._loss_log = RingLossLog()
         self._next_loss_check = 0.0
         self._outside_counted = 0
-        self._outside_told: set[int] = set()  # processes named in the log (at most MAX_OUTSIDE_TOLD)
+        self._outside_told: set[int] = set()  # processes named in the log (at most MAX_TOLD)
+        self._ciphertext_told: set[int] = set()  # processes whose unread TLS was explained (idem)
+        self._exited_ciphertext_told = False  # an exited one was: the next go to the debug log
         # connections user space rejected (failing --port, not TCP, the agent's own exports) whose
         # events may still be in flight; insertion-ordered so the oldest go first past the cap
         self._filtered_out: dict[ConnKey, None] = {}
@@ -547,6 +549,44 @@ class SocketProbe:
             write_settings(self._started.bpf, {SET_GAVE_UP: 1})
             self._started.gave_up = True
 
+    def tell_ciphertext(self, conn: ConnKey) -> None:
+        """User space judged a connection to be TLS that no SSL probe decrypted: say why, once per
+        process. A process that maps a TLS library the agent hooked began that connection before
+        its probes were attached, or closed it after the handshake (a TLS health check): the debug
+        log only."""
+        pid = conn[0]
+        told = self._ciphertext_told
+        if pid in told or len(told) >= MAX_TOLD or self._started is None:
+            return
+        told.add(pid)
+        name = procfs.process_name(pid)
+        if name is None:  # no name to tell them apart by: one warning for all
+            level = logging.DEBUG if self._exited_ciphertext_told else logging.WARNING
+            self._exited_ciphertext_told = True
+            log.log(
+                level,
+                "process %d, which has exited, made TLS connections whose plaintext the agent did not see "
+                "(it began TLS before its TLS library was hooked, as a curl run by a traced script does, "
+                "or its library is not one the agent hooks): they make no spans (counted in "
+                "otel_ebpf.connections.tls_ciphertext; later such processes only in the debug log)",
+                pid,
+            )
+        elif mapped_files(pid) & self._started.tls.libraries.hooked.keys():
+            log.debug(
+                "process %d (%s): a TLS connection began before its SSL probes were attached, or carried no "
+                "application data",
+                pid,
+                name,
+            )
+        else:
+            log.warning(
+                "process %d (%s) speaks TLS through a library the agent does not hook (only OpenSSL's API "
+                "is: Java's JSSE, Go's crypto/tls, rustls, GnuTLS and a statically linked BoringSSL are "
+                "not): its TLS connections make no spans (counted in otel_ebpf.connections.tls_ciphertext)",
+                pid,
+                name,
+            )
+
     # ---- events ----------------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int, max_records: int = MAX_POLL_RECORDS) -> list[Event]:
@@ -584,7 +624,7 @@ class SocketProbe:
         """The kernel counted socket I/O it could not copy: name the process it counted last, once (by
         its own name while it runs, else by the name of the thread the kernel counted)."""
         last = self._run.bpf["outside_syscalls_process"][ctypes.c_int(0)]
-        if last.tgid in self._outside_told or len(self._outside_told) >= MAX_OUTSIDE_TOLD:
+        if last.tgid in self._outside_told or len(self._outside_told) >= MAX_TOLD:
             return
         self._outside_told.add(last.tgid)
         log.warning(

@@ -260,7 +260,9 @@ class HTTP2Session(Session):
         if not handshake.hold(direction, data, timestamp_ns, gap) or gap:
             return self._hand_over()
         if direction is self._requests:
-            return self._hand_over() if handshake.add_request(data, timestamp_ns) is False else []
+            if handshake.add_request(data, timestamp_ns) is False:
+                return self._hand_over()
+            return self._announce_upgrade_request(handshake)
         status = handshake.add_response(data)
         if status is None:
             return []
@@ -268,19 +270,27 @@ class HTTP2Session(Session):
             return self._hand_over()
         return self._upgraded(handshake, timestamp_ns)
 
+    def _announce_upgrade_request(self, handshake: Handshake) -> list[SessionOutput]:
+        """The upgrade request's head is here: it starts now, whatever the server answers. Held
+        until the answer, its start would come after the work its process does for it and after
+        its peer's side on this node: neither could join its trace."""
+        if handshake.parsed is None or handshake.announced_ns is not None:
+            return []
+        start = handshake.announced_ns = self._start_time(handshake.request_start_ns)
+        return [RequestStart(self._requests, start, handshake.stream_headers(), 1)]
+
     def _upgraded(self, handshake: Handshake, timestamp_ns: int) -> list[SessionOutput]:
-        """101 Switching Protocols: the upgrade request is stream 1's, HTTP/2 frames follow."""
+        """101 Switching Protocols: the upgrade request is stream 1's (announced when its head
+        came), HTTP/2 frames follow."""
         self._handshake = None
-        method, target, fields = handshake.parsed  # type: ignore[misc]
-        authority = next((value for name, value in fields if name == "host"), "")
-        headers = ((":method", method), (":path", target), (":scheme", "http"), (":authority", authority), *fields)
+        headers = handshake.stream_headers()
         self._connection_start()
         stream = self._open(1)
-        start = self._start_time(handshake.request_start_ns)
+        start = handshake.announced_ns
+        assert start is not None  # the request is complete: its head came, and was announced
         stream.request = half = _Half(start, headers, 0, _may_be_grpc(headers, 0))
         half.body, half.end_ns, half.ended = handshake.body_length, handshake.request_end_ns, True
         self._first_stream = self._last_stream = 1
-        self._out.append(RequestStart(self._requests, start, headers, 1))
         self._report_request(stream, None)
         request_rest, response_rest = handshake.leftovers()
         for direction, rest in ((self._responses, response_rest), (self._requests, request_rest)):
@@ -301,7 +311,11 @@ class HTTP2Session(Session):
                 out += http1.feed(direction, data, timestamp_ns)
             if gap:
                 out += http1.feed_gap(direction, gap, timestamp_ns)
-        return out
+        announced = handshake.announced_ns
+        if announced is None:
+            return out
+        # the upgrade request was announced when its head came: not again
+        return [o for o in out if not (isinstance(o, RequestStart) and o.start_ns == announced)]
 
     # -- FrameSink: what the readers found ----------------------------------------------------------
 

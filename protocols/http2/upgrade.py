@@ -7,7 +7,8 @@ response to that request as HTTP/2 stream 1; the client sends the connection pre
 
 :class:`Handshake` holds both directions' bytes until the server's answer tells which: the
 session then continues with HTTP/2 frames after the two heads, or hands everything it held to
-the HTTP/1 plugin's session.
+the HTTP/1 plugin's session. The request itself starts when its head is here, whichever the
+answer: the session announces it then (stream 1's request, if the server agrees).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Handshake:
         self.parsed: tuple[str, str, Headers] | None = None
         self.head_length = 0  # of the request
         self.body_length = 0  # its Content-Length
+        self.announced_ns: int | None = None  # the start time the request was announced with
 
     def hold(self, direction: Direction, data: bytes, timestamp_ns: int, gap: int = 0) -> bool:
         """Keep what was fed (for a hand-over to HTTP/1); False once past :data:`MAX_HANDSHAKE`."""
@@ -111,6 +113,13 @@ class Handshake:
     def request_complete(self) -> bool:
         """The whole upgrade request (head and Content-Length body) is here."""
         return self.parsed is not None and len(self.request) >= self.head_length + self.body_length
+
+    def stream_headers(self) -> Headers:
+        """The parsed upgrade request as stream 1's header fields: pseudo-header fields first."""
+        assert self.parsed is not None
+        method, target, fields = self.parsed
+        authority = next((value for name, value in fields if name == "host"), "")
+        return ((":method", method), (":path", target), (":scheme", "http"), (":authority", authority), *fields)
 
     def add_response(self, data: bytes) -> int | None:
         """Response bytes: the final status once its head is here (interim 1xx other than 101

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.live.test_http_live import _latest_points, _wait_for_file
-from tests.live.test_traces_live import Scenario
+from tests.live.test_traces_live import Scenario, _assert_chains
 from tests.otlp_receiver import OTLPReceiver, latest_total
 
 pytestmark = pytest.mark.bpf
@@ -205,6 +205,25 @@ def test_an_upgraded_h2c_connection_is_copied_past_the_cap(tmp_path: Path) -> No
     assert upload[0]["attributes"]["http.request.body.size"] == 20_000
     assert "otel_ebpf.capture.gap" not in upload[0]["attributes"]
     assert latest_total(metrics, "otel_ebpf.payload.not_captured") == 0
+
+
+def test_a_declined_h2c_upgrade_joins_the_trace(tmp_path: Path) -> None:
+    """``curl --http2`` on plain HTTP asks the gateway of a gateway -> service -> backend chain
+    (Python's http.server, no h2c) to upgrade; the gateway answers in HTTP/1.1. curl's call and the
+    five hops it causes are one trace, as any HTTP/1.1 request's are: the upgrade request starts
+    when its head arrives. Before, it was announced with the answer, after the gateway's side and
+    its calls, and the first request of every such connection (Java's HttpClient asks for h2c on
+    each new one) split into two traces."""
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, "tracepoints") as run:
+        hops, port = run.chain()
+        url = f"http://127.0.0.1:{port}/work/0"
+        curl = run.held("curl", "-s", "-o", "/dev/null", "--http2", "-H", "x-request-id: req-0", url)
+        run.start_agent(curl.pid, *{pid for pid, _ in hops})
+        assert run.go(curl) == []
+        spans, _ = run.stop_agent(6)
+
+    (trace,) = _assert_chains(spans, [(curl.pid, "CLIENT"), *hops], 1).values()
+    assert {s["attributes"]["network.protocol.version"] for s in trace} == {"1.1"}
 
 
 @SOCKET_MODES

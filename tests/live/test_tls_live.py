@@ -3,7 +3,8 @@
 The HTTPS server is Python's ``http.server`` wrapped by ``ssl`` (OpenSSL 3: ``SSL_read_ex`` /
 ``SSL_write_ex``); the clients are ``http.client`` (the same) and ``curl`` (``SSL_read`` /
 ``SSL_write``). gRPC over TLS goes through the BoringSSL that grpcio links into its stripped module:
-that is reported as not capturable, and its ciphertext must not turn into spans.
+that is reported as not capturable, and its ciphertext must not turn into spans; so is GnuTLS's
+``gnutls-serv``, whose library has no OpenSSL API at all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trustme
 
 from tests.conftest import AGENT, REPO
 from tests.live.test_http_live import _wait_for_file
+from tests.live.test_prometheus_live import _free_port
 from tests.otlp_receiver import OTLPReceiver, latest_total
 
 pytestmark = pytest.mark.bpf
@@ -228,3 +230,36 @@ def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     assert spans == []
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
     assert latest_total(metrics, "otel_ebpf.connections.unknown_protocol") >= 1  # judged unknown, then ignored
+    assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") >= 1  # and as TLS no probe read
+
+
+def test_tls_through_a_library_the_agent_does_not_hook_is_told(tmp_path: Path) -> None:
+    """GnuTLS's test server (libgnutls, no OpenSSL API to hook, as Java's JSSE or Go's crypto/tls):
+    its connections reach the agent as ciphertext only. Each is counted when it closes, the log
+    names the process once and says why it makes no spans, and nothing reaches a parser."""
+    _, cert, key = _certificates(tmp_path)
+    port = _free_port()
+    server = subprocess.Popen(
+        ["gnutls-serv", "--http", "--x509certfile", cert, "--x509keyfile", key, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"https://127.0.0.1:{port}/items/"
+    curl = ["curl", "-sSk", "--retry-connrefused", "--retry", "50", "--retry-delay", "0", "--retry-max-time", "10"]
+    try:
+        assert "GnuTLS" in subprocess.run([*curl, f"{url}warmup"], capture_output=True, text=True, check=True).stdout
+        with OTLPReceiver() as receiver:
+            agent = _start_agent(tmp_path, receiver, "tracepoints", "--pid", str(server.pid))
+            for n in range(CALLS):
+                subprocess.run([*curl, "-o", "/dev/null", f"{url}{n}"], check=True)
+            stderr = _stop(agent)
+            receiver.wait_for(lambda r: bool(r.metrics()), timeout=10)
+            spans, metrics = receiver.spans(), receiver.metrics()
+    finally:
+        server.kill()
+        server.wait()
+    assert spans == []
+    assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") == CALLS
+    told = f"process {server.pid} (gnutls-serv) speaks TLS through a library the agent does not hook"
+    assert stderr.count(told) == 1, stderr
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from genai_paths import llm_call
 from http1_replay import Chunk, cut, replay
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from otel_ebpf.protocol import Direction, Role
@@ -66,6 +67,7 @@ def exchanges(draw: st.DrawFn, eol: str, last: bool) -> tuple[Wire, Wire, tuple]
     segments = draw(st.lists(st.text(SAFE, min_size=1, max_size=8), max_size=4))
     query = draw(st.sampled_from(["", "?a=1", "?q=x&page=2"]))
     target = "/" + "/".join(segments) + query
+    assume(not llm_call(method, target))
     request_head = f"{method} {target} HTTP/1.1{eol}Host: example.com{eol}" + draw(headers(eol))
     if method in ("POST", "PUT", "PATCH") or draw(st.booleans()):
         framing, encoded, body = draw(bodies(eol, allow_close=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from genai_paths import llm_call
 from hpack import Encoder
 from http2_replay import conn, replay, summary
 from hyperframe.frame import (
@@ -54,7 +55,11 @@ def grpc_body(draw: st.DrawFn) -> tuple[bytes, int]:
 @st.composite
 def streams(draw: st.DrawFn, stream_id: int, refused: bool) -> Stream:
     grpc = draw(st.booleans())
-    path = "/" + draw(st.text(SAFE, min_size=1, max_size=10)) + ("/M" if grpc else "")
+    path = draw(
+        st.text(SAFE, min_size=1, max_size=10)
+        .map(lambda name: "/" + name + ("/M" if grpc else ""))
+        .filter(lambda path: not llm_call("POST", path))
+    )
     fields = [
         (":method", "POST" if grpc else draw(st.sampled_from(["GET", "POST", "PUT"]))),
         (":scheme", "http"),

@@ -541,6 +541,15 @@ def test_upgrade_request_with_a_body_becomes_stream_1() -> None:
     )
 
 
+def test_an_upgrade_request_is_announced_when_its_head_arrives() -> None:
+    """Before the answer tells HTTP/2 from HTTP/1: once, as stream 1's request, whichever."""
+    waiting = replay([Chunk(IN, 0, UPGRADE[:40]), Chunk(IN, 10, UPGRADE[40:60])], close=False)
+    assert waiting.starts == []  # the head is not whole yet
+    waiting = replay([Chunk(IN, 0, UPGRADE[:40]), Chunk(IN, 10, UPGRADE[40:])], close=False)
+    (start,) = waiting.starts
+    assert (start.start_ns, start.stream, start.carrier[:2]) == (0, 1, ((":method", "POST"), (":path", "/submit")))
+
+
 def test_declined_upgrade_stays_http1() -> None:
     """A server that does not speak h2c answers in HTTP/1.1: the HTTP/1 plugin's session takes the
     connection from its first byte, and its stitcher pairs what follows."""
@@ -555,7 +564,9 @@ def test_declined_upgrade_stays_http1() -> None:
     assert [
         (s.name, s.attributes["http.response.status_code"], s.attributes["network.protocol.version"]) for s in spans
     ] == [("POST /submit", 200, "1.1"), ("GET /next", 404, "1.1")]
-    assert len(run.starts) == 2 and run.session.parse_errors == 0 and run.stitcher.unmatched == 0
+    assert [s.start_ns for s in run.starts] == [0, 20]  # the upgrade request's announced as it came
+    assert [s.start_ns for s in spans] == [0, 20]
+    assert run.session.parse_errors == 0 and run.stitcher.unmatched == 0
 
 
 @pytest.mark.parametrize("role", [Role.SERVER, Role.CLIENT])
