@@ -41,10 +41,12 @@
 #define IPPROTO_TCP_ 6
 #define IPPROTO_UDP_ 17
 #define IPPROTO_MPTCP_ 262  // a multipath TCP socket (Go's listeners since 1.24): a stream, as TCP's
+#define AF_UNIX 1
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM_ 1
 #define SOCK_DGRAM_ 2
+#define UNIX_PATH_MAX 108  // sockaddr_un's sun_path
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
 #define TCP_SYN_RECV 3
@@ -177,13 +179,15 @@ struct open_event {
     u16 family;  // 0 when the tuple is unknown (socket predates the agent)
     u16 lport;
     u16 rport;
-    u16 protocol;  // IPPROTO_TCP or IPPROTO_UDP
-    u16 pad[2];
-    u8 laddr[16];
-    u8 raddr[16];
+    u16 protocol;  // IPPROTO_TCP or IPPROTO_UDP; 0 with AF_UNIX
+    u16 path_length;  // AF_UNIX: the bytes of path[]
+    u16 path_of_peer;  // AF_UNIX: 1 when path[] names the peer's socket, not this one
+    u8 laddr[16];  // AF_UNIX: the kernel's socket, in the first 8 bytes
+    u8 raddr[16];  // AF_UNIX: its peer's
     char comm[16];  // names a process that exits before user space can read its /proc entry
     u32 client_isn;  // the TCP handshake's initial sequence numbers (both 0: unknown)
     u32 server_isn;
+    char path[128];  // AF_UNIX: the name the connection was made to (UNIX_PATH_MAX of them)
 };
 
 struct tuple {
@@ -855,24 +859,57 @@ static __always_inline void enter_msg(s32 fd, const struct umsghdr *msg, u32 dir
 
 #ifndef FD_TRACKING
 // The kernel socket a sock tracepoint named: its protocol (IPPROTO_*) when it is an inet TCP or
-// multipath TCP stream (Go's listeners use MPTCP since 1.24) or a UDP datagram socket, else -1:
-// unix, netlink, ping sockets' ICMP, SCTP, and raw sockets whatever their protocol (a raw TCP
-// socket's packets are no stream). Read from the socket at offsets from the running kernel's BTF
-// (SKC_FAMILY, SK_TYPE, SK_PROTOCOL), once per connection (upsert_conn): the sock programs are raw
-// tracepoints, whose arguments arrive as they are where a classic tracepoint first fills its
-// record, family and protocol included, for every socket send and receive of every process on
-// the node.
-static __always_inline int inet_protocol(const void *sk) {
+// multipath TCP stream (Go's listeners use MPTCP since 1.24) or a UDP datagram socket, 0 for a
+// unix stream socket (UNIX_ENDS: HTTP between a proxy and its app, gRPC to a local daemon), else
+// -1: unix datagrams, netlink, ping sockets' ICMP, SCTP, and raw sockets whatever their protocol
+// (a raw TCP socket's packets are no stream). Read from the socket at offsets from the running
+// kernel's BTF (SKC_FAMILY, SK_TYPE, SK_PROTOCOL), once per connection (upsert_conn): the sock
+// programs are raw tracepoints, whose arguments arrive as they are where a classic tracepoint
+// first fills its record, family and protocol included, for every socket send and receive of
+// every process on the node.
+static __always_inline int traced_protocol(const void *sk) {
     u16 family = 0, type = 0, protocol = 0;
     if (bpf_probe_read_kernel(&family, sizeof(family), sk + SKC_FAMILY) ||
-        (family != AF_INET && family != AF_INET6) ||
-        bpf_probe_read_kernel(&type, sizeof(type), sk + SK_TYPE) ||
+        bpf_probe_read_kernel(&type, sizeof(type), sk + SK_TYPE))
+        return -1;
+#ifdef UNIX_ENDS
+    if (family == AF_UNIX)
+        return type == SOCK_STREAM_ ? 0 : -1;
+#endif
+    if ((family != AF_INET && family != AF_INET6) ||
         bpf_probe_read_kernel(&protocol, sizeof(protocol), sk + SK_PROTOCOL))
         return -1;
     if (type == SOCK_STREAM_ && (protocol == IPPROTO_TCP_ || protocol == IPPROTO_MPTCP_))
         return protocol;
     return type == SOCK_DGRAM_ && protocol == IPPROTO_UDP_ ? protocol : -1;
 }
+
+#ifdef UNIX_ENDS
+// A unix stream connection's ends in its open event: its socket and its peer's (kernel addresses,
+// which user space hashes), which the other end's open names the other way round (trace assembly
+// pairs the two as an inet connection's addresses; an accepted socket has no inode until accept()
+// returns, after its client may have sent), and the path the connection was made to: an accepted
+// socket shares its listener's name, a client's socket is unnamed and its peer is the accepted one.
+static __always_inline void unix_ends(struct open_event *ev, const void *sk) {
+    const void *peer = 0, *name = 0;
+    bpf_probe_read_kernel(&peer, sizeof(peer), sk + UNIX_PEER);
+    __builtin_memcpy(ev->laddr, &sk, sizeof(sk));
+    __builtin_memcpy(ev->raddr, &peer, sizeof(peer));
+    bpf_probe_read_kernel(&name, sizeof(name), sk + UNIX_ADDR);
+    if (!name && peer) {
+        bpf_probe_read_kernel(&name, sizeof(name), peer + UNIX_ADDR);
+        ev->path_of_peer = 1;
+    }
+    int len = 0;  // of the sockaddr_un: its family's two bytes, then the path
+    if (!name || bpf_probe_read_kernel(&len, sizeof(len), name + UNIX_ADDRESS_LEN) || len <= 2)
+        return;
+    u32 n = len - 2 < UNIX_PATH_MAX ? len - 2 : UNIX_PATH_MAX;
+    asm volatile("" : "+r"(n));  // a bound the verifier can see: n < sizeof(path)
+    n &= sizeof(ev->path) - 1;
+    if (!bpf_probe_read_kernel(ev->path, n, name + UNIX_ADDRESS_NAME + 2))
+        ev->path_length = n;  // an abstract name starts with a NUL byte
+}
+#endif
 
 // The agent's own socket I/O: its local end joins agent_endpoints, which its connections are left
 // out by (sk_tuples holds inet sockets only).
@@ -911,14 +948,14 @@ static __always_inline int read_at_exit(const struct active_io *io) {
 // A read by a traced thread: the slot of a syscall with an enter program (recvmmsg), or one made
 // here (IO_READ) from the read's arguments, which the task saved in its registers at entry; 0 when
 // the thread is not traced, or the read is inside another syscall (io_uring_enter, splice).
-static __always_inline struct active_io *read_slot(const void *sk, int ret, int flags) {
+static __always_inline struct active_io *read_slot(const void *sk, int flags) {
     struct active_io *io = on_sock_io(sk);
     // The only read with an enter program here; any other slot is a past syscall's (a write's
     // stays IO_DATA when no socket took its bytes: a file's, a pipe's).
     if (io && io->kind == IO_MMSG)
         return io;
     u64 id = current_pid_tgid();
-    if (ret <= 0 || (flags & READ_NOT_COPIED) || !is_target(id >> 32))
+    if ((flags & READ_NOT_COPIED) || !is_target(id >> 32))
         return 0;  // is_target leaves out the agent, whose reads on_sock_io took
     struct pt_regs *regs = syscall_regs();
     long nr = syscall_in_flight(regs, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG);
@@ -977,10 +1014,11 @@ static __always_inline int port_wanted(u16 lport, u16 rport) {
 // fd now names another socket (closed and reused while we were not looking). The announcement
 // carries the stamp ts of the data that revealed it, so that it sorts before that data.
 // The open event of connection ci (fd of id): its ends from the socket's tuple t, or, for a UDP
-// socket the kernel gave no tuple for, its local end (either may be 0). Built in the ring itself:
-// connections open on the syscall exit's path, whose stack has no room for it.
+// socket the kernel gave no tuple for, its local end (either may be 0), or those of unix stream
+// socket unix_sk. Built in the ring itself: connections open on the syscall exit's path, whose
+// stack has no room for it.
 static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_info *ci, const struct tuple *t,
-                                      const struct local_end *end, u32 udp) {
+                                      const struct local_end *end, u32 udp, const void *unix_sk) {
     struct open_event *ev = events.ringbuf_reserve(sizeof(struct open_event));
     if (!ev) {
         count(STAT_RINGBUF_FULL, 1);
@@ -1001,8 +1039,14 @@ static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_
         ev->lport = end->port;
         __builtin_memcpy(ev->laddr, end->addr, 16);
     }
+#ifdef UNIX_ENDS
+    if (unix_sk) {
+        ev->family = AF_UNIX;
+        unix_ends(ev, unix_sk);
+    }
+#endif
     ev->role = ci->role;
-    ev->protocol = udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
+    ev->protocol = unix_sk ? 0 : udp ? IPPROTO_UDP_ : IPPROTO_TCP_;
     bpf_get_current_comm(ev->comm, sizeof(ev->comm));
     // A local end the kernel did not give (fd tracking, or a socket older than the agent) is
     // read from /proc by user space, which must do so before the socket closes: wake it now.
@@ -1029,18 +1073,22 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         return 0;
     *seq += 1;
     struct conn_info fresh = {.sk = sk, .synthetic = sk};
+    const void *unix_sk = 0;
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING
-    // A socket new to this fd: its family, type and protocol, read once. Any but a TCP, MPTCP or
-    // UDP socket is kept as ignored, so that its next I/O costs this lookup and no more.
-    int protocol = inet_protocol((const void *)sk);
+    // A socket new to this fd: its family, type and protocol, read once. Any but a TCP, MPTCP,
+    // UDP or unix stream socket is kept as ignored, so that its next I/O costs this lookup and no
+    // more.
+    int protocol = traced_protocol((const void *)sk);
     if (protocol < 0) {
         fresh.ignored = 1;
         conns.update(&key, &fresh);
         return conns.lookup(&key);
     }
     udp = protocol == IPPROTO_UDP_;
+    if (protocol == 0)
+        unix_sk = (const void *)sk;
 #endif
     fresh.udp = udp;
 
@@ -1067,7 +1115,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
     if (!fresh.ignored)
-        emit_open(id, fd, ts, &fresh, t, end, udp);
+        emit_open(id, fd, ts, &fresh, t, end, udp, unix_sk);
     return conns.lookup(&key);
 }
 
@@ -1589,12 +1637,16 @@ RAW_TRACEPOINT_PROBE(sock_send_length) {
 RAW_TRACEPOINT_PROBE(sock_recv_length) {
     const void *sk = (const void *)ctx->args[0];
     int ret = ctx->args[1];
+    // Nothing read (EAGAIN: half the reads of an event-driven server and of its clients, on every
+    // process of the node): no lookup at all. A slot's socket is set by the reads that move bytes.
+    if (ret <= 0)
+        return 0;
 #ifdef COPY_IN_SOCK
-    struct active_io *io = read_slot(sk, ret, ctx->args[2]);
+    struct active_io *io = read_slot(sk, ctx->args[2]);
 #else
     struct active_io *io = on_sock_io(sk);
 #endif
-    if (!io || ret <= 0)
+    if (!io)
         return 0;
     // The read's stamp: when the socket handed its bytes over, just before the syscall returns.
     io->ts = bpf_ktime_get_ns();

@@ -37,8 +37,14 @@ class Direction(enum.IntEnum):
 
 
 class Transport(enum.Enum):
+    """A connection's ``network.transport``."""
+
     TCP = "tcp"
     UDP = "udp"
+    UNIX = "unix"  # a unix domain stream socket
+
+
+STREAMS = frozenset({Transport.TCP, Transport.UNIX})  # the byte streams: what a stream protocol runs on
 
 
 class Role(enum.Enum):
@@ -83,8 +89,25 @@ NEED_MORE = Sniff(matched=False, need_more=True)
 
 @dataclass(frozen=True)
 class Endpoint:
+    """One end of a connection. An inet end has an IP address and a port. A unix socket's end has
+    its path for address ("" when unnamed, "@name" when abstract), port 0, and a ``socket_id``:
+    the socket's identity while it lives, which the other end's peer names (a path is shared by
+    every connection accepted on it)."""
+
     address: str
     port: int
+    socket_id: int = 0
+
+
+def put_socket_end(attributes: dict[str, AttributeValue], prefix: str, end: Endpoint | None) -> None:
+    """``<prefix>.address`` and ``<prefix>.port`` (``network.peer``, ``client``, ``server``) of a
+    connection's end, as far as it has them: an unnamed unix socket has neither, a named one its
+    path and no port."""
+    if end is not None:
+        if end.address:
+            attributes[f"{prefix}.address"] = end.address
+        if end.port:
+            attributes[f"{prefix}.port"] = end.port
 
 
 # ConnectionInfo, MetricPoint, SpanDescription and RequestStart are made for every exchange: plain
@@ -283,7 +306,7 @@ class Protocol(ABC):
     """
 
     name: str  # short, stable, lowercase: "http1"
-    transports: frozenset[Transport] = frozenset({Transport.TCP})
+    transports: frozenset[Transport] = STREAMS
     instruments: Sequence[InstrumentSpec] = ()
     # Plugins sniff a connection in ascending order (then by name), unless ``protocols.enabled``
     # lists an order: a plugin whose sniff is more specific than another's (HTTP/2's upgrade

@@ -65,7 +65,7 @@ def _encode_value(value: Any) -> Any:
     if isinstance(value, (Direction, Role, Transport)):
         return value.value
     if isinstance(value, Endpoint):
-        return [value.address, value.port]
+        return [value.address, value.port, value.socket_id] if value.socket_id else [value.address, value.port]
     return value
 
 
@@ -89,7 +89,7 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
         elif f.name == "transport":
             value = Transport(value)
         elif f.name in ("local", "peer"):
-            value = None if value is None else Endpoint(value[0], int(value[1]))
+            value = None if value is None else Endpoint(value[0], *map(int, value[1:]))
         elif f.name in ("buckets", "rtt_buckets"):
             value = tuple(int(n) for n in value)
         elif f.name == "drops":

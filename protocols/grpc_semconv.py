@@ -58,6 +58,8 @@ from otel_ebpf.protocol import (
     SpanDescription,
     SpanKind,
     StatusCode,
+    Transport,
+    put_socket_end,
 )
 
 from .http_semconv import (
@@ -242,11 +244,15 @@ def error_type(call: GrpcCall, conn: ConnectionInfo) -> str | None:
 
 
 def server_endpoint(call: GrpcCall, conn: ConnectionInfo) -> tuple[str | None, int | None]:
-    """(``server.address``, ``server.port``): the call's ``:authority``, else the connection's server."""
+    """(``server.address``, ``server.port``): the call's ``:authority``, else the connection's
+    server. Over a unix socket, the socket's path: gRPC names such a channel's authority after the
+    path, percent-encoded (``tmp%2Fapp.sock``) or ``localhost``, which names no network host."""
+    server = conn.server
+    if conn.transport is Transport.UNIX and server is not None and server.address:
+        return server.address, None
     if call.authority:
         return split_authority(call.authority, conn.scheme)
-    server = conn.server
-    return (server.address, server.port) if server is not None else (None, None)
+    return (server.address or None, server.port or None) if server is not None else (None, None)
 
 
 def _put_endpoints(
@@ -257,10 +263,8 @@ def _put_endpoints(
         attributes["server.address"] = address
     if port is not None:
         attributes["server.port"] = port
-    client = conn.client
-    if is_server and client is not None:
-        attributes["client.address"] = client.address
-        attributes["client.port"] = client.port
+    if is_server:
+        put_socket_end(attributes, "client", conn.client)
 
 
 def describe_span(
@@ -290,10 +294,7 @@ def describe_span(
         if call.status is not None:
             attributes["rpc.response.status_code"] = status_name(call.status)
     _put_endpoints(attributes, call, conn, is_server)
-    peer = conn.peer
-    if peer is not None:
-        attributes["network.peer.address"] = peer.address
-        attributes["network.peer.port"] = peer.port
+    put_socket_end(attributes, "network.peer", conn.peer)
     attributes["network.transport"] = conn.transport.value
     attributes["network.protocol.name"] = "http"
     attributes["network.protocol.version"] = "2"

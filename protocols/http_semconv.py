@@ -45,6 +45,8 @@ from otel_ebpf.protocol import (
     SpanDescription,
     SpanKind,
     StatusCode,
+    Transport,
+    put_socket_end,
 )
 
 from .caching import memoize
@@ -315,7 +317,7 @@ def _server(target: Target, authority: str | None, scheme: str, conn: Connection
         return address or None, port
     server = conn.server
     if server is not None:
-        return server.address or None, server.port
+        return server.address or None, server.port or None  # a unix socket's: its path, no port
     return None, None
 
 
@@ -391,17 +393,18 @@ def describe_span(tx: HttpTransaction, conn: ConnectionInfo, capture_headers: Co
         if target.query:
             attributes["url.query"] = redact_query(target.query)
         attributes["url.scheme"] = scheme
-    elif tx.target != UNKNOWN_TARGET:  # a URL without its path would name another resource
+    # A URL without its path would name another resource; one whose host is a unix socket's path
+    # (a request that named no host) names none.
+    elif tx.target != UNKNOWN_TARGET and (port is not None or conn.transport is not Transport.UNIX):
         url_full = _url_full(scheme, address, port, target)
         if url_full is not None:
             attributes["url.full"] = url_full
     _put_server(attributes, address, port)
     if is_server:
         _client_attributes(attributes, tx, conn)
-    peer = conn.peer
-    if peer is not None:
-        attributes["network.peer.address"] = peer.address
-        attributes["network.peer.port"] = peer.port
+    put_socket_end(attributes, "network.peer", conn.peer)
+    if conn.transport is Transport.UNIX:  # TCP is what the conventions take for HTTP/1 and HTTP/2
+        attributes["network.transport"] = Transport.UNIX.value
     attributes["network.protocol.version"] = tx.version
     if tx.status:  # neither missing nor UNKNOWN_STATUS
         attributes["http.response.status_code"] = tx.status
@@ -436,10 +439,7 @@ def _client_attributes(attributes: dict[str, AttributeValue], tx: HttpTransactio
     if forwarded:
         attributes["client.address"] = forwarded.split(",", 1)[0].strip()
         return
-    client = conn.client
-    if client is not None:
-        attributes["client.address"] = client.address
-        attributes["client.port"] = client.port
+    put_socket_end(attributes, "client", conn.client)
 
 
 # instrument names (duration, request body size, response body size), by "the process serves"

@@ -23,7 +23,7 @@ from otel_ebpf.pipeline.events import Event, KernelTrace
 from otel_ebpf.pipeline.metrics import DELTA_KINDS
 from otel_ebpf.pipeline.reorder import EventReorderer
 from otel_ebpf.pipeline.telemetry import Telemetry
-from otel_ebpf.protocol import ConnectionInfo, Endpoint, RequestStart, Role
+from otel_ebpf.protocol import ConnectionInfo, Endpoint, RequestStart, Role, Transport
 from otel_ebpf.recording import read_recording
 from otel_ebpf.selfmetrics import SelfMetrics
 from tests.test_pipeline import HOST, IN, MS, OUT, PROTOCOLS, at, data, get, info, ok, opened
@@ -190,6 +190,47 @@ def test_a_declined_h2c_upgrade_request_is_in_the_chain() -> None:
     assert {s.attributes["network.protocol.version"] for s in spans} == {"1.1"}
     assert run.total("otel_ebpf.trace.same_node_parents") == 2
     assert run.assembler.inflight == 0
+
+
+def test_calls_over_one_unix_socket_pair_by_their_sockets_not_by_its_path() -> None:
+    """A proxy calls an app on its unix socket over two connections at once; the app serves the
+    second call first. Every connection to the socket shares its path: each served request is the
+    child of the call whose socket is its peer. The spans say ``network.transport=unix`` and name
+    the path as the proxy's peer; the app's peer, an unnamed socket, has no address."""
+    app = "/run/app.sock"
+    proxy_ends = [Endpoint("", 0, socket_id) for socket_id in (11, 12)]
+    app_ends = [Endpoint(app, 0, socket_id) for socket_id in (21, 22)]
+    unix = Transport.UNIX
+    events = [
+        info(GATEWAY),
+        info(SERVICE),
+        opened(1, GATEWAY, 10, 0, Role.CLIENT, proxy_ends[0], app_ends[0], unix),
+        opened(1, GATEWAY, 11, 0, Role.CLIENT, proxy_ends[1], app_ends[1], unix),
+        data(2, GATEWAY, 10, OUT, get("/a", "localhost"), tid=101),
+        data(3, GATEWAY, 11, OUT, get("/b", "localhost"), tid=101),
+        opened(4, SERVICE, 5, 0, Role.SERVER, app_ends[1], proxy_ends[1], unix),
+        data(4, SERVICE, 5, IN, get("/b", "localhost"), tid=201),
+        data(5, SERVICE, 5, OUT, ok(), tid=201),
+        opened(6, SERVICE, 6, 0, Role.SERVER, app_ends[0], proxy_ends[0], unix),
+        data(6, SERVICE, 6, IN, get("/a", "localhost"), tid=201),
+        data(7, SERVICE, 6, OUT, ok(), tid=201),
+        data(8, GATEWAY, 11, IN, ok(), tid=101),
+        data(9, GATEWAY, 10, IN, ok(), tid=101),
+    ]
+    run = Assembly()
+    spans = run.run(events)
+    calls = {s.attributes["url.full"].rsplit("/", 1)[1]: s for s in spans if s.kind.name == "CLIENT"}
+    served = {s.attributes["url.path"][1:]: s for s in spans if s.kind.name == "SERVER"}
+    assert sorted(calls) == sorted(served) == ["a", "b"]
+    for path, span in served.items():
+        assert parent_id(span) == calls[path].context.span_id, path
+        assert span.context.trace_id == calls[path].context.trace_id
+    assert run.total("otel_ebpf.trace.same_node_parents") == 2
+    for span in spans:
+        assert span.attributes["network.transport"] == "unix"
+        assert not {"network.peer.port", "client.address", "client.port"} & set(span.attributes)
+    assert {s.attributes["network.peer.address"] for s in calls.values()} == {app}
+    assert not any("network.peer.address" in s.attributes for s in served.values())
 
 
 def test_incoming_traceparent_joins_the_callers_trace() -> None:

@@ -16,13 +16,14 @@ from otel_ebpf.pipeline.events import (
     ProcessExit,
     ProcessInfo,
 )
-from otel_ebpf.protocol import Direction, Endpoint, Role
+from otel_ebpf.protocol import Direction, Endpoint, Role, Transport
 from otel_ebpf.recording import RecordingError, RecordingHeader, RecordingWriter, read_recording
 
 EVENTS = [
     ProcessInfo(1, 42, "/usr/bin/python3", "python3 app.py", {"OTEL_SERVICE_NAME": "app"}),
     ConnOpen(2, 42, 7, 99, Role.SERVER, Endpoint("127.0.0.1", 80), Endpoint("::1", 5555)),
     ConnOpen(3, 42, 8, 100, None, None, None),
+    ConnOpen(3, 42, 9, 101, None, Endpoint("", 0, 2**63 + 5), Endpoint("/run/app.sock", 0, 17), Transport.UNIX),
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 10_000, b"GET / HTTP/1.1\r\n\x00\xff"),
     ConnData(4, 42, 43, 7, 99, Direction.EGRESS, 2, b"OK", tls=True),
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 3, b"GET", after_loss=True),

@@ -80,13 +80,14 @@ _MESSAGE = "message"  # tags _started slots of message-keyed starts
 
 Thread = tuple[int, int]  # (pid, tid)
 K = TypeVar("K", bound=Hashable)
-# (client address, client port, server address, server port, stream): plain values, hashed in C
+# (client address, client port, server address, server port, stream): plain values, hashed in C;
+# a unix socket's identity stands for the port it does not have (its path is shared by connections)
 Pair = tuple[str, int, str, int, "int | None"]
 Received = tuple[int, int, int]  # (pid, trace id, caller's span id) an incoming request brought
 
 
 def _pair(client: Endpoint, server: Endpoint, stream: int | None) -> Pair:
-    return client.address, client.port, server.address, server.port, stream
+    return client.address, client.port or client.socket_id, server.address, server.port or server.socket_id, stream
 
 
 def request_ids(key: ConnKey, start_ns: int, ordinal: int) -> tuple[int, int]:

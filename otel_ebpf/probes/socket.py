@@ -41,7 +41,7 @@ from ..pipeline.events import (
 from ..protocol import Direction, Endpoint, Role, Transport
 from ..ring_loss import RingLossLog
 from . import tcp_health
-from .addresses import endpoint
+from .addresses import AF_UNIX, endpoint, unix_ends
 from .btf import VMLINUX, Btf, BtfError
 from .http_red import HttpRedReader
 from .inject import Injection
@@ -95,8 +95,10 @@ _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 _DIRECTIONS = tuple(Direction)  # by value: indexing costs a tenth of calling the enum
 _RETRANSMISSIONS = struct.Struct("<I")  # after _DATA in a (TCP) data event: the connection's so far
 DATA_TLS = 1
-# role, family, lport, rport, protocol, pad, laddr, raddr, comm, client_isn, server_isn
-_OPEN = struct.Struct("<IHHHH4x16s16s16sII")
+# role, family, lport, rport, protocol, path_length, path_of_peer, laddr, raddr, comm, client_isn,
+# server_isn, path
+_OPEN = struct.Struct("<IHHHHHH16s16s16sII128s")
+_OPEN_COMM = 9  # the place of comm in _OPEN's fields
 _DGRAM_PEER = struct.Struct("<HH4x16s")  # family, port, pad, addr: after _DATA in a datagram event
 IPPROTO_UDP = 17
 _TRACE = struct.Struct("<QQQBB6x")  # after the header of an EV_TRACE: struct trace_ids
@@ -161,6 +163,7 @@ def _kernel_offsets(sock_length: bool, rtt_at_reads: bool) -> list[str]:
                 f"-DSK_TYPE={btf.offset('sock', 'sk_type')}",
                 f"-DSK_PROTOCOL={btf.offset('sock', 'sk_protocol')}",
             ]
+            flags += _unix_offsets(btf)
     except BtfError as exc:
         if sock_length:
             raise RuntimeError(
@@ -179,6 +182,23 @@ def _kernel_offsets(sock_length: bool, rtt_at_reads: bool) -> list[str]:
     except BtfError as exc:
         log.info("TCP initial sequence numbers not read (connections cannot be joined across nodes): %s", exc)
     return flags
+
+
+def _unix_offsets(btf: Btf) -> list[str]:
+    """What unix stream connections' open events read (bpf/socket_trace.c, ``unix_ends``): without
+    them (unix sockets built as a module keep their types out of the kernel's BTF) such
+    connections are not traced, and that is said once."""
+    try:
+        return [
+            "-DUNIX_ENDS",
+            f"-DUNIX_PEER={btf.offset('unix_sock', 'peer')}",
+            f"-DUNIX_ADDR={btf.offset('unix_sock', 'addr')}",
+            f"-DUNIX_ADDRESS_LEN={btf.offset('unix_address', 'len')}",
+            f"-DUNIX_ADDRESS_NAME={btf.offset('unix_address', 'name')}",
+        ]
+    except BtfError as exc:
+        log.warning("connections over unix sockets are not traced: %s", exc)
+        return []
 
 
 def _tls_symbols(path: str) -> set[str]:
@@ -703,7 +723,7 @@ class SocketProbe:
             self.latest_event_ns = ts
         body = offset + _HEADER.size
         if tgid not in self._known_pids and kind in (EV_DATA, EV_DGRAM, EV_OPEN, EV_CLOSE, EV_TRACE):
-            comm = _OPEN.unpack_from(data, body)[-3] if kind == EV_OPEN else b""
+            comm = _OPEN.unpack_from(data, body)[_OPEN_COMM] if kind == EV_OPEN else b""
             self._announce_process(tgid, ts, comm.split(b"\0", 1)[0].decode(errors="replace"))
         if kind == EV_DATA:
             direction, length, captured, data_flags = _DATA.unpack_from(data, body)
@@ -759,7 +779,15 @@ class SocketProbe:
     def _conn_open(self, data: mmap.mmap | bytes, body: int, ts: int, tgid: int, fd: int, generation: int) -> None:
         """The open record whose fields start at ``body`` in ``data``."""
         fields = _OPEN.unpack_from(data, body)
-        role_code, family, lport, rport, protocol, laddr, raddr, _, client_isn, server_isn = fields
+        role_code, family, lport, rport, protocol, path_length, path_of_peer, laddr, raddr = fields[:9]
+        if family == AF_UNIX:
+            local, peer = unix_ends(laddr, raddr, fields[12][:path_length], bool(path_of_peer))
+            key = (tgid, fd, generation)
+            opening = _Opening(len(self._events), ts, key, None, family, local, peer, 0, 0, transport=Transport.UNIX)
+            if (opened := self._admit(opening)) is not None:
+                self._events.append(opened)
+            return
+        client_isn, server_isn = fields[10:12]
         udp = protocol == IPPROTO_UDP
         # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard
         # address, and never a peer (each datagram has its own).

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
+from otel_ebpf.protocol import NEED_MORE, NO_MATCH, STREAMS, Direction, Protocol, Role, Sniff
 
 from ..genai import GENAI_INSTRUMENTS, genai_option
 from ..http_semconv import HTTP_INSTRUMENTS, capture_headers_option
@@ -45,7 +45,7 @@ _STATUS_EXAMPLE = b"HTTP/1.1 200 "  # completes a short prefix for the "could it
 
 class HTTP1(Protocol):
     name = "http1"
-    transports = frozenset({Transport.TCP})
+    transports = STREAMS
     instruments = HTTP_INSTRUMENTS + GENAI_INSTRUMENTS
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:

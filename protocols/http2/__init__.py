@@ -54,7 +54,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Protocol, Role, Sniff, Transport
+from otel_ebpf.protocol import NEED_MORE, NO_MATCH, STREAMS, Direction, Protocol, Role, Sniff
 
 from .. import grpc_semconv
 from ..genai import GENAI_INSTRUMENTS, genai_option
@@ -80,7 +80,7 @@ __all__ = ["HTTP2", "HTTP2Exchange", "HTTP2Session", "Request", "Response", "Str
 
 class HTTP2(Protocol):
     name = "http2"
-    transports = frozenset({Transport.TCP})
+    transports = STREAMS
     sniff_order = 50  # before http1: an h2c upgrade request is an HTTP/1.1 request too
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:

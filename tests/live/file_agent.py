@@ -75,6 +75,14 @@ def kill_all(*processes: subprocess.Popen | None) -> None:
             process.wait()
 
 
+def release(client: subprocess.Popen) -> str:
+    """Tell a client that waits for a line on its stdin (until the agent is attached) to go, and
+    return the first line it prints."""
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    return client.stdout.readline().strip()
+
+
 def stop_file_agent(agent: subprocess.Popen) -> str:
     """Stop an agent as a user would (SIGINT), wait for its final flush, and return its stderr;
     it must exit cleanly."""

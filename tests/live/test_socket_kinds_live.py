@@ -1,6 +1,7 @@
-"""Only TCP, MPTCP and UDP sockets become connections: a traced process that pings over a raw ICMP
-socket (as ``ping`` does when run by root), sends a SYN over a raw TCP socket (as packet tools
-do) and talks over a unix socket pair, then makes an HTTP request over TCP or over multipath TCP
+"""Only TCP, MPTCP, UDP and unix stream sockets become connections: a traced process that pings
+over a raw ICMP socket (as ``ping`` does when run by root), sends a SYN over a raw TCP socket (as
+packet tools do) and an HTTP request line over a unix datagram socket pair (unix streams are
+traced: ``test_unix_sockets_live.py``), then makes an HTTP request over TCP or over multipath TCP
 (``IPPROTO_MPTCP``, as Go's listeners use since 1.24), has one connection tracked, with its span,
 and no TCP health series but the TCP connection's. Before, any inet socket but UDP was taken for
 a TCP stream: the ICMP packets and the raw TCP socket's went to user space as connections' bytes
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live.file_agent import kill_all, start_file_agent, stop_file_agent
+from tests.live.file_agent import kill_all, release, start_file_agent, stop_file_agent
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
 pytestmark = pytest.mark.bpf
@@ -27,7 +28,7 @@ PINGS = 3
 
 # Waits for a line on stdin (the agent is attached); pings 127.0.0.1 over a raw socket (each echo
 # and its reply come back to it on loopback); sends a SYN over a raw TCP socket; sends a line
-# through a unix socket pair; then GETs /after-ping from the port in argv[1] over the protocol in
+# through a unix datagram socket pair; then GETs /after-ping from the port in argv[1] over the protocol in
 # argv[3] (IPPROTO_*), and prints the status.
 CLIENT = r"""
 import socket, struct, sys
@@ -57,7 +58,7 @@ raw_tcp.sendto(struct.pack("!HHIIBBHHH", 40000, 9, 1, 0, 5 << 4, 0x02, 1024, 0, 
 raw_tcp.recv(2048)
 raw_tcp.close()
 
-left, right = socket.socketpair()
+left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 left.sendall(b"GET /over-unix HTTP/1.1\r\n\r\n")
 right.recv(1024)
 
@@ -94,7 +95,7 @@ def _mptcp_unavailable() -> str | None:
 
 
 @pytest.mark.parametrize("protocol", ["tcp", "mptcp"])
-def test_raw_and_unix_sockets_are_not_connections(tmp_path: Path, protocol: str) -> None:
+def test_raw_and_unix_datagram_sockets_are_not_connections(tmp_path: Path, protocol: str) -> None:
     if protocol == "mptcp" and (reason := _mptcp_unavailable()):
         pytest.skip(reason)
     number = socket.IPPROTO_MPTCP if protocol == "mptcp" else socket.IPPROTO_TCP
@@ -109,9 +110,7 @@ def test_raw_and_unix_sockets_are_not_connections(tmp_path: Path, protocol: str)
     agent = None
     try:
         agent = start_file_agent(tmp_path, client.pid, "capture:\n  socket_mode: tracepoints\n  tcp_health: true\n")
-        client.stdin.write("go\n")
-        client.stdin.flush()
-        assert client.stdout.readline().strip() == "200"
+        assert release(client) == "200"
         assert client.wait(timeout=30) == 0
         stop_file_agent(agent)
     finally:

@@ -20,7 +20,17 @@ from hyperframe.frame import (
 
 from otel_ebpf.pipeline.connections import ConnectionTracker
 from otel_ebpf.pipeline.events import ConnData, ConnOpen
-from otel_ebpf.protocol import NEED_MORE, NO_MATCH, Direction, Endpoint, Role, SpanKind, StatusCode, Transport
+from otel_ebpf.protocol import (
+    NEED_MORE,
+    NO_MATCH,
+    ConnectionInfo,
+    Direction,
+    Endpoint,
+    Role,
+    SpanKind,
+    StatusCode,
+    Transport,
+)
 from otel_ebpf.protocol_testing import Chunk
 from otel_ebpf.protocols import grpc_semconv
 from otel_ebpf.protocols.grpc_semconv import GrpcCall, Semconv, semconv_from_opt_in
@@ -403,6 +413,24 @@ def test_grpc_status_to_span_status(status: int, server_error: bool, client_erro
         assert span.attributes.get("error.type") == (grpc_semconv.STATUS_NAMES[status] if error else None)
         assert span.status_description == ("why" if error else None)
         assert span.kind is (SpanKind.SERVER if role is Role.SERVER else SpanKind.CLIENT)
+
+
+def test_a_call_over_a_unix_socket_names_the_socket_as_its_server() -> None:
+    """gRPC's authority for a unix target is the path, percent-encoded: the socket's own path is
+    ``server.address``, with no port; the client's peer is that path, the server's peer unnamed."""
+    call = GrpcCall("/pkg.Svc/Get", 0, 10, "tmp%2Fapp.sock", 0, None)
+    path, unnamed = Endpoint("/tmp/app.sock", 0, 7), Endpoint("", 0, 8)
+    client = ConnectionInfo(Role.CLIENT, unnamed, path, Transport.UNIX)
+    server = ConnectionInfo(Role.SERVER, path, unnamed, Transport.UNIX)
+    client_attributes = grpc_semconv.describe_span(call, client, Semconv.OLD).attributes
+    server_attributes = grpc_semconv.describe_span(call, server, Semconv.OLD).attributes
+    for attributes in (client_attributes, server_attributes):
+        assert (attributes["server.address"], attributes["network.transport"]) == ("/tmp/app.sock", "unix")
+        assert not {"server.port", "network.peer.port", "client.address", "client.port"} & set(attributes)
+    assert client_attributes["network.peer.address"] == "/tmp/app.sock"
+    assert "network.peer.address" not in server_attributes
+    points = grpc_semconv.metric_points(call, client, Semconv.OLD)
+    assert all(p.attributes["server.address"] == "/tmp/app.sock" and "server.port" not in p.attributes for p in points)
 
 
 def test_semconv_opt_in() -> None:

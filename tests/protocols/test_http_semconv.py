@@ -13,6 +13,7 @@ from otel_ebpf.protocol import (
     Role,
     SpanKind,
     StatusCode,
+    Transport,
 )
 from otel_ebpf.protocols.http_semconv import (
     DURATION_BUCKETS,
@@ -110,6 +111,22 @@ def test_without_host_the_socket_names_the_server() -> None:
     assert describe_span(plain, tls).attributes["url.full"] == "https://[::1]/"
     unknown = ConnectionInfo(Role.CLIENT)
     assert "url.full" not in describe_span(plain, unknown).attributes
+
+
+def test_over_a_unix_socket_the_host_names_the_server_else_the_path_does_without_a_url() -> None:
+    path, unnamed = Endpoint("/run/app.sock", 0, 7), Endpoint("", 0, 8)
+    client = ConnectionInfo(Role.CLIENT, unnamed, path, Transport.UNIX)
+    server = ConnectionInfo(Role.SERVER, path, unnamed, Transport.UNIX)
+    named = describe_span(tx(authority="localhost", request_headers=(("host", "localhost"),)), client).attributes
+    assert (named["server.address"], named["server.port"]) == ("localhost", 80)
+    assert named["url.full"].startswith("http://localhost/users/123/")
+    assert (named["network.transport"], named["network.peer.address"]) == ("unix", "/run/app.sock")
+    hostless = tx(authority=None, version="1.0", request_headers=())
+    for conn in (client, server):
+        attributes = describe_span(hostless, conn).attributes
+        assert attributes["server.address"] == "/run/app.sock" and "url.full" not in attributes
+        assert not {"server.port", "network.peer.port", "client.address", "client.port"} & set(attributes)
+    assert "network.peer.address" not in describe_span(hostless, server).attributes
 
 
 def test_absolute_form_target_names_the_origin() -> None:

@@ -21,11 +21,11 @@ from typing import Any
 from otel_ebpf.protocol import (
     NEED_MORE,
     NO_MATCH,
+    STREAMS,
     Direction,
     Protocol,
     Role,
     Sniff,
-    Transport,
 )
 
 from .resp import Command, Lost, Reply, RespFramer
@@ -49,7 +49,7 @@ _INLINE = re.compile(
 
 class Redis(Protocol):
     name = "redis"
-    transports = frozenset({Transport.TCP})
+    transports = STREAMS
     instruments = INSTRUMENTS
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 
 from otel_ebpf.protocol import (
+    AttributeValue,
     ConnectionInfo,
     Exchange,
     InstrumentKind,
@@ -20,6 +21,7 @@ from otel_ebpf.protocol import (
     SpanDescription,
     SpanKind,
     StatusCode,
+    put_socket_end,
 )
 
 from .resp import Command, Reply
@@ -92,16 +94,14 @@ class RedisExchange(Exchange):
         self.namespace = namespace  # the database index when this command was sent, if known
         self.query_text = query_text
 
-    def _common(self, conn: ConnectionInfo) -> dict[str, str | int]:
-        attributes: dict[str, str | int] = {"db.system.name": "redis"}
+    def _common(self, conn: ConnectionInfo) -> dict[str, AttributeValue]:
+        attributes: dict[str, AttributeValue] = {"db.system.name": "redis"}
         operation = operation_name(self.command)
         if operation is not None:
             attributes["db.operation.name"] = operation
         if self.namespace is not None:
             attributes["db.namespace"] = self.namespace
-        if conn.server is not None:
-            attributes["server.address"] = conn.server.address
-            attributes["server.port"] = conn.server.port
+        put_socket_end(attributes, "server", conn.server)
         if self.reply.error is not None:
             attributes["db.response.status_code"] = self.reply.error
             attributes["error.type"] = self.reply.error
@@ -113,12 +113,9 @@ class RedisExchange(Exchange):
         if self.query_text is QueryText.SANITIZED and operation is not None:
             words = 2 if " " in str(operation) else 1
             attributes["db.query.text"] = " ".join([str(operation), *["?"] * (self.command.arg_count - words)])
-        if conn.peer is not None:
-            attributes["network.peer.address"] = conn.peer.address
-            attributes["network.peer.port"] = conn.peer.port
-        if conn.role is Role.SERVER and conn.client is not None:
-            attributes["client.address"] = conn.client.address
-            attributes["client.port"] = conn.client.port
+        put_socket_end(attributes, "network.peer", conn.peer)
+        if conn.role is Role.SERVER:
+            put_socket_end(attributes, "client", conn.client)
         failed = self.reply.error is not None
         return SpanDescription(
             name=str(operation) if operation is not None else "redis",
