@@ -886,10 +886,11 @@ static __always_inline int traced_protocol(const void *sk) {
 
 #ifdef UNIX_ENDS
 // A unix stream connection's ends in its open event: its socket and its peer's (kernel addresses,
-// which user space hashes), which the other end's open names the other way round (trace assembly
-// pairs the two as an inet connection's addresses; an accepted socket has no inode until accept()
-// returns, after its client may have sent), and the path the connection was made to: an accepted
-// socket shares its listener's name, a client's socket is unnamed and its peer is the accepted one.
+// which user space hashes), which the other end's open names the other way round, so that trace
+// assembly pairs the two as it pairs an inet connection's addresses (not by inodes: an accepted
+// socket has none until accept() returns, and its client may have sent by then); and the path the
+// connection was made to: an accepted socket shares its listener's name, a client's socket is
+// unnamed and its peer is the accepted one.
 static __always_inline void unix_ends(struct open_event *ev, const void *sk) {
     const void *peer = 0, *name = 0;
     bpf_probe_read_kernel(&peer, sizeof(peer), sk + UNIX_PEER);

@@ -99,15 +99,20 @@ class Endpoint:
     socket_id: int = 0
 
 
+# put_socket_end runs for every span: its usual keys are not formatted again each time
+_END_KEYS = {prefix: (f"{prefix}.address", f"{prefix}.port") for prefix in ("network.peer", "client", "server")}
+
+
 def put_socket_end(attributes: dict[str, AttributeValue], prefix: str, end: Endpoint | None) -> None:
     """``<prefix>.address`` and ``<prefix>.port`` (``network.peer``, ``client``, ``server``) of a
     connection's end, as far as it has them: an unnamed unix socket has neither, a named one its
     path and no port."""
     if end is not None:
+        address_key, port_key = _END_KEYS.get(prefix) or (f"{prefix}.address", f"{prefix}.port")
         if end.address:
-            attributes[f"{prefix}.address"] = end.address
+            attributes[address_key] = end.address
         if end.port:
-            attributes[f"{prefix}.port"] = end.port
+            attributes[port_key] = end.port
 
 
 # ConnectionInfo, MetricPoint, SpanDescription and RequestStart are made for every exchange: plain

@@ -779,15 +779,15 @@ class SocketProbe:
     def _conn_open(self, data: mmap.mmap | bytes, body: int, ts: int, tgid: int, fd: int, generation: int) -> None:
         """The open record whose fields start at ``body`` in ``data``."""
         fields = _OPEN.unpack_from(data, body)
-        role_code, family, lport, rport, protocol, path_length, path_of_peer, laddr, raddr = fields[:9]
+        role_code, family, lport, rport, protocol, path_length, path_of_peer, laddr, raddr, _, *isns, path = fields
         if family == AF_UNIX:
-            local, peer = unix_ends(laddr, raddr, fields[12][:path_length], bool(path_of_peer))
+            local, peer = unix_ends(laddr, raddr, path[:path_length], bool(path_of_peer))
             key = (tgid, fd, generation)
             opening = _Opening(len(self._events), ts, key, None, family, local, peer, 0, 0, transport=Transport.UNIX)
             if (opened := self._admit(opening)) is not None:
                 self._events.append(opened)
             return
-        client_isn, server_isn = fields[10:12]
+        client_isn, server_isn = isns
         udp = protocol == IPPROTO_UDP
         # UDP: the kernel names the bound end (bind/getsockname), which may be the wildcard
         # address, and never a peer (each datagram has its own).

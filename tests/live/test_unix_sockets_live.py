@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.live.file_agent import kill_all, release, start_file_agent, stop_file_agent
+from tests.live.file_agent import SOCKET_MODES, kill_all, release, start_file_agent, stop_file_agent
 from tests.live.test_prometheus_live import _free_port
 from tests.otlp_receiver import latest_total, load_file_metrics, load_file_spans
 
@@ -65,7 +65,8 @@ def _wait_for(path: Path, process: subprocess.Popen) -> None:
     raise AssertionError(f"{path} did not appear")
 
 
-def test_http_through_nginx_to_an_app_on_a_unix_socket(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["copy-in-sock", "syscall-exits"])  # fd-tracking leaves unix sockets out
+def test_http_through_nginx_to_an_app_on_a_unix_socket(tmp_path: Path, mode: str) -> None:
     app_socket, port = tmp_path / "app.sock", _free_port()
     (tmp_path / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp_path, port=port, socket=app_socket))
     app = subprocess.Popen([sys.executable, "-c", APP, str(app_socket), str(REPO / "tests" / "protocols")])
@@ -77,7 +78,7 @@ def test_http_through_nginx_to_an_app_on_a_unix_socket(tmp_path: Path) -> None:
     try:
         _wait_for(app_socket, app)
         _wait_for(tmp_path / "nginx.pid", nginx)
-        agent = start_file_agent(tmp_path, [app.pid, nginx.pid], "{}\n", args=["--exe", "curl"])
+        agent = start_file_agent(tmp_path, [app.pid, nginx.pid], SOCKET_MODES[mode], args=["--exe", "curl"])
         statuses = [
             _curl(f"http://127.0.0.1:{port}/{path}") for path in [*(f"items/{i}" for i in range(PROXIED)), "missing"]
         ]
