@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -249,11 +249,16 @@ def wrk(
     rate: float | None = None,
     delay_ms: int | None = None,
     on_start: Callable[[int], None] | None = None,
+    headers: Sequence[str] = (),
 ) -> WrkRun:
     """One ``wrk -t1`` run of keep-alive GETs. ``rate``: a fixed schedule of that many requests/s
     (open loop, as wrk2); ``delay_ms``: each connection waits that long between its requests
-    (closed loop); neither: as fast as possible. ``on_start(pid)`` is called once wrk is running."""
+    (closed loop); neither: as fast as possible. ``on_start(pid)`` is called once wrk is running.
+    ``headers`` (``"Name: value"``) go into every request (``Connection: close``: a connection per
+    request)."""
     command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", url]
+    for header in headers:
+        command[1:1] = ["-H", header]
     env = dict(os.environ)
     if rate is not None or delay_ms is not None:
         command[1:1] = ["-s", str(PACING_SCRIPT)]

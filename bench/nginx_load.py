@@ -29,8 +29,14 @@ when wrk stops, which nginx answers but wrk does not count).
 ``--nice N`` runs the agent at niceness N (``OTEL_EBPF_NICE``) instead of its default
 (``capture.nice``): ``--nice 0`` shows what yielding the CPU to the applications is worth.
 
+``--connection-close`` sends ``Connection: close`` with every request: a connection per request,
+as from a client or proxy with no keep-alive (nginx to its upstreams, by default). Then
+``connections opened/req`` (``otel_ebpf.connections.opened``: connections whose bytes reached user
+space) says whether the connections of shed exchanges cost user space anything. Written to
+``nginx_load_churn.json``.
+
 Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]
-[--nice N]``
+[--nice N] [--connection-close]``
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -135,6 +142,7 @@ class Run(WrkRun):
     abandoned_client_spans: int = 0  # wrk's CLIENT spans ERROR as wrk exited before their response
     duration_count: int = 0  # http.server.request.duration count, nginx's resources
     shed: int = 0
+    connections_opened: int = 0
     events_lost: int = 0
     kernel_drops: int = 0
     spans_dropped: int = 0
@@ -149,18 +157,26 @@ class Run(WrkRun):
     shared: list[int] = field(default_factory=list)  # other BPF users during the load
 
 
-def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None = None, nice: int | None = None) -> Run:
+def measure(
+    rate: float | None,
+    seconds: float,
+    traced: bool,
+    keep: Path | None = None,
+    nice: int | None = None,
+    headers: Sequence[str] = (),
+) -> Run:
     """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there; ``nice``: the
-    agent's niceness (None: its default)."""
+    agent's niceness (None: its default); ``headers``: wrk's (``wrk``)."""
     with tempfile.TemporaryDirectory(prefix="nginx-load-") as tmp_name:
         tmp = Path(tmp_name)
         nginx = Nginx(tmp)
         try:
-            wrk(nginx.url, 1, CONNECTIONS, rate=rate)  # warm-up, before any agent: not counted
+            load = partial(wrk, nginx.url, connections=CONNECTIONS, rate=rate, headers=headers)
+            load(1)  # warm-up, before any agent: not counted
             if not traced:
                 watch = Watch(None)
                 watch.start()
-                w = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
+                w = load(seconds)
                 return Run(**asdict(w), shared=sorted(watch.finish().others))
             nginx_pids = nginx.pids
             env = None if nice is None else {**os.environ, "OTEL_EBPF_NICE": str(nice)}
@@ -168,7 +184,7 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
                 watch = Watch(agent.pid)
                 watch.start()
                 cpu_before = cpu_seconds(agent.pid)
-                w = wrk(nginx.url, seconds, CONNECTIONS, rate=rate)
+                w = load(seconds)
                 cpu_load = cpu_seconds(agent.pid) - cpu_before
                 watch.finish()
                 usage = agent.stop()
@@ -209,6 +225,7 @@ def measure(rate: float | None, seconds: float, traced: bool, keep: Path | None 
                 )
             ),
             shed=self_counter(metrics, "otel_ebpf.spans.shed"),
+            connections_opened=self_counter(metrics, "otel_ebpf.connections.opened"),
             events_lost=self_counter(metrics, "otel_ebpf.events.lost"),
             kernel_drops=self_counter(metrics, "otel_ebpf.kernel.drops"),
             spans_dropped=self_counter(metrics, "otel_ebpf.spans.dropped"),
@@ -244,6 +261,7 @@ def summarize(label: str, untraced: list[Run], traced: list[Run]) -> dict:
         "shed_per_request": round(shed / requests, 4),
         # both sides are traced: each request is two exchanges, each a span or shed
         "spans_plus_shed_per_request": round((spans + shed) / (2 * requests), 4),
+        "connections_opened_per_request": round(sum(r.connections_opened for r in traced) / requests, 4),
         "events_lost": sum(r.events_lost for r in traced),
         "kernel_drops": sum(r.kernel_drops for r in traced),
         "spans_dropped": sum(r.spans_dropped for r in traced),
@@ -284,6 +302,7 @@ COLUMNS = [  # (header, key, format)
     ("hist/req", "duration_count_per_request", "{:.4f}"),
     ("shed/req", "shed_per_request", "{:.4f}"),
     ("(spans+shed)/req", "spans_plus_shed_per_request", "{:.4f}"),
+    ("conn opened/req", "connections_opened_per_request", "{:.4f}"),
     ("ev lost", "events_lost", "{:,}"),
     ("false ERR", "false_error_spans", "{}"),
     ("wrk-exit ERR", "client_spans_abandoned_at_exit", "{}"),
@@ -322,8 +341,13 @@ def main() -> None:
         help="keep each traced run's agent output in DIR/<load>-<round> (can be GBs at max)",
     )
     parser.add_argument("--nice", type=int, choices=range(20), metavar="N", help="the agent's niceness (0-19)")
+    parser.add_argument(
+        "--connection-close", action="store_true", help="Connection: close with every request (a connection each)"
+    )
     args = parse_live_args(parser, duration=5.0, rounds=3, quick=(2.0, 1), tools=("nginx", "wrk"))
     loads: list[float | None] = ([] if args.no_max else [None]) + [float(r) for r in args.rates.split(",") if r]
+    headers = ["Connection: close"] if args.connection_close else []
+    connections = "a connection per request" if args.connection_close else "keep-alive"
     rows, runs = [], []
     for rate in loads:
         label = "max" if rate is None else f"{rate:,.0f}/s"
@@ -335,7 +359,7 @@ def main() -> None:
                     args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
                 )
                 run = unshared(
-                    partial(measure, rate, args.duration, is_traced, keep, args.nice),
+                    partial(measure, rate, args.duration, is_traced, keep, args.nice, headers),
                     lambda r: r.shared,
                     args.wait_quiet,
                     progress,
@@ -355,7 +379,7 @@ def main() -> None:
                 )
         rows.append(summarize(label, untraced, traced))
     print(
-        f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} keep-alive, {args.rounds} round(s) of "
+        f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} {connections}, {args.rounds} round(s) of "
         f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
         f"agent: --port, file exporter, {'' if args.nice is None else f'nice {args.nice}, '}"
         f"SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}"
@@ -368,13 +392,14 @@ def main() -> None:
         f"cores settled: the agent's CPU from {SETTLE_S:g} s into the load to its end (its budget has acted)"
     )
     write_result(
-        "nginx_load",
+        "nginx_load_churn" if args.connection_close else "nginx_load",
         None,
         {
             "parameters": {
                 "duration_s": args.duration,
                 "rounds": args.rounds,
                 "connections": CONNECTIONS,
+                "wrk_headers": list(headers),
                 "loads": [("max" if r is None else r) for r in loads],
                 "agent": "--port PORT --exporter file",
                 "agent_nice": "default (capture.nice)" if args.nice is None else args.nice,

@@ -12,7 +12,8 @@
 //     syscall's bytes that begin an HTTP/1 request head with no traceparent, it inserts
 //     "traceparent: 00-<trace>-<span>-<flags>\r\n" right after the request line (inject_msg).
 //   The ids are left for the thread (inject_ids); the syscall's exit emits them (EV_TRACE) after
-//   its data event, and user space gives the CLIENT span those very ids.
+//   its data event, and user space gives the CLIENT span those very ids (a shed request has
+//   neither: the ids are on the wire all the same).
 //   A traced server thread's read that starts a request sets the thread's trace: the request's own
 //   valid traceparent, else a new random trace id (inject_serving notes the read, inject_exit reads
 //   it: tail-called, for stack). Its requests made meanwhile continue that trace; the thread's
@@ -136,6 +137,7 @@ struct server_read {
     u64 ts;          // of its data event
     u32 len;
     u32 generation;
+    u32 copied;      // its bytes were copied: not shed (a shed request has no span to give ids to)
 };
 struct inject_work {
     struct head_scan scan;
@@ -240,7 +242,7 @@ static __always_inline void emit_ids(u64 id, s32 fd, u32 generation, u64 ts, str
 // started a request is left for inject_exit; the thread's write (its response) ends the request's
 // hold on the thread.
 static __always_inline void inject_serving(struct active_io *iop, u64 conn, u32 generation, const char *buf,
-                                           u32 len, u64 ts) {
+                                           u32 len, u64 ts, int copied) {
     u32 tid = current_pid_tgid();
     if (iop->direction == DIR_EGRESS) {
         struct serving *was = inject_threads.lookup(&tid);
@@ -257,6 +259,7 @@ static __always_inline void inject_serving(struct active_io *iop, u64 conn, u32 
     w->read.ts = ts;
     w->read.len = len;
     w->read.generation = generation;
+    w->read.copied = copied;
     iop->inject = INJECT_SERVER_READ;
 }
 
@@ -279,7 +282,8 @@ static __always_inline void server_read(u64 id) {
     w->serving.conn = w->read.conn;
     w->serving.sampled = w->ids.sampled;
     inject_threads.update(&tid, &w->serving);
-    emit_ids(id, (s32)w->read.conn, w->read.generation, w->read.ts, &w->ids);
+    if (w->read.copied)
+        emit_ids(id, (s32)w->read.conn, w->read.generation, w->read.ts, &w->ids);
 }
 
 // Tail-called at every data syscall's exit, after its data event: the ids decided during the
@@ -299,7 +303,7 @@ int inject_exit(void *ctx) {
     struct trace_ids *ids = inject_ids.lookup(&tid);
     u64 key = (id & 0xffffffff00000000ULL) | (u32)io->fd;
     struct conn_info *ci = conns.lookup(&key);
-    if (ids && ci)
+    if (ids && ci && !ci->http.shed)  // a shed request has no span to give them to
         emit_ids(id, io->fd, ci->generation, io->ts, ids);  // a write's data is stamped at its start
     return 0;
 }

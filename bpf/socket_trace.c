@@ -218,7 +218,7 @@ static __always_inline void tcp_health_read(u64 sk, u64 now);
 struct active_io;
 static __always_inline void inject_connecting(u64 sk);
 static __always_inline void inject_serving(struct active_io *iop, u64 conn, u32 generation, const char *buf,
-                                           u32 len, u64 ts);
+                                           u32 len, u64 ts, int copied);
 BPF_PROG_ARRAY(inject_tail, 1);  // [0]: inject_exit
 #endif
 
@@ -231,6 +231,8 @@ struct conn_info {
     u8 ignored;      // port filter rejected it
     u8 tls;          // its bytes are TLS: the SSL probes report the plaintext, syscalls nothing
     u8 udp;          // a UDP socket: datagram events
+    u8 unix_stream;  // a unix stream socket: its open event names it (unix_ends)
+    u8 announced;    // its open event was sent (announce): its close is sent too
     struct http_state http;
 };
 
@@ -541,7 +543,7 @@ static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd
 // A connection's close or replacement; user space is told when it lost events of it since its
 // last delivered one.
 static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
-    if (!ci->sk || ci->ignored)
+    if (!ci->announced)
         return;
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
@@ -1011,19 +1013,16 @@ static __always_inline int port_wanted(u16 lport, u16 rport) {
     return ports.lookup(&lport) || ports.lookup(&rport);
 }
 
-// The connection for (tgid, fd) on socket sk, announced (EV_OPEN) when first seen or when the
-// fd now names another socket (closed and reused while we were not looking). The announcement
-// carries the stamp ts of the data that revealed it, so that it sorts before that data.
-// The open event of connection ci (fd of id): its ends from the socket's tuple t, or, for a UDP
-// socket the kernel gave no tuple for, its local end (either may be 0), or those of unix stream
-// socket unix_sk. Built in the ring itself: connections open on the syscall exit's path, whose
-// stack has no room for it.
-static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_info *ci, const struct tuple *t,
-                                      const struct local_end *end, u32 udp, const void *unix_sk) {
+// The open event of connection ci (fd of id), stamped ts: its ends from the socket's tuple t, or,
+// for a UDP socket the kernel gave no tuple for, its local end (either may be 0), or those of unix
+// stream socket unix_sk. Built in the ring itself: connections open on the syscall exit's path,
+// whose stack has no room for it. Returns whether it was sent.
+static __always_inline int emit_open(u64 id, s32 fd, u64 ts, const struct conn_info *ci, const struct tuple *t,
+                                     const struct local_end *end, u32 udp, const void *unix_sk) {
     struct open_event *ev = events.ringbuf_reserve(sizeof(struct open_event));
     if (!ev) {
         count(STAT_RINGBUF_FULL, 1);
-        return;
+        return 0;
     }
     __builtin_memset(ev, 0, sizeof(*ev));
     fill_header(&ev->h, EV_OPEN, ts, id, fd, ci->generation);
@@ -1056,8 +1055,24 @@ static __always_inline void emit_open(u64 id, s32 fd, u64 ts, const struct conn_
     __builtin_memcpy(&hi, ev->laddr + 8, 8);
     u64 flags = lo | hi || (udp && ev->lport) ? wakeup_flag(sizeof(*ev)) : BPF_RB_FORCE_WAKEUP_;
     events.ringbuf_submit(ev, flags);
+    return 1;
 }
 
+// A stream connection is announced (EV_OPEN) with its first bytes that are copied, not when it is
+// first seen, and its close only if it was: a connection whose exchanges are all shed (under load,
+// a client or proxy that opens one per request) then costs user space nothing at all. The open
+// carries the stamp of those bytes, so that it sorts before them, and the role the first message
+// may have taught (a socket older than the agent, a unix socket).
+static __always_inline void announce(u64 id, s32 fd, u64 ts, struct conn_info *ci) {
+    if (ci->announced)
+        return;
+    u64 sk = ci->sk;
+    const struct tuple *t = ci->unix_stream ? 0 : sk_tuples.lookup(&sk);
+    ci->announced = emit_open(id, fd, ts, ci, t, 0, 0, ci->unix_stream ? (const void *)sk : 0);
+}
+
+// The connection for (tgid, fd) on socket sk, made when first seen or when the fd now names
+// another socket (closed and reused while we were not looking: the old one's close is sent).
 static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, u64 sk, u64 ts, u32 udp) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
     struct conn_info *ci = conns.lookup(&key);
@@ -1074,7 +1089,6 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         return 0;
     *seq += 1;
     struct conn_info fresh = {.sk = sk, .synthetic = sk};
-    const void *unix_sk = 0;
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING
@@ -1088,8 +1102,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         return conns.lookup(&key);
     }
     udp = protocol == IPPROTO_UDP_;
-    if (protocol == 0)
-        unix_sk = (const void *)sk;
+    fresh.unix_stream = protocol == 0;
 #endif
     fresh.udp = udp;
 
@@ -1108,15 +1121,16 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     } else if (udp) {
         end = bound_ends.lookup(&key);
     }
-    // Unknown tuple with a port filter: user space resolves it from /proc and marks the
-    // connection in ignored[] if it does not match.
+    // Datagrams are never shed: a UDP socket is announced now, with the local end it was bound
+    // to when the kernel gave no tuple. Unknown tuple with a port filter: user space resolves it
+    // from /proc and marks the connection in ignored[] if it does not match.
+    if (udp && !fresh.ignored)
+        fresh.announced = emit_open(id, fd, ts, &fresh, t, end, udp, 0);
     conns.update(&key, &fresh);
 #if defined(TCP_HEALTH) && !defined(FD_TRACKING)
     if (protocol == IPPROTO_TCP_ && !fresh.ignored)  // MPTCP's socket is no tcp_sock
         tcp_health_owned(sk, id >> 32, fresh.role, t, key);
 #endif
-    if (!fresh.ignored)
-        emit_open(id, fd, ts, &fresh, t, end, udp, unix_sk);
     return conns.lookup(&key);
 }
 
@@ -1510,10 +1524,11 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
 #ifdef INJECT
     // A server's read that started a request (last_req_ts: http_observe), or its response.
     if (ci->role == ROLE_SERVER && (io.direction == DIR_EGRESS || ci->http.last_req_ts == ts))
-        inject_serving(iop, key, generation, first.base, first_len, ts);
+        inject_serving(iop, key, generation, first.base, first_len, ts, copy);
 #endif
     if (!copy)
         return;
+    announce(id, io.fd, ts, ci);
     copy_rest(ev, first.base);
     if (max_iov == 1 || !io.iovcnt) {
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);

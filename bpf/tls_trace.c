@@ -92,6 +92,7 @@ int ssl_return(struct pt_regs *ctx) {
     struct data_event *ev = copy_start((const char *)call.buf, length, &ci->http);
     if (!ev || !http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts))
         return 0;
+    announce(id, fd, ts, ci);
     copy_rest(ev, (const char *)call.buf);
     submit_buffer(ev, ts, id, fd, ci, direction, (const char *)call.buf, DATA_TLS);
     return 0;

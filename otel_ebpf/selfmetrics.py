@@ -25,7 +25,11 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     ),
     "otel_ebpf.messages.unmatched": ("{message}", "Messages that found no request/response partner", False),
     "otel_ebpf.connections.tracked": ("{connection}", "Connections in the connection table", True),
-    "otel_ebpf.connections.opened": ("{connection}", "Connections the agent started tracking", False),
+    "otel_ebpf.connections.opened": (
+        "{connection}",
+        "Connections the agent started tracking (at their first copied bytes: none whose exchanges were all shed)",
+        False,
+    ),
     "otel_ebpf.connections.evicted": ("{connection}", "Connections evicted from the full table", False),
     "otel_ebpf.connections.without_tuple": (
         "{connection}",
