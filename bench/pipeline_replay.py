@@ -22,6 +22,11 @@ of it, its response (HEADERS, DATA, trailers) and the client's read of that, one
 ``--connections`` connections with their prefaces and SETTINGS; ``pipeline`` only, per call (two
 spans, client and server).
 
+And the HTTP/1 exchanges again, each on a connection of its own, as under connection churn
+(``Connection: close``, a proxy without keep-alive): its open (with the handshake's sequence
+numbers, as the kernel reports a connection it saw made), request, response and close;
+``pipeline`` only, per exchange.
+
 Each stage is measured three ways in the same run, so that the figures are comparable on a busy
 machine: wall time (``time.perf_counter``), the process's CPU time (``time.process_time``: what the
 agent would be charged, whatever else the machine runs) and, in one extra run with a
@@ -54,7 +59,7 @@ from hpack import Encoder
 from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame
 
 from otel_ebpf.agent import REPLAY_BATCH
-from otel_ebpf.pipeline.events import ConnData, ConnOpen, Event, ProcessInfo
+from otel_ebpf.pipeline.events import ConnClose, ConnData, ConnOpen, Event, ProcessInfo
 from otel_ebpf.protocol import ConnectionInfo, Direction, Endpoint, Role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
@@ -90,6 +95,7 @@ GRPC_RESPONSE_HEADERS = [
 ]
 GRPC_TRAILERS = [("grpc-status", "0")]
 GRPC_STAGE = "gRPC pipeline total"  # per call
+CHURN_STAGE = "churn pipeline total"  # per exchange, each on a connection of its own
 STAGES = ("session.feed", "stitcher.add", "exchange.span", "exchange.metric_points")
 # What a stage is measured in: a clock returns a reading, a stage costs the difference of two.
 Clock = Callable[[], float]
@@ -122,6 +128,22 @@ def build_events(exchanges: int, connections: int) -> list[Event]:
         answer = response(t)
         events.append(ConnData(t, PID, PID + 1, fd, 0, Direction.INGRESS, len(REQUEST), bytes(REQUEST)))
         events.append(ConnData(t + SERVICE_NS, PID, PID + 1, fd, 0, Direction.EGRESS, len(answer), answer))
+    return events
+
+
+def build_churn_events(exchanges: int) -> list[Event]:
+    """ProcessInfo, then per exchange a connection of its own: its open (ends and handshake ISNs,
+    as the kernel reports a connection it saw made), the request, the response and its close."""
+    events: list[Event] = [ProcessInfo(START_NS, PID, "/usr/bin/python3.11", "python3 examples/http_service.py")]
+    local = Endpoint("127.0.0.1", 8080)
+    for i in range(exchanges):
+        fd, t = 10 + i % 16, START_NS + 1_000 + i * EXCHANGE_NS
+        peer = Endpoint("127.0.0.1", 30000 + i % 30000)
+        answer = response(t)
+        events.append(ConnOpen(t, PID, fd, i, Role.SERVER, local, peer, client_isn=i, server_isn=~i & 0xFFFFFFFF))
+        events.append(ConnData(t, PID, PID + 1, fd, i, Direction.INGRESS, len(REQUEST), bytes(REQUEST)))
+        events.append(ConnData(t + SERVICE_NS, PID, PID + 1, fd, i, Direction.EGRESS, len(answer), answer))
+        events.append(ConnClose(t + SERVICE_NS + 1_000, PID, fd, i))
     return events
 
 
@@ -313,6 +335,7 @@ def main() -> None:
     print(f"plugin: {sys.modules[type(http1).__module__].__file__}")
     events = build_events(args.exchanges, args.connections)
     grpc_events = build_grpc_events(args.grpc_calls, args.connections)
+    churn_events = build_churn_events(args.exchanges)
     # The live agent never holds a whole run of events: keep the garbage collector from walking
     # them again and again, which would charge every stage for the size of the input.
     gc.collect()
@@ -341,9 +364,14 @@ def main() -> None:
             if spans != 2 * args.grpc_calls:
                 raise SystemExit(f"pipeline made {spans} spans for {args.grpc_calls} gRPC calls (two each)")
             note(GRPC_STAGE, clock_name, seconds)
+            seconds, spans = run_pipeline(churn_events, clock)
+            if spans != args.exchanges:
+                raise SystemExit(f"pipeline made {spans} spans for {args.exchanges} exchanges on their own connections")
+            note(CHURN_STAGE, clock_name, seconds)
     with CallCounter() as counter:  # last: the hook slows everything it sees
         note("pipeline total", "calls", run_pipeline(events, counter)[0])
         note(GRPC_STAGE, "calls", run_pipeline(grpc_events, counter)[0])
+        note(CHURN_STAGE, "calls", run_pipeline(churn_events, counter)[0])
         times, _ = run_plugin(events, counter)
     note("plugin share", "calls", sum(times.values()))
     for stage, calls in times.items():
@@ -354,6 +382,7 @@ def main() -> None:
         return round(statistics.median(values) / units * scale, 2)
 
     grpc = {clock: per_unit(clock, values, args.grpc_calls) for clock, values in figures.pop(GRPC_STAGE).items()}
+    churn = {clock: per_unit(clock, values, args.exchanges) for clock, values in figures.pop(CHURN_STAGE).items()}
     table = {
         stage: {clock: per_unit(clock, values, args.exchanges) for clock, values in by_clock.items()}
         for stage, by_clock in figures.items()
@@ -368,6 +397,8 @@ def main() -> None:
         print(f"  {indent + stage:<26} {row['wall']:8.2f} {row['cpu']:8.2f} {row['calls']:9.1f}")
     print(f"{args.grpc_calls} gRPC unary calls on {args.connections} connections, both sides traced, per call:")
     print(f"  {'pipeline total':<26} {grpc['wall']:8.2f} {grpc['cpu']:8.2f} {grpc['calls']:9.1f}")
+    print(f"{args.exchanges} exchanges, each on a connection of its own (open, request, response, close):")
+    print(f"  {'pipeline total':<26} {churn['wall']:8.2f} {churn['cpu']:8.2f} {churn['calls']:9.1f}")
     write_result(
         "pipeline_replay",
         None,
@@ -384,6 +415,11 @@ def main() -> None:
                 "us_per_call": grpc["wall"],
                 "cpu_us_per_call": grpc["cpu"],
                 "python_calls_per_call": grpc["calls"],
+            },
+            "churn": {
+                "us_per_exchange": churn["wall"],
+                "cpu_us_per_exchange": churn["cpu"],
+                "python_calls_per_exchange": churn["calls"],
             },
         },
     )

@@ -208,6 +208,16 @@ def pipeline_replay(figures: Figures) -> list[str]:
                 f"{grpc['python_calls_per_call'] / spans:.0f}",
             ]
         )
+    churn = figures.get("churn")
+    if churn:  # results written before the churn stream was added lack it
+        rows.append(
+            [
+                "HTTP/1.1, a connection per exchange (open, request, response, close), pipeline total",
+                f"{churn['cpu_us_per_exchange']:.1f} µs",
+                f"{churn['us_per_exchange']:.1f} µs",
+                f"{churn['python_calls_per_exchange']:.0f}",
+            ]
+        )
     return _table(header, rows)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import os
@@ -13,10 +14,17 @@ AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 
 def endpoint(family: int, raw: bytes, port: int) -> Endpoint:
     """The endpoint for an IPv4 (first 4 bytes) or IPv6 address; IPv4-mapped ones as IPv4."""
+    return Endpoint(_address_text(family, raw), port)
+
+
+# A node's connections come from and go to few addresses (loopback, its pods, its peers), and
+# under connection churn every one of them is formatted again: ipaddress takes ~3 µs per address.
+@functools.lru_cache(maxsize=4096)
+def _address_text(family: int, raw: bytes) -> str:
     addr = ipaddress.IPv4Address(raw[:4]) if family == AF_INET else ipaddress.IPv6Address(raw)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
         addr = addr.ipv4_mapped
-    return Endpoint(str(addr), port)
+    return str(addr)
 
 
 def unix_ends(local_socket: bytes, peer_socket: bytes, path: bytes, path_of_peer: bool) -> tuple[Endpoint, Endpoint]:

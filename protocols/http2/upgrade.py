@@ -31,6 +31,9 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 def upgrade_request(head: bytes) -> tuple[str, str, Headers] | None:
     """``(method, target, fields)`` of an HTTP/1.1 request head (through its blank line) that
     asks for h2c: ``Upgrade`` naming ``h2c`` and an ``HTTP2-Settings`` field; else ``None``."""
+    lowered = head.lower()
+    if b"h2c" not in lowered or b"http2-settings" not in lowered:
+        return None  # every plain HTTP/1 connection's first request: no need to parse its fields
     line = _REQUEST_LINE.match(head)
     if line is None or line.group(1).decode("ascii") not in KNOWN_METHODS:
         return None  # an unusual method: more likely a request line cut by the capture's start
