@@ -18,7 +18,7 @@ def endpoint(family: int, raw: bytes, port: int) -> Endpoint:
 
 
 # A node's connections come from and go to few addresses (loopback, its pods, its peers), and
-# under connection churn every one of them is formatted again: ipaddress takes ~3 µs per address.
+# under connection churn every one of them is formatted again: ipaddress takes ~1.3 µs per address.
 @functools.lru_cache(maxsize=4096)
 def _address_text(family: int, raw: bytes) -> str:
     addr = ipaddress.IPv4Address(raw[:4]) if family == AF_INET else ipaddress.IPv6Address(raw)
