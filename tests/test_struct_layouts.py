@@ -254,7 +254,7 @@ def test_socket_event_header() -> None:
 
 
 def test_socket_data_event() -> None:
-    assert_layout(_socket(), "data_event", [socket._HEADER, socket._DATA, socket._RETRANSMISSIONS], then="data")
+    assert_layout(_socket(), "data_event", [socket._HEADER, socket._STREAM_DATA], then="data")
 
 
 def test_socket_trace_event() -> None:
