@@ -162,6 +162,15 @@ class InstrumentSpec:
     boundaries: tuple[float, ...] | None = None  # explicit histogram buckets
 
 
+class SharedAttributes(dict[str, AttributeValue]):
+    """Metric attributes made once for a combination of labels and carried by many points, never
+    changed after: a plugin keeps one per combination it meets
+    (:func:`otel_ebpf.protocols.caching.memoize_attributes`). The aggregator finds their series
+    by the object itself, where other attributes have their items sorted into a key per point."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class MetricPoint:
     instrument: str  # InstrumentSpec.name

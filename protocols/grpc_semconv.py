@@ -62,6 +62,7 @@ from otel_ebpf.protocol import (
     put_socket_end,
 )
 
+from .caching import memoize_attributes
 from .http_semconv import (
     CAPTURE_GAP,
     CAPTURE_GAP_ATTRIBUTE,
@@ -255,14 +256,17 @@ def server_endpoint(call: GrpcCall, conn: ConnectionInfo) -> tuple[str | None, i
     return (server.address or None, server.port or None) if server is not None else (None, None)
 
 
-def _put_endpoints(
-    attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool
-) -> None:
-    address, port = server_endpoint(call, conn)
+def _put_server(attributes: dict[str, AttributeValue], address: str | None, port: int | None) -> None:
     if address:
         attributes["server.address"] = address
     if port is not None:
         attributes["server.port"] = port
+
+
+def _put_endpoints(
+    attributes: dict[str, AttributeValue], call: GrpcCall, conn: ConnectionInfo, is_server: bool
+) -> None:
+    _put_server(attributes, *server_endpoint(call, conn))
     if is_server:
         put_socket_end(attributes, "client", conn.client)
 
@@ -330,38 +334,62 @@ def describe_span(
     return SpanDescription(name, kind, call.start_ns, call.end_ns, attributes, StatusCode.ERROR, call.message)
 
 
+# instrument names by "the process serves": the old set's duration, requests and responses per
+# call, the new set's duration
+_INSTRUMENTS = {
+    is_server: tuple(
+        f"rpc.{side}.{name}" for name in ("duration", "requests_per_rpc", "responses_per_rpc", "call.duration")
+    )
+    for is_server, side in ((True, "server"), (False, "client"))
+}
+
+
 def metric_points(call: GrpcCall, conn: ConnectionInfo, semconv: Semconv) -> list[MetricPoint]:
     """Duration (and, in the old set, messages per call) with low-cardinality attributes only."""
     is_server = conn.role is Role.SERVER
-    side = "server" if is_server else "client"
+    duration, requests, responses, call_duration = _INSTRUMENTS[is_server]
     service, method = _split(call.path)
     error_type = _error_type(call, is_server)
-    endpoints: dict[str, AttributeValue] = {}
-    if not is_server:
-        _put_endpoints(endpoints, call, conn, is_server)
+    address, port = (None, None) if is_server else server_endpoint(call, conn)
     seconds = (call.end_ns - call.start_ns) / 1e9
     points = []
     if semconv is not Semconv.NEW:  # the old set, alone or with the new
-        attributes: dict[str, AttributeValue] = {"rpc.system": SYSTEM, "rpc.method": method or OTHER_METHOD}
+        attributes = _metric_attributes(False, service, method, call.status, error_type, address, port)
+        points.append(MetricPoint(duration, seconds * 1e3, attributes))
+        if call.request_messages is not None:
+            points.append(MetricPoint(requests, call.request_messages, attributes))
+        if call.response_messages is not None:
+            points.append(MetricPoint(responses, call.response_messages, attributes))
+    if semconv is not Semconv.OLD:  # the new set, alone or with the old
+        attributes = _metric_attributes(True, service, method, call.status, error_type, address, port)
+        points.append(MetricPoint(call_duration, seconds, attributes))
+    return points
+
+
+@memoize_attributes
+def _metric_attributes(
+    new: bool,
+    service: str | None,
+    method: str | None,
+    status: int | None,
+    error_type: str | None,
+    address: str | None,
+    port: int | None,
+) -> dict[str, AttributeValue]:
+    """The metrics' attributes in the new set of conventions (``new``) or the old one."""
+    attributes: dict[str, AttributeValue]
+    if new:
+        recognised = service is not None and status != UNIMPLEMENTED
+        attributes = {"rpc.system.name": SYSTEM, "rpc.method": f"{service}/{method}" if recognised else OTHER_METHOD}
+        if status is not None:
+            attributes["rpc.response.status_code"] = status_name(status)
+    else:
+        attributes = {"rpc.system": SYSTEM, "rpc.method": method or OTHER_METHOD}
         if service is not None:
             attributes["rpc.service"] = service
-        if call.status is not None:
-            attributes["rpc.grpc.status_code"] = call.status
-        if error_type is not None:
-            attributes["error.type"] = error_type
-        attributes.update(endpoints)
-        points.append(MetricPoint(f"rpc.{side}.duration", seconds * 1e3, attributes))
-        if call.request_messages is not None:
-            points.append(MetricPoint(f"rpc.{side}.requests_per_rpc", call.request_messages, attributes))
-        if call.response_messages is not None:
-            points.append(MetricPoint(f"rpc.{side}.responses_per_rpc", call.response_messages, attributes))
-    if semconv is not Semconv.OLD:  # the new set, alone or with the old
-        recognised = service is not None and call.status != UNIMPLEMENTED
-        attributes = {"rpc.system.name": SYSTEM, "rpc.method": f"{service}/{method}" if recognised else OTHER_METHOD}
-        if call.status is not None:
-            attributes["rpc.response.status_code"] = status_name(call.status)
-        if error_type is not None:
-            attributes["error.type"] = error_type
-        attributes.update(endpoints)
-        points.append(MetricPoint(f"rpc.{side}.call.duration", seconds, attributes))
-    return points
+        if status is not None:
+            attributes["rpc.grpc.status_code"] = status
+    if error_type is not None:
+        attributes["error.type"] = error_type
+    _put_server(attributes, address, port)
+    return attributes

@@ -49,7 +49,7 @@ from otel_ebpf.protocol import (
     put_socket_end,
 )
 
-from .caching import memoize
+from .caching import memoize, memoize_attributes
 
 Headers = Sequence[tuple[str, str]]  # (lower-case name, value) in wire order; names may repeat
 
@@ -462,6 +462,7 @@ _INSTRUMENT_NAMES = {
 }
 
 
+@memoize_attributes
 def _metric_attributes(
     is_server: bool,
     method: str,

@@ -18,7 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ebpf.pipeline.metrics import DEFAULT_BOUNDARIES, DELTA_KINDS, ProcessMetrics, merged_by_resource
-from otel_ebpf.protocol import InstrumentKind, InstrumentSpec, MetricPoint
+from otel_ebpf.protocol import InstrumentKind, InstrumentSpec, MetricPoint, SharedAttributes
 from otel_ebpf.selfmetrics import DESCRIPTIONS, SelfMetrics
 
 H, C, U, D = "test.duration", "test.requests", "test.active", "test.size"
@@ -227,6 +227,28 @@ def test_cumulative_overflow_keeps_folding() -> None:
         (("route", "/1"),): 1,
         (("otel.metric.overflow", True),): 1,
     }
+
+
+def test_shared_attributes_aggregate_as_plain_ones_across_collections_scopes_and_the_cap() -> None:
+    """Series found by a SharedAttributes object (remembered per scope, forgotten at each
+    collection) hold what the same points with plain dicts make, overflow counts included."""
+    routes = [SharedAttributes(route=f"/{i}") for i in range(3)]
+    shared, plain = ProcessMetrics(RESOURCE, SPECS, max_series=4), ProcessMetrics(RESOURCE, SPECS, max_series=4)
+    got: list[tuple[dict, dict]] = []
+    t = 0
+    for collection in range(3):
+        for i in range(12):
+            t += 1
+            route, scope = routes[i % 3], (SCOPE, OTHER_SCOPE)[i % 2]
+            points = [(H, 0.5 * (i % 5)), (C, 1), (D, 10.0 * i)]
+            shared.record_all(scope, [MetricPoint(n, v, route) for n, v in points], t, skip={D} if i == 7 else ())
+            plain.record_all(scope, [MetricPoint(n, v, dict(route)) for n, v in points], t, skip={D} if i == 7 else ())
+        kinds = DELTA if collection != 1 else frozenset()
+        got.append((table(shared.collect(t, kinds)), table(plain.collect(t, kinds))))
+    for from_shared, from_plain in got:
+        assert from_shared.keys() == from_plain.keys()
+        assert {k: v[2] for k, v in from_shared.items()} == {k: v[2] for k, v in from_plain.items()}
+    assert shared.overflowed == plain.overflowed > 0
 
 
 # ---- SelfMetrics --------------------------------------------------------------------------------

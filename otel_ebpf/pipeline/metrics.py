@@ -28,7 +28,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from ..protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint
+from ..protocol import AttributeValue, InstrumentKind, InstrumentSpec, MetricPoint, SharedAttributes
 
 # OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE presets: which kinds report DELTA.
 DELTA_KINDS = {
@@ -56,6 +56,7 @@ DEFAULT_BOUNDARIES = (
 )
 OVERFLOW_ATTRIBUTES = (("otel.metric.overflow", True),)
 MAX_SERIES = 2000
+MAX_SHARED = 256  # SharedAttributes objects whose series a ProcessMetrics remembers
 
 
 @dataclass
@@ -78,6 +79,8 @@ class ProcessMetrics:
         self._max_series = max_series
         # (scope, instrument) -> attribute tuple -> series
         self._series: dict[tuple[InstrumentationScope, str], dict[tuple, _Series]] = {}
+        # (scope, id of a SharedAttributes) -> (the object, its series by instrument): see record_all
+        self._shared: dict[tuple[InstrumentationScope, int], tuple[Mapping, dict]] = {}
         self._count = 0
         self.overflowed = 0
 
@@ -90,27 +93,54 @@ class ProcessMetrics:
         """Record ``points`` (an exchange's), except those of the instruments in ``skip``.
 
         An exchange's points share one attributes mapping: its series key (the sorted items) is
-        built once for all of them, not once per instrument.
+        built once for all of them, not once per instrument. For :class:`SharedAttributes` not
+        even that: their series, per instrument, are remembered by the object itself.
         """
         attributes: Mapping[str, AttributeValue] | None = None
-        key: tuple = ()
+        key: tuple | None = None
+        known: dict[str, tuple[_Series, Sequence[float] | None]] | None = None
+        boundaries: Sequence[float] | None
         for point in points:
-            if point.instrument in skip:
+            instrument = point.instrument
+            if instrument in skip:
                 continue
             if point.attributes is not attributes:
                 attributes = point.attributes
-                key = tuple(sorted(attributes.items()))
-            spec = self._specs[point.instrument]
-            series = self._series_at(scope, spec, key, now_ns)
+                known = self._known_series(scope, attributes) if type(attributes) is SharedAttributes else None
+                key = None
+            found = known.get(instrument) if known is not None else None
+            if found is None:
+                spec = self._specs[instrument]
+                if key is None:
+                    key = tuple(sorted(attributes.items()))
+                series = self._series_at(scope, spec, key, now_ns)
+                boundaries = (spec.boundaries or DEFAULT_BOUNDARIES) if series.buckets else None
+                if known is not None and series.attributes is not OVERFLOW_ATTRIBUTES:
+                    known[instrument] = series, boundaries  # overflowing points are counted each time
+            else:
+                series, boundaries = found
             value = point.value
             series.value += value
             series.count += 1
-            if series.buckets:
-                series.buckets[bisect_left(spec.boundaries or DEFAULT_BOUNDARIES, value)] += 1
+            if boundaries is not None:
+                series.buckets[bisect_left(boundaries, value)] += 1
                 if value < series.minimum:
                     series.minimum = value
                 if value > series.maximum:
                     series.maximum = value
+
+    def _known_series(
+        self, scope: InstrumentationScope, attributes: Mapping[str, AttributeValue]
+    ) -> dict[str, tuple[_Series, Sequence[float] | None]]:
+        """The series remembered for ``attributes`` (a SharedAttributes) in ``scope``, by instrument:
+        the entry keeps the object, so its id is not reused while the entry lasts. The oldest entry
+        goes when MAX_SHARED are kept; all go when series may be dropped (collect, forget)."""
+        entry = self._shared.get((scope, id(attributes)))
+        if entry is None:
+            if len(self._shared) >= MAX_SHARED:
+                del self._shared[next(iter(self._shared))]
+            entry = self._shared[(scope, id(attributes))] = (attributes, {})
+        return entry[1]
 
     def observe(
         self,
@@ -174,6 +204,7 @@ class ProcessMetrics:
     def forget(self, matches: Callable[[tuple], bool]) -> None:
         """Drop the series whose attributes (sorted ``(key, value)`` pairs) ``matches``: their
         source is gone. One that comes back starts anew, with a new start time."""
+        self._shared.clear()
         for instrument, by_attributes in list(self._series.items()):
             for attributes in [a for a in by_attributes if matches(a)]:
                 del by_attributes[attributes]
@@ -184,6 +215,7 @@ class ProcessMetrics:
     def collect(self, now_ns: int, delta: frozenset[InstrumentKind] = frozenset()) -> ResourceMetrics | None:
         """The current points. Instruments whose kind is in ``delta`` report DELTA temporality:
         their series restart after each collection; the others are cumulative."""
+        self._shared.clear()
         by_scope: dict[InstrumentationScope, list[Metric]] = {}
         for (scope, name), by_attributes in list(self._series.items()):
             spec = self._specs[name]

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_ebpf.protocols.caching import CACHE_ENTRIES, CACHE_MAX_LEN, memoize
+from otel_ebpf.protocol import SharedAttributes
+from otel_ebpf.protocols.caching import CACHE_ENTRIES, CACHE_MAX_LEN, memoize, memoize_attributes
 from otel_ebpf.protocols.http1.parser import parse_fields
 from otel_ebpf.protocols.http_semconv import route_template, split_authority, split_target
 
@@ -26,9 +27,42 @@ def test_memoize_caches_short_arguments_only() -> None:
     long = "x" * (CACHE_MAX_LEN + 1)
     assert upper(long) == upper(long) == long.upper()
     assert calls == ["abc", long, long]  # computed each time, never kept
-    assert upper(text="abc") == "ABC"  # a call by keyword works, uncached
-    assert upper.cache_info().currsize == 1  # type: ignore[attr-defined]
-    assert upper.cache_info().maxsize == CACHE_ENTRIES  # type: ignore[attr-defined]
+    assert list(upper.cache) == ["abc"]  # type: ignore[attr-defined]
+
+
+def test_memoize_keeps_at_most_its_bound_oldest_out_first() -> None:
+    calls: list[str] = []
+
+    @memoize
+    def upper(text: str) -> str:
+        calls.append(text)
+        return text.upper()
+
+    for i in range(CACHE_ENTRIES + 10):
+        assert upper(str(i)) == str(i)
+    assert len(upper.cache) == CACHE_ENTRIES  # type: ignore[attr-defined]
+    assert "0" not in upper.cache and str(CACHE_ENTRIES + 9) in upper.cache  # type: ignore[attr-defined]
+    calls.clear()
+    assert upper("10") == "10" and upper("0") == "0"
+    assert calls == ["0"]  # the ten oldest went, "10" was still kept
+
+
+def test_memoize_attributes_gives_one_shared_object_per_combination_within_its_bound() -> None:
+    @memoize_attributes
+    def labels(method: str, status: int | None) -> dict[str, str | int]:
+        attributes: dict[str, str | int] = {"method": method}
+        if status is not None:
+            attributes["status"] = status
+        return attributes
+
+    first = labels("GET", 200)
+    assert type(first) is SharedAttributes and first == {"method": "GET", "status": 200}
+    assert labels("GET", 200) is first
+    assert labels("GET", None) == {"method": "GET"} and labels("GET", None) is not first
+    for status in range(CACHE_ENTRIES):
+        labels("POST", status)
+    assert labels("GET", 200) is not first  # evicted, oldest first: made anew, equal
+    assert labels("GET", 200) == first
 
 
 def test_memoize_takes_one_argument_so_the_bound_covers_the_key() -> None:
