@@ -11,19 +11,22 @@ is an 8-byte header (``u32 len`` with BUSY and DISCARD bits, ``u32 pg_off``), it
 8 bytes. ``producer_pos`` advances when space is reserved, before the data is written; a record
 whose BUSY bit is still set ends the batch. x86-64 and arm64 order these loads as the kernel's
 release/acquire pairs need, for reads made in this order by one thread.
+
+Every word shared with the kernel is read and written whole, through a ``memoryview`` cast to
+its type (one aligned load or store), never with ``struct``: ``struct.pack_into`` zero-fills its
+destination before writing the value byte by byte, so a producer on another CPU could read a
+consumer position of 0 (or half written) and find the ring full when it was all but empty
+(``tests/live/test_ringbuf_live.py`` catches it).
 """
 
 from __future__ import annotations
 
 import mmap
 import select
-import struct
 from collections.abc import Iterator
 
 _BUSY = 1 << 31
 _DISCARD = 1 << 30
-_POS = struct.Struct("<Q")
-_LEN = struct.Struct("<I")
 HEADER_SIZE = 8
 
 
@@ -40,9 +43,14 @@ class RingBufferReader:
         self._producer = mmap.mmap(
             map_fd, self._page + 2 * data_size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self._page
         )
+        # the positions (u64, first in their pages) and the records' headers (u32 length first),
+        # as the kernel's words
+        self._consumer_pos = memoryview(self._consumer).cast("Q")
+        self._producer_pos = memoryview(self._producer)[:8].cast("Q")
+        self._words = memoryview(self._producer).cast("I")
         self._epoll = select.epoll()
         self._epoll.register(map_fd, select.EPOLLIN)
-        self.consumed = _POS.unpack_from(self._consumer)[0]
+        self.consumed = self._consumer_pos[0]
 
     @property
     def data(self) -> mmap.mmap:
@@ -52,7 +60,7 @@ class RingBufferReader:
     @property
     def produced(self) -> int:
         """Bytes the kernel has reserved so far (records being written included)."""
-        return _POS.unpack_from(self._producer)[0]
+        return self._producer_pos[0]
 
     def backlog(self) -> int:
         """Bytes written by the kernel and not yet consumed."""
@@ -71,13 +79,13 @@ class RingBufferReader:
 
         Each record's space goes back to the kernel only when the batch has been read (when the
         iterator ends), so the data stays valid while the caller decodes it."""
-        producer = _POS.unpack_from(self._producer)[0]
-        position, data, page, mask = self.consumed, self._producer, self._page, self._mask
+        producer = self._producer_pos[0]
+        position, words, page, mask = self.consumed, self._words, self._page, self._mask
         read = 0
         try:
             while position < producer and read < max_records:
-                offset = page + (position & mask)
-                length = _LEN.unpack_from(data, offset)[0]
+                offset = page + (position & mask)  # a multiple of 8
+                length = words[offset >> 2]
                 if length & _BUSY:
                     break
                 size = length & ~_DISCARD
@@ -87,9 +95,11 @@ class RingBufferReader:
                     yield offset + HEADER_SIZE, size
         finally:
             self.consumed = position
-            _POS.pack_into(self._consumer, 0, position)
+            self._consumer_pos[0] = position
 
     def close(self) -> None:
+        for view in (self._consumer_pos, self._producer_pos, self._words):
+            view.release()  # a mapping with views on it cannot be closed
         self._epoll.close()
         self._producer.close()
         self._consumer.close()

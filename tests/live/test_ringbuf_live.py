@@ -1,10 +1,13 @@
 """Live BPF: the ring buffer read through its own mapping, in bounded batches, in order, with nothing
-lost or read twice (otel_ebpf/probes/ringbuf.py)."""
+lost or read twice, and its consumer position written whole (otel_ebpf/probes/ringbuf.py)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
+import time
+from typing import Any
 
 import pytest
 
@@ -13,19 +16,32 @@ from otel_ebpf.probes.ringbuf import RingBufferReader
 pytestmark = pytest.mark.bpf
 
 PAGES = 4
-# Each getppid() by this process puts a record of a growing size (8..64 bytes) holding its number.
+# Each getppid() by the owner process puts a record of a growing size (8..64 bytes) holding its
+# number; first it reads the consumer position as producers do, counting each read that finds it
+# lower than the one before (positions only grow: a lower one was caught half written).
 PROGRAM = r"""
 struct record {
     u64 words[8];
 };
 BPF_RINGBUF_OUTPUT(records, PAGES);
+BPF_ARRAY_OF_MAPS(records_ref, "records", 1);
 BPF_ARRAY(counter, u64, 1);
 BPF_ARRAY(owner, u32, 1);
+BPF_ARRAY(consumer, u64, 2);  // the latest position read; how many reads went back
 TRACEPOINT_PROBE(syscalls, sys_enter_getppid) {
-    u32 zero = 0;
+    u32 zero = 0, one = 1;
     u32 *pid = owner.lookup(&zero);
     if (!pid || *pid != bpf_get_current_pid_tgid() >> 32)
         return 0;
+    void *ring = records_ref.lookup(&zero);
+    u64 *latest = consumer.lookup(&zero), *went_back = consumer.lookup(&one);
+    if (ring && latest && went_back) {
+        u64 position = bpf_ringbuf_query(ring, BPF_RB_CONS_POS);
+        if (position < *latest)
+            *went_back += 1;
+        else
+            *latest = position;
+    }
     u64 *n = counter.lookup(&zero);
     if (!n)
         return 0;
@@ -40,17 +56,22 @@ TRACEPOINT_PROBE(syscalls, sys_enter_getppid) {
 
 
 @pytest.fixture
-def ring():
-    import ctypes
-
+def loaded():
+    """The program, owned by this process, and a reader of its ring."""
     from bcc import BPF
 
     bpf = BPF(text=PROGRAM.replace("PAGES", str(PAGES)))
     bpf["owner"][ctypes.c_int(0)] = ctypes.c_uint32(os.getpid())
+    bpf["records_ref"][ctypes.c_int(0)] = ctypes.c_int(bpf["records"].map_fd)
     reader = RingBufferReader(bpf["records"].map_fd, PAGES * os.sysconf("SC_PAGE_SIZE"))
-    yield reader
+    yield bpf, reader
     reader.close()
     bpf.cleanup()
+
+
+@pytest.fixture
+def ring(loaded: tuple[Any, RingBufferReader]) -> RingBufferReader:
+    return loaded[1]
 
 
 def _read(reader: RingBufferReader, max_records: int) -> list[tuple[int, int]]:
@@ -85,3 +106,28 @@ def test_wait_returns_at_once_when_records_are_waiting(ring: RingBufferReader) -
     os.getppid()
     ring.wait(10_000)  # would block for 10 s if it did not see the backlog
     assert _read(ring, 10) == [(0, 8)]
+
+
+def test_producers_never_read_a_consumer_position_half_written(loaded: tuple[Any, RingBufferReader]) -> None:
+    """A child produces records as fast as it can while this process reads them in batches, each
+    batch writing the consumer position back: every position the producer's program reads is at
+    least the one it read before. One caught mid-write (struct.pack_into zero-fills first) would
+    have made the ring look full to the kernel, and an event would have been lost."""
+    bpf, ring = loaded
+    child = os.fork()
+    if child == 0:  # the producer
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            for _ in range(1000):
+                os.getppid()
+        os._exit(0)
+    bpf["owner"][ctypes.c_int(0)] = ctypes.c_uint32(child)
+    batches = 0
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        for _ in ring.records(64):
+            pass
+        batches += 1
+    read, went_back = bpf["consumer"][ctypes.c_int(0)].value, bpf["consumer"][ctypes.c_int(1)].value
+    assert read > 10 * PAGES * os.sysconf("SC_PAGE_SIZE")  # the ring wrapped many times over
+    assert batches > 10_000
+    assert went_back == 0
