@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -702,6 +703,57 @@ def test_signal_specific_http_endpoints_are_used_as_is(tmp_path: Path, receiver:
     sink.export_metrics(make_metrics())
     sink.shutdown(10)
     assert len(receiver.spans("http")) == 3 and receiver.metrics("http")
+
+
+class _Proxy(ThreadingHTTPServer):
+    """A forward proxy that answers every request itself: 200, and what it was asked."""
+
+    def __init__(self) -> None:
+        seen: list[tuple[str, str | None]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                seen.append((self.requestline, self.headers.get("Authorization")))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.seen = seen
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("bypassed", [False, True])
+def test_http_transport_reads_proxies_and_netrc_from_the_environment_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bypassed: bool
+) -> None:
+    """The proxy variables and ~/.netrc apply as requests applies them, read when the transport
+    is made, not at every post: changed afterwards, they change nothing."""
+    proxy = _Proxy()
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine collector.invalid login agent password secret\n")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.setenv("NO_PROXY", "collector.invalid" if bypassed else "localhost")
+    monkeypatch.setenv("NETRC", str(netrc))
+    cfg = config(tmp_path, otlp_endpoint="http://collector.invalid:4318", otlp_protocol="http/protobuf")
+    transport = build_transport(cfg.otlp, "traces")
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.setenv("NO_PROXY", "*")
+    result = transport.send(encode_spans(make_spans()).SerializeToString(), cfg.otlp.timeout_s)
+    transport.close()
+    proxy.shutdown()
+    proxy.server_close()
+    if bypassed:  # straight to a host that does not resolve
+        assert not result.ok and result.retryable and proxy.seen == []
+    else:
+        assert result.ok
+        assert proxy.seen == [
+            ("POST http://collector.invalid:4318/v1/traces HTTP/1.1", "Basic YWdlbnQ6c2VjcmV0")  # agent:secret
+        ]
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
