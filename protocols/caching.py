@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from otel_ebpf.protocol import AttributeValue, SharedAttributes
 
@@ -53,9 +53,7 @@ def memoize(function: Callable[[_Key], _Result]) -> Callable[[_Key], _Result]:
             pass
         result = function(argument)
         if len(argument) <= CACHE_MAX_LEN:
-            if len(cache) >= CACHE_ENTRIES:
-                del cache[next(iter(cache))]
-            cache[argument] = result
+            _keep(cache, argument, result)
         return result
 
     memoized.cache = cache  # type: ignore[attr-defined]  # for tests: what is kept
@@ -82,9 +80,14 @@ def memoize_attributes(
         except KeyError:
             pass
         result = SharedAttributes(function(*arguments))
-        if len(cache) >= CACHE_ENTRIES:
-            del cache[next(iter(cache))]
-        cache[arguments] = result
+        _keep(cache, arguments, result)
         return result
 
     return memoized
+
+
+def _keep(cache: dict[Any, Any], key: Any, result: Any) -> None:
+    """Put ``result`` under ``key``, the oldest entry out first when ``CACHE_ENTRIES`` are kept."""
+    if len(cache) >= CACHE_ENTRIES:
+        del cache[next(iter(cache))]
+    cache[key] = result

@@ -720,7 +720,7 @@ class _Proxy(ThreadingHTTPServer):
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
-                pass
+                """Quiet: what the proxy was asked is in ``seen``."""
 
         super().__init__(("127.0.0.1", 0), Handler)
         self.seen = seen
