@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
 from . import __version__
-from .budget import CpuBudget
+from .budget import CpuBudget, CpuCap
 from .config import AgentConfig
 from .containers import ContainerResolver
 from .exporters import build_sink
@@ -66,6 +66,9 @@ IDLE_RELEASE_NS = 1_000_000_000
 # collector"). Cycles are still collected, after this many.
 YOUNG_COLLECTION_THRESHOLD = 10_000
 KERNEL_STATS_S = 1.0
+# The longest one wait of the reader over its CPU budget (CpuCap) lasts: the loop's other readers
+# (profiles, GPU, RDMA records) and the health beat go on at least this often.
+MAX_PAUSE_S = 0.25
 REPLAY_BATCH = 512
 
 
@@ -85,6 +88,10 @@ class StopSignal:
         if self._deadline is not None and time.monotonic() >= self._deadline:
             self._event.set()
         return self._event.is_set()
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less when a stop comes meanwhile."""
+        self._event.wait(timeout_s)
 
 
 class Agent:
@@ -226,6 +233,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     header = RecordingHeader(socket.gethostname(), kernel_http_metrics=kernel_http_metrics)
     recorder = RecordingWriter(record_to, header) if record_to else None
     budget = CpuBudget(config.capture.cpu_budget)
+    cap = CpuCap(config.capture.cpu_budget)
     health = Health()
     # Listening before the attach: a taken port fails at once, and /healthz answers while BPF compiles.
     servers = start_servers(config, health, agent.sink.metric_exporter(PrometheusMetricExporter) if agent else None)
@@ -294,10 +302,30 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         # thread's other work (profiles, GPU and RDMA records, map reads), which shedding could not
         # reduce. Start-up is before the first reading, which only sets the baseline.
         other_cpu = 0.0
+        capped = False  # the cap has made the reader wait: said once
+        paused = 0.0  # seconds it waited, since start
         while not stop.stopped:
             # Each iteration is bounded (at most MAX_POLL_RECORDS records): what user space cannot
-            # take stays in the ring, where the kernel sheds new exchanges before it overflows.
-            take(probe.poll(POLL_MS), time.time_ns())
+            # take stays in the ring, where the kernel sheds new exchanges before it overflows. Over
+            # the budget, the iteration waits instead, until the cap's debt is paid.
+            pause = cap.pause(time.process_time() - other_cpu, time.monotonic())
+            if pause:
+                if not capped:
+                    capped = True
+                    log.warning(
+                        "over the CPU budget (capture.cpu_budget: %g of a core) on traffic the kernel does not shed "
+                        "(HTTP/2, gRPC, other protocols) or not yet: the ring buffer is read no faster than the "
+                        "budget allows, and what overflows it is lost and counted (otel_ebpf.events.lost, "
+                        "otel_ebpf.capture.paused)",
+                        cap.cores,
+                    )
+                pause = min(pause, MAX_PAUSE_S)
+                stop.wait(pause)
+                paused += pause
+                if agent is not None:
+                    agent.selfmetrics.add("otel_ebpf.capture.paused", round(pause * 1000))
+            else:
+                take(probe.poll(POLL_MS), time.time_ns())
             captured = time.thread_time()
             if agent is not None:
                 if profiling is not None:
@@ -313,7 +341,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 next_kernel_stats = now + KERNEL_STATS_S
                 shed = kernel_summaries(time.time_ns())
                 cpu = time.process_time() - other_cpu
-                keep = budget.update(cpu, now, http_requests, sum(shed.values()))
+                keep = budget.update(cpu, now, http_requests, sum(shed.values()), paused)
                 probe.keep_exchanges(keep)
                 log.debug("cpu budget: %.3f s of CPU so far, copying %.4f of new HTTP/1 exchanges", cpu, keep)
             other_cpu += time.thread_time() - captured

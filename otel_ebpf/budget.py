@@ -16,6 +16,10 @@ The cut scales the share of exchanges the agent really received over the period.
 falls behind, the kernel also sheds on ring backlog, and the agent's CPU then shows only what it
 could do, not how much more there was: scaling the controller's own setting would take one
 halving per period to get there, scaling what was copied takes one period.
+
+Traffic the kernel cannot shed whole (HTTP/2 and gRPC, whose header compression makes every frame
+of a connection matter; RTPS; protocols it does not know) is held by :class:`CpuCap` instead: past
+its allowance the reader waits, and what overflows the ring meanwhile is lost and counted.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ SETPOINT = (1 + HEADROOM) / 2  # the share of the budget a change of the share a
 # One cut divides the share by at most this: a second in which the kernel shed nearly everything
 # on backlog (a burst that filled half the ring) says little about what the agent can take.
 MAX_CUT = 32
+# CpuCap's allowance, in seconds of budget: the agent may run this far ahead of its budget before
+# its reader waits. The controller's patience and the period after a cut (the backlog of the old
+# share): at twice its budget, an HTTP/1 overload is cut before the cap bites.
+ALLOWANCE_S = PATIENCE + 1
 
 
 class CpuBudget:
@@ -34,18 +42,24 @@ class CpuBudget:
         """``cores``: the CPU the agent may use, as a share of one core (0.5: half a core)."""
         self.cores = cores
         self.keep = 1.0  # share of new exchanges copied
-        self._last: tuple[float, float, int, int] | None = None
+        self._last: tuple[float, float, int, int, float] | None = None
         self._over = 0  # periods over budget in a row
 
-    def update(self, cpu_s: float, wall_s: float, requests: int = 0, shed: int = 0) -> float:
+    def update(self, cpu_s: float, wall_s: float, requests: int = 0, shed: int = 0, paused_s: float = 0.0) -> float:
         """The share of new exchanges to copy, given the agent's CPU time and the wall time now.
 
         ``requests`` and ``shed``: HTTP/1 requests the kernel counted, and those it shed for any
-        reason, since start (both 0 when it counts none): what was copied over the period."""
-        last, self._last = self._last, (cpu_s, wall_s, requests, shed)
-        if last is None or wall_s <= last[1]:
+        reason, since start (both 0 when it counts none): what was copied over the period.
+        ``paused_s``: the time :class:`CpuCap` made the reader wait, since start. The usage weighed
+        is the CPU per second the reader ran: a capped agent shows the traffic it was offered, not
+        the cap, so that HTTP/1 is still shed by share rather than left to the ring's backlog."""
+        last, self._last = self._last, (cpu_s, wall_s, requests, shed, paused_s)
+        if last is None:
             return self.keep
-        used = (cpu_s - last[0]) / (wall_s - last[1])
+        running = wall_s - last[1] - (paused_s - last[4])
+        if running <= 0:
+            return self.keep
+        used = (cpu_s - last[0]) / running
         self._over = self._over + 1 if used > self.cores else 0
         if self._over >= PATIENCE:
             counted = requests - last[2]
@@ -56,3 +70,26 @@ class CpuBudget:
         elif used < HEADROOM * self.cores:  # toward the setpoint, at most doubling
             self.keep = min(1.0, self.keep * (min(2.0, SETPOINT * self.cores / used) if used > 0 else 2.0))
         return self.keep
+
+
+class CpuCap:
+    """A ceiling on the agent's CPU however little of its traffic the kernel can shed: a bucket of
+    CPU time filled at the budget's rate, up to ``ALLOWANCE_S`` seconds of it, and emptied by the
+    CPU the agent uses; empty, the reader waits for it to refill. Pure: fed CPU and wall time."""
+
+    def __init__(self, cores: float, allowance_s: float = ALLOWANCE_S) -> None:
+        """``cores``: the CPU the agent may use, as a share of one core (``capture.cpu_budget``)."""
+        self.cores = cores
+        self._allowance = cores * allowance_s
+        self._left = self._allowance  # CPU seconds the agent may still use ahead of the budget
+        self._last: tuple[float, float] | None = None
+
+    def pause(self, cpu_s: float, wall_s: float) -> float:
+        """Seconds the reader should wait before it reads more, given the agent's CPU and the wall
+        time now (0.0: none). The wait's own time refills the bucket at the next call."""
+        last, self._last = self._last, (cpu_s, wall_s)
+        if last is None:
+            return 0.0
+        refill = max(0.0, wall_s - last[1]) * self.cores
+        self._left = min(self._allowance, self._left + refill - (cpu_s - last[0]))
+        return -self._left / self.cores if self._left < 0 else 0.0

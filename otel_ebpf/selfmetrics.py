@@ -62,6 +62,12 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
     "otel_ebpf.metrics.overflow": ("{point}", "Metric points folded into the overflow series (cardinality cap)", False),
     "otel_ebpf.resources.overflow": ("{process}", "Processes folded into the overflow resource", False),
+    "otel_ebpf.capture.paused": (
+        "ms",
+        "Time the agent waited before reading the ring buffer, over its CPU budget on traffic the kernel "
+        "cannot shed whole (capture.cpu_budget)",
+        False,
+    ),
     "otel_ebpf.kernel.drops": (
         "{item}",
         "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "

@@ -1,10 +1,11 @@
-"""The CPU budget controller: shed in proportion to a sustained excess, recover when there is room."""
+"""The CPU budget controller: shed in proportion to a sustained excess, recover when there is room;
+and the cap that holds the agent to its budget on traffic the kernel does not shed."""
 
 from __future__ import annotations
 
 import pytest
 
-from otel_ebpf.budget import MAX_CUT, MIN_KEEP, SETPOINT, CpuBudget
+from otel_ebpf.budget import ALLOWANCE_S, MAX_CUT, MIN_KEEP, SETPOINT, CpuBudget, CpuCap
 
 
 def feed(budget: CpuBudget, usages: list[float]) -> list[float]:
@@ -69,3 +70,63 @@ def test_a_clock_that_did_not_move_changes_nothing() -> None:
     budget = CpuBudget(0.5)
     budget.update(0.0, 5.0)
     assert budget.update(10.0, 5.0) == 1.0
+
+
+def test_a_capped_period_is_weighed_by_the_time_the_reader_ran() -> None:
+    """Paused by the cap for half of each second, the agent used its budget of 0.5 in the other
+    half: it was offered a whole core, and the share is cut as for a whole core."""
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 0.0, paused_s=0.0)
+    budget.update(0.5, 1.0, paused_s=0.5)
+    assert budget.update(1.0, 2.0, paused_s=1.0) == pytest.approx(SETPOINT * 0.5 / 1.0)
+
+
+def test_a_period_spent_paused_changes_nothing() -> None:
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 0.0)
+    assert budget.update(0.2, 1.0, paused_s=1.0) == 1.0
+
+
+def run_capped(cap: CpuCap, demand: float, seconds: float, step: float = 0.01) -> tuple[float, float]:
+    """The agent wanting ``demand`` cores for ``seconds``, in steps of ``step`` s, waiting whenever
+    the cap says so: CPU used and time paused."""
+    cpu = wall = paused = 0.0
+    cap.pause(cpu, wall)
+    while wall < seconds:
+        cpu += demand * step
+        wall += step
+        pause = cap.pause(cpu, wall)
+        wall += pause
+        paused += pause
+    return cpu, paused
+
+
+def test_within_budget_the_cap_never_pauses() -> None:
+    assert run_capped(CpuCap(0.5), 0.45, 60.0)[1] == 0.0
+
+
+def test_over_budget_the_cap_holds_the_average_to_the_budget_after_its_allowance() -> None:
+    """Offered two cores' work, the agent runs ahead of its budget by its allowance, then no further:
+    over a minute it used the budget and the allowance, to within one step."""
+    cap = CpuCap(0.5)
+    cpu, paused = run_capped(cap, 2.0, 60.0)
+    assert cpu == pytest.approx(0.5 * 60.0 + 0.5 * ALLOWANCE_S, abs=2.0 * 0.01)
+    assert paused > 40.0
+
+
+def test_the_allowance_is_spent_before_the_first_pause() -> None:
+    """At one core against a budget of 0.5 the bucket empties at 0.5 s of CPU per second."""
+    cap = CpuCap(0.5, allowance_s=2.0)
+    cap.pause(0.0, 0.0)
+    assert cap.pause(1.0, 1.0) == 0.0  # 1.0 s of CPU allowed ahead, 0.5 of it spent
+    assert cap.pause(2.0, 2.0) == 0.0  # all of it
+    assert cap.pause(3.0, 3.0) == pytest.approx(0.5 / 0.5)  # 0.5 s of CPU over: a second at 0.5
+
+
+def test_a_pause_refills_what_it_waited_for() -> None:
+    cap = CpuCap(0.5, allowance_s=0.0)
+    cap.pause(0.0, 0.0)
+    assert cap.pause(0.5, 0.5) == pytest.approx(0.5)  # 0.25 s of CPU over: half a second at 0.5
+    assert cap.pause(0.5, 1.0) == 0.0  # waited it out, used nothing meanwhile
+    assert cap.pause(0.5, 5.0) == 0.0  # idle time refills only up to the allowance (none)
+    assert cap.pause(0.6, 5.1) == pytest.approx(0.1)

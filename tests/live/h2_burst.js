@@ -7,6 +7,10 @@
 //                                             waits for a line on stdin, then ROUNDS bursts of
 //                                             SIZE requests (POSTs of BODY bytes when BODY is
 //                                             given); prints one status per request
+//   node h2_burst.js flood PORT SECONDS STREAMS
+//                                             keeps STREAMS GETs in flight for SECONDS, each
+//                                             followed by the next as it ends; prints
+//                                             {"done": N, "bad": M} (non-200s and stream errors)
 const http2 = require('http2');
 const fs = require('fs');
 const [mode, ...args] = process.argv.slice(2);
@@ -21,6 +25,24 @@ if (mode === 'serve') {
   server.listen(0, '127.0.0.1', () => {
     fs.writeFileSync(args[0] + '.tmp', String(server.address().port));
     fs.renameSync(args[0] + '.tmp', args[0]);
+  });
+} else if (mode === 'flood') {
+  const [port, seconds, streams] = args.map(Number);
+  const client = http2.connect(`http://127.0.0.1:${port}`);
+  let done = 0, bad = 0, stop = false;
+  const one = () => new Promise((resolve) => {
+    const request = client.request({':path': `/items/${done}`});
+    request.on('response', (headers) => { if (headers[':status'] !== 200) bad++; });
+    request.on('data', () => {});
+    request.on('end', () => { done++; resolve(); });
+    request.on('error', () => { bad++; resolve(); });
+    request.end();
+  });
+  const stream = async () => { while (!stop) await one(); };
+  setTimeout(() => { stop = true; }, seconds * 1000);
+  Promise.all(Array.from({length: streams}, stream)).then(() => {
+    console.log(JSON.stringify({done, bad}));
+    client.close();
   });
 } else {
   const [port, rounds, size, body] = args.map(Number);

@@ -1,5 +1,6 @@
 """Live BPF: an agent pushed past what it may handle sheds whole exchanges, counts each one, and keeps
-the HTTP metrics exact (bpf/http1_summary.h, otel_ebpf/budget.py).
+the HTTP metrics exact (bpf/http1_summary.h, otel_ebpf/budget.py); traffic the kernel cannot shed
+(HTTP/2) is held to the CPU budget by the reader's waits.
 
 A small ring buffer and a tiny CPU budget make a few thousand requests per second an overload on
 any machine. Every request the client made must then be exactly one of: a complete span, or a
@@ -10,6 +11,7 @@ request that got its 200 may show up as a failed span.
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import os
 import shutil
@@ -351,3 +353,49 @@ def test_the_agent_stays_within_its_cpu_budget(tmp_path: Path) -> None:
     shed = latest_total(load_file_metrics(tmp_path / "out"), "otel_ebpf.spans.shed", reason="cpu_budget")
     assert shed > 0, f"the agent was never over its budget: the test proves nothing (CPU per second {per_second})"
     assert statistics.median(settled) <= 1.2 * BUDGET, f"CPU per second {per_second}, budget {BUDGET}"
+
+
+H2_BUDGET = 0.2  # cores: test_the_agent_stays_within_its_cpu_budget_on_traffic_the_kernel_cannot_shed
+H2_LOAD_S = 12
+# The cap's allowance (3 s of budget) spent at the excess of a saturating load: under a second.
+H2_SETTLE_S = 3
+
+
+def test_the_agent_stays_within_its_cpu_budget_on_traffic_the_kernel_cannot_shed(tmp_path: Path) -> None:
+    """Node.js's ``http2`` on both ends, 32 streams always in flight on one h2c connection, the
+    server traced: far past what the agent may spend. HTTP/2 is not shed (its header compression
+    needs every frame), so the agent holds to its budget by reading the ring no faster than the
+    budget allows (otel_ebpf/budget.py, ``CpuCap``): what overflows the ring is lost and counted,
+    and no call becomes a failed span for it."""
+    script = str(Path(__file__).with_name("h2_burst.js"))
+    port_file = tmp_path / "port"
+    server = subprocess.Popen(["node", script, "serve", str(port_file)])
+    agent = load = None
+    try:
+        port = _wait_for_file(port_file, server, timeout=30)
+        agent = start_file_agent(tmp_path, server.pid, f"capture:\n  cpu_budget: {H2_BUDGET}\n")
+        load = subprocess.Popen(
+            ["node", script, "flood", port, str(H2_LOAD_S), "32"], stdout=subprocess.PIPE, text=True
+        )
+        per_second, last = [], _cpu_s(agent.pid)
+        for _ in range(H2_LOAD_S - 1):
+            time.sleep(1)
+            now = _cpu_s(agent.pid)
+            per_second.append(now - last)
+            last = now
+        flood = json.loads(load.communicate(timeout=60)[0])
+        agent.send_signal(signal.SIGINT)
+        stderr = agent.communicate(timeout=60)[1]
+        assert agent.returncode == 0, stderr
+    finally:
+        kill_all(load, agent, server)
+    assert flood["done"] > 0 and flood["bad"] == 0, flood
+    metrics = load_file_metrics(tmp_path / "out")
+    paused = latest_total(metrics, "otel_ebpf.capture.paused")
+    assert paused > 0, f"the reader never waited: the test proves nothing (CPU per second {per_second})"
+    assert latest_total(metrics, "otel_ebpf.events.lost") > 0
+    assert statistics.median(per_second[H2_SETTLE_S:]) <= 1.2 * H2_BUDGET, f"CPU per second {per_second}"
+    spans = load_file_spans(tmp_path / "out")
+    assert spans, "no call became a span"
+    assert not [s for s in spans if s["status_code"] == "ERROR"]
+    assert "over the CPU budget" in stderr
