@@ -1,4 +1,5 @@
-"""gRPC unary calls and HTTPS requests with and without the agent, measured side by side in one run.
+"""gRPC unary calls, HTTPS requests and HTTP/2 calls with and without the agent, measured side by side
+in one run.
 
 - gRPC: ``examples/trace_chain.py serve-grpc`` (plaintext grpcio, 16 worker threads, raw-bytes
   handler, ~2 ms of "work" per call) loaded by its ``load-grpc``: unary calls on one channel (one
@@ -9,6 +10,12 @@
   (10 keep-alive connections), which links the same libssl: its SSL calls hit the uprobes too.
   Paced as in ``http_load.py`` (``paced.lua``): a whole number of ms between a connection's
   requests (closed loop), so latency the agent adds lowers the traced rate too.
+- HTTP/2: Node.js's ``http2`` on both ends (``tests/live/h2_burst.js``: ``serve``, a GET answered
+  with a small JSON body; ``flood``, 32 streams always in flight on one h2c connection; paced, each
+  stream on a schedule). The kernel does not shed HTTP/2, and the agent cannot keep up with it at
+  full speed here: the row shows the agent held to its CPU budget (``capture.cpu_budget``, by its
+  reader's waits: ``otel_ebpf.budget.CpuCap``), the events the full ring lost counted, no call a
+  failed span.
 
 Per workload, "max" first, then ``--paced`` fractions of the untraced max. Per load and round, an
 untraced and a traced run in alternating order, so drift hits both; each on a fresh server warmed
@@ -20,11 +27,13 @@ with ``url.scheme=https``, over calls the client completed; wrk leaves out the <
 flight when it stops, so a row is met when each traced run has calls <= spans <= calls + 10),
 events lost in the kernel / spans dropped at export (self-metrics), agent CPU per call
 (utime+stime of the agent process over its whole run less its start-up, the final flush after
-SIGINT included: user space only, probe time is charged to the traced processes), agent RSS
+SIGINT included: user space only, probe time is charged to the traced processes), the agent's
+CPU in cores from ``SETTLE_S`` into the load to its end (once its budget has acted), agent RSS
 (max sampled under load), p50/p99 latency.
 Target: spans per call 1.000 and ratio >= 0.90.
 
-Usage: ``python bench/protocol_load.py [--quick] [--duration S] [--rounds R] [--paced 0.5,...] [--only grpc|https]``
+Usage: ``python bench/protocol_load.py [--quick] [--duration S] [--rounds R] [--paced 0.5,...]
+[--only grpc|https|http2]``
 """
 
 from __future__ import annotations
@@ -57,6 +66,11 @@ CHAIN = [sys.executable, str(REPO / "examples" / "trace_chain.py")]
 # TCP_NODELAY): as is, Nagle + the client's delayed ACK stall each response ~40 ms (~200/s at -c10).
 HTTPS_SERVER = [sys.executable, str(REPO / "examples" / "tls_peers.py"), "https-serve"]
 GRPC_SPAN = "tracechain.Chain/Work"
+H2_PEERS = ["node", str(REPO / "tests" / "live" / "h2_burst.js")]
+H2_STREAMS = 32
+# The agent's CPU is read from here on: its budget has acted (CpuCap's allowance, 1 s of budget, is
+# spent within a few seconds at full speed; the controller's first cut shows after 3 s).
+SETTLE_S = 4.0
 WRK_CONNECTIONS = 10
 HEADER = [
     "workload",
@@ -67,6 +81,7 @@ HEADER = [
     "spans/call",
     "lost ev/spans",
     "agent CPU/call",
+    "agent cores",
     "agent RSS",
     "p50 ms u / t",
     "p99 ms u / t",
@@ -85,6 +100,7 @@ class Run:
     error_spans: int = 0  # of those, with status ERROR
     lost: tuple[int, int] = (0, 0)  # events lost in the kernel, spans dropped at export
     agent_cpu_s: float = 0.0
+    agent_cores: float = 0.0  # CPU per second from SETTLE_S into the load to its end
     agent_rss_mb: float = 0.0
     shared: tuple[int, ...] = ()  # other processes holding BPF programs during the load
 
@@ -131,6 +147,17 @@ def grpc_load(concurrency: int) -> Load:
     return load
 
 
+def h2_load(port: int, seconds: float, rate: float | None) -> Run:
+    paced = [] if rate is None else [str(rate)]
+    out = subprocess.run(
+        [*H2_PEERS, "flood", str(port), str(seconds), str(H2_STREAMS), *paced], capture_output=True, text=True
+    )
+    if not out.stdout.strip():
+        raise SystemExit(f"h2_burst.js flood failed ({out.returncode}): {out.stderr}")
+    r = json.loads(out.stdout)
+    return Run(r["calls"], r["calls"] / r["seconds"], r["p50_ms"] or 0.0, r["p99_ms"] or 0.0, r["errors"])
+
+
 def _wrk_delay_ms(rate: float) -> int:
     return max(1, math.ceil(WRK_CONNECTIONS * 1000 / rate))
 
@@ -158,6 +185,7 @@ def measure(workload: Workload, rate: float | None, seconds: float, traced: bool
             return run
         time.sleep(0.5)  # let the agent drain the ring buffer
         run.shared, run.agent_rss_mb = tuple(sorted(watch.finish().others)), watch.peak
+        run.agent_cores = watch.cores_after(SETTLE_S)
         usage = agent.stop()  # SIGINT: the final flush is part of the run
         run.agent_cpu_s = usage.cpu_total_s - usage.cpu_startup_s
         spans = [s for s in load_file_spans(out) if s["kind"] == "SERVER" and workload.is_span(s)]
@@ -196,7 +224,7 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
                 f"  {'traced' if traced else 'untraced'}: {run.rate:,.0f}/s, {run.calls} calls"
                 + (
                     f", {run.spans} spans ({run.error_spans} ERROR), lost (events, spans) {run.lost}, "
-                    f"agent {run.agent_cpu_s:.2f} CPU-s"
+                    f"agent {run.agent_cpu_s:.2f} CPU-s, {run.agent_cores:.2f} cores settled"
                     if traced
                     else ""
                 )
@@ -217,6 +245,7 @@ def row(workload: Workload, rate: float | None, args: argparse.Namespace) -> tup
         "events_lost": sum(r.lost[0] for r in t),
         "spans_dropped": sum(r.lost[1] for r in t),
         "agent_cpu_us_per_call": round(sum(r.agent_cpu_s for r in t) / calls * 1e6),
+        "agent_cores_settled": round(med(r.agent_cores for r in t), 2),
         "agent_rss_mb": round(max(r.agent_rss_mb for r in t)),
         "p50_ms": [round(med(r.p50_ms for r in runs), 2) for runs in (u, t)],
         "p99_ms": [round(med(r.p99_ms for r in runs), 2) for runs in (u, t)],
@@ -240,6 +269,7 @@ def cells(load: dict[str, Any]) -> list[str]:
         f"{load['spans_per_call']:.4f}" + (f" ({errs} ERROR)" if errs else ""),
         f"{load['events_lost']} / {load['spans_dropped']}",
         f"{load['agent_cpu_us_per_call']} µs",
+        f"{load['agent_cores_settled']:.2f}",
         f"{load['agent_rss_mb']} MB",
         "{:.2f} / {:.2f}".format(*load["p50_ms"]),
         "{:.2f} / {:.2f}".format(*load["p99_ms"]),
@@ -251,7 +281,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paced", default="0.5", help="paced loads, fractions of the untraced max ('' for none)")
     parser.add_argument("--grpc-concurrency", type=int, default=16, help="load-grpc threads on the one channel")
-    parser.add_argument("--only", choices=["grpc", "https"], help="one workload only")
+    parser.add_argument("--only", choices=["grpc", "https", "http2"], help="one workload only")
     args = parse_live_args(parser, duration=8.0, rounds=3, quick=(3.0, 1), wait_quiet=300)
     import trustme
 
@@ -276,6 +306,14 @@ def main() -> None:
             lambda r: WRK_CONNECTIONS * 1000 / _wrk_delay_ms(r),
             WRK_CONNECTIONS,
         ),
+        "http2": Workload(
+            "HTTP/2",
+            lambda port_file: [*H2_PEERS, "serve", str(port_file)],
+            h2_load,
+            lambda s: s["attributes"].get("url.path", "").startswith("/items/"),
+            lambda r: round(r, -1),
+            H2_STREAMS,
+        ),
     }
     loads: list[dict[str, Any]] = []
     try:
@@ -291,7 +329,8 @@ def main() -> None:
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
     print(
         f"\n{args.rounds} round(s) of {args.duration:g} s per load, medians; gRPC: {args.grpc_concurrency} threads "
-        f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; {os.cpu_count()} CPUs, kernel {os.uname().release}"
+        f"on one channel; HTTPS: wrk -c{WRK_CONNECTIONS}; HTTP/2: {H2_STREAMS} streams on one connection; "
+        f"agent cores: from {SETTLE_S:g} s into the load; {os.cpu_count()} CPUs, kernel {os.uname().release}"
     )
     print("target: spans/call 1.000 and traced/untraced ratio >= 0.90")
     for line in table:
@@ -309,6 +348,7 @@ def main() -> None:
                 "rounds": args.rounds,
                 "grpc_concurrency": args.grpc_concurrency,
                 "https_connections": WRK_CONNECTIONS,
+                "http2_streams": H2_STREAMS,
                 "paced": args.paced,
             },
             "loads": loads,

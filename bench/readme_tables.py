@@ -143,6 +143,8 @@ def protocol_load(figures: Figures) -> list[str]:
         "ratio",
         "spans / call",
         "agent CPU / call",
+        "agent cores (settled)",
+        "events lost",
         "p50 untraced → traced",
     ]
     rows = [
@@ -151,6 +153,8 @@ def protocol_load(figures: Figures) -> list[str]:
             *_side_by_side(load),
             f"{load['spans_per_call']:.4f}",
             f"{load['agent_cpu_us_per_call']:,} µs",
+            f"{load['agent_cores_settled']:.2f}",
+            f"{load['events_lost']:,}",
             "{:.2f} → {:.2f} ms".format(*load["p50_ms"]),
         ]
         for load in figures["loads"]

@@ -350,12 +350,14 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 ready = True
                 health.ready_now()
         health.stopping()
+        # The kernel's seconds of detaching overlap the final drain and flush.
+        probe.detach()
         # The final drain and flush must not wait on the applications: back to the niceness it
         # was started with.
         if nice and nice != started_nice and not set_niceness(started_nice):
             log.debug("stopping at nice %d: going back to %d needs CAP_SYS_NICE", nice, started_nice)
         # What the kernel handed over before the stop still counts: the ring as it stands now, at
-        # most its size (MiBs: well under a second), however much traffic goes on.
+        # most its size (MiBs: about a second of HTTP/2 at most), however much traffic goes on.
         for events in probe.drain():
             take(events, None)
         kernel_summaries(None)

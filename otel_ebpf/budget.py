@@ -32,9 +32,11 @@ SETPOINT = (1 + HEADROOM) / 2  # the share of the budget a change of the share a
 # on backlog (a burst that filled half the ring) says little about what the agent can take.
 MAX_CUT = 32
 # CpuCap's allowance, in seconds of budget: the agent may run this far ahead of its budget before
-# its reader waits. The controller's patience and the period after a cut (the backlog of the old
-# share): at twice its budget, an HTTP/1 overload is cut before the cap bites.
-ALLOWANCE_S = PATIENCE + 1
+# its reader waits. One period: a burst passes, an overload does not (at a tenth over the budget it
+# would run 10 s before the reader waits with 1 s, 30 s with 3). An HTTP/1 overload may meet the
+# cap before the controller's cut: meanwhile the ring's backlog grows and the kernel sheds on it,
+# counted, and the controller weighs the CPU per second the reader ran, so the cut still comes.
+ALLOWANCE_S = 1.0
 
 
 class CpuBudget:

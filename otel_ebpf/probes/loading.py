@@ -161,17 +161,22 @@ def compile_program(source: str, cflags: list[str], what: str, verify: Iterable[
     return bpf
 
 
-def close_program(bpf: Any) -> None:
-    """Detach everything ``bpf`` attached, then free it. Each detach waits for the kernel (an RCU
-    grace period, tens of milliseconds; a uprobe's more): one after another, a probe with dozens
-    of them takes seconds to stop, past a container's grace period. Done side by side, the waits
-    overlap (the calls release the GIL). Freeing the module is one at a time (``_BCC_MODULES``)."""
+def detach_programs(bpf: Any) -> None:
+    """Detach ``bpf``'s uprobes and tracepoints; its maps stay readable. Each detach waits for the
+    kernel (an RCU grace period, tens of milliseconds; a uprobe's more): one after another, a probe
+    with dozens of them takes seconds to stop, past a container's grace period. Done side by side,
+    the waits overlap (the calls release the GIL)."""
     detaches = [(bpf.detach_uprobe_event, name) for name in list(bpf.uprobe_fds)]
     detaches += [(bpf.detach_tracepoint, name) for name in list(bpf.tracepoint_fds)]
     if detaches:
         with ThreadPoolExecutor(max_workers=min(32, len(detaches))) as pool:
             for future in [pool.submit(detach, name) for detach, name in detaches]:
                 future.exception()  # one that failed is left to cleanup(), which skips the rest
+
+
+def close_program(bpf: Any) -> None:
+    """Detach everything ``bpf`` attached, then free it (one module at a time: ``_BCC_MODULES``)."""
+    detach_programs(bpf)
     with _BCC_MODULES:
         bpf.cleanup()
 

@@ -48,6 +48,7 @@ from .inject import Injection
 from .loading import (
     TargetTable,
     close_program,
+    detach_programs,
     load_program,
     power_of_two_at_least,
     ring_buffer_pages,
@@ -305,6 +306,7 @@ class SocketProbe:
         self._own_endpoints_fresh = False  # read from /proc during this poll
         self._unresolved: list[_Opening] = []  # this poll's sockets announced without a local end
         self._uprobe_closer = _UprobeCloser()
+        self._detaching: threading.Thread | None = None  # from detach(): TLS targets no longer followed
         self._preexisting: dict[tuple[int, int], procfs.SocketTuple] = {}  # (pid, fd) at start
         self._synthetic = 1  # fd-tracking ids for seeded sockets: odd, below the kernel's ktime ones
         # Kernel time (CLOCK_MONOTONIC) -> Unix time, fixed at start so replays see the same values.
@@ -472,6 +474,8 @@ class SocketProbe:
         """One SSL probe, for process ``pid`` only or (None) every process mapping ``path``; the
         names BCC gave what it attached, which are what ``_detach_tls`` needs (BCC's own detach
         looks the symbol up again, in a process that may be gone)."""
+        if self._detaching is not None:
+            return []  # stopping: nothing new
         bpf = self._run.bpf
         before = set(bpf.uprobe_fds)
         attach = bpf.attach_uretprobe if is_return else bpf.attach_uprobe
@@ -480,7 +484,8 @@ class SocketProbe:
 
     def _detach_tls(self, handle: object) -> None:
         """``handle``: what one ``_attach_tls`` returned (TLSAttacher keeps handles untyped)."""
-        self._uprobe_closer.close(self._run.bpf, cast("list[bytes]", handle))
+        if self._detaching is None:  # else detach() takes every probe off at once
+            self._uprobe_closer.close(self._run.bpf, cast("list[bytes]", handle))
 
     def _is_target(self, pid: int) -> bool:
         """Whether the kernel traces ``pid`` (children join at fork, exiting processes leave)."""
@@ -491,7 +496,24 @@ class SocketProbe:
         """TLS implementations found so far: hooked, and those without symbols."""
         return self._run.tls.libraries
 
+    def detach(self) -> None:
+        """Begin to stop: the kernel's programs come off in a thread of their own (seconds of the
+        kernel's grace periods), while the ring and the maps stay readable, so that the agent reads
+        what the ring holds meanwhile (``drain``); ``close`` waits for it."""
+        started = self._started
+        if started is None or self._detaching is not None:
+            return
+
+        def detach() -> None:
+            self._uprobe_closer.stop()
+            detach_programs(started.bpf)
+
+        self._detaching = threading.Thread(target=detach, name="detach-socket-probe")
+        self._detaching.start()
+
     def close(self) -> None:
+        if self._detaching is not None:
+            self._detaching.join()
         started, self._started = self._started, None
         if started is None:
             return

@@ -7,10 +7,12 @@
 //                                             waits for a line on stdin, then ROUNDS bursts of
 //                                             SIZE requests (POSTs of BODY bytes when BODY is
 //                                             given); prints one status per request
-//   node h2_burst.js flood PORT SECONDS STREAMS
+//   node h2_burst.js flood PORT SECONDS STREAMS [RATE]
 //                                             keeps STREAMS GETs in flight for SECONDS, each
-//                                             followed by the next as it ends; prints
-//                                             {"done": N, "bad": M} (non-200s and stream errors)
+//                                             followed by the next as it ends (with RATE, each
+//                                             stream on a schedule of RATE / STREAMS calls per
+//                                             second); prints {"calls", "seconds", "errors",
+//                                             "p50_ms", "p99_ms"} (errors: non-200s and resets)
 const http2 = require('http2');
 const fs = require('fs');
 const [mode, ...args] = process.argv.slice(2);
@@ -27,21 +29,34 @@ if (mode === 'serve') {
     fs.renameSync(args[0] + '.tmp', args[0]);
   });
 } else if (mode === 'flood') {
-  const [port, seconds, streams] = args.map(Number);
+  const [port, seconds, streams, rate] = args.map(Number);
   const client = http2.connect(`http://127.0.0.1:${port}`);
-  let done = 0, bad = 0, stop = false;
-  const one = () => new Promise((resolve) => {
-    const request = client.request({':path': `/items/${done}`});
-    request.on('response', (headers) => { if (headers[':status'] !== 200) bad++; });
+  const latencies = [];
+  let errors = 0;
+  const one = (n) => new Promise((resolve) => {
+    const sent = process.hrtime.bigint();
+    const request = client.request({':path': `/items/${n}`});
+    request.on('response', (headers) => { if (headers[':status'] !== 200) errors++; });
     request.on('data', () => {});
-    request.on('end', () => { done++; resolve(); });
-    request.on('error', () => { bad++; resolve(); });
+    request.on('end', () => { latencies.push(Number(process.hrtime.bigint() - sent) / 1e6); resolve(); });
+    request.on('error', () => { errors++; resolve(); });
     request.end();
   });
-  const stream = async () => { while (!stop) await one(); };
-  setTimeout(() => { stop = true; }, seconds * 1000);
-  Promise.all(Array.from({length: streams}, stream)).then(() => {
-    console.log(JSON.stringify({done, bad}));
+  const start = Date.now(), stop = start + seconds * 1000;
+  const interval = rate ? streams * 1000 / rate : 0;  // ms between one stream's calls
+  const stream = async (first) => {
+    for (let n = first, due = start; Date.now() < stop; n += streams) {
+      await one(n);
+      due += interval;
+      const wait = due - Date.now();
+      if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  };
+  Promise.all(Array.from({length: streams}, (_, i) => stream(i))).then(() => {
+    const elapsed = (Date.now() - start) / 1000;
+    latencies.sort((a, b) => a - b);
+    const at = (q) => latencies.length ? latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] : null;
+    console.log(JSON.stringify({calls: latencies.length, seconds: elapsed, errors, p50_ms: at(0.5), p99_ms: at(0.99)}));
     client.close();
   });
 } else {

@@ -357,7 +357,7 @@ def test_the_agent_stays_within_its_cpu_budget(tmp_path: Path) -> None:
 
 H2_BUDGET = 0.2  # cores: test_the_agent_stays_within_its_cpu_budget_on_traffic_the_kernel_cannot_shed
 H2_LOAD_S = 12
-# The cap's allowance (3 s of budget) spent at the excess of a saturating load: under a second.
+# The cap's allowance (1 s of budget) spent at the excess of a saturating load: under a second.
 H2_SETTLE_S = 3
 
 
@@ -385,11 +385,15 @@ def test_the_agent_stays_within_its_cpu_budget_on_traffic_the_kernel_cannot_shed
             last = now
         flood = json.loads(load.communicate(timeout=60)[0])
         agent.send_signal(signal.SIGINT)
+        stopping = time.monotonic()
         stderr = agent.communicate(timeout=60)[1]
+        stopped_s = time.monotonic() - stopping
         assert agent.returncode == 0, stderr
     finally:
         kill_all(load, agent, server)
-    assert flood["done"] > 0 and flood["bad"] == 0, flood
+    assert flood["calls"] > 0 and flood["errors"] == 0, flood
+    # the ring is full at the stop: its drain overlaps the kernel's detaching (~4 s here; 5-6 s before)
+    assert stopped_s < 10, f"the agent took {stopped_s:.1f} s to stop"
     metrics = load_file_metrics(tmp_path / "out")
     paused = latest_total(metrics, "otel_ebpf.capture.paused")
     assert paused > 0, f"the reader never waited: the test proves nothing (CPU per second {per_second})"
