@@ -324,6 +324,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_per_second(pid: int, seconds: int) -> list[float]:
+    """The CPU ``pid`` used in each of the next ``seconds`` seconds (all its threads)."""
+    per_second, last = [], _cpu_s(pid)
+    for _ in range(seconds):
+        time.sleep(1)
+        now = _cpu_s(pid)
+        per_second.append(now - last)
+        last = now
+    return per_second
+
+
 def test_the_agent_stays_within_its_cpu_budget(tmp_path: Path) -> None:
     """``wrk`` loads the service past what the agent may spend (``capture.cpu_budget``) on it.
     Once the controller has settled, the agent's CPU, on all its threads (the file exporter's
@@ -337,12 +348,7 @@ def test_the_agent_stays_within_its_cpu_budget(tmp_path: Path) -> None:
         load = subprocess.Popen(
             ["wrk", "-t1", "-c4", f"-d{LOAD_S}s", f"http://127.0.0.1:{port}/health"], stdout=subprocess.PIPE, text=True
         )
-        per_second, last = [], _cpu_s(agent.pid)
-        for _ in range(LOAD_S - 1):
-            time.sleep(1)
-            now = _cpu_s(agent.pid)
-            per_second.append(now - last)
-            last = now
+        per_second = _cpu_per_second(agent.pid, LOAD_S - 1)
         assert load.wait(timeout=30) == 0
         agent.send_signal(signal.SIGINT)
         stderr = agent.communicate(timeout=60)[1]
@@ -377,12 +383,7 @@ def test_the_agent_stays_within_its_cpu_budget_on_traffic_the_kernel_cannot_shed
         load = subprocess.Popen(
             ["node", script, "flood", port, str(H2_LOAD_S), "32"], stdout=subprocess.PIPE, text=True
         )
-        per_second, last = [], _cpu_s(agent.pid)
-        for _ in range(H2_LOAD_S - 1):
-            time.sleep(1)
-            now = _cpu_s(agent.pid)
-            per_second.append(now - last)
-            last = now
+        per_second = _cpu_per_second(agent.pid, H2_LOAD_S - 1)
         flood = json.loads(load.communicate(timeout=60)[0])
         agent.send_signal(signal.SIGINT)
         stopping = time.monotonic()
