@@ -52,24 +52,24 @@ class CpuBudget:
 
         ``requests`` and ``shed``: HTTP/1 requests the kernel counted, and those it shed for any
         reason, since start (both 0 when it counts none): what was copied over the period.
-        ``paused_s``: the time :class:`CpuCap` made the reader wait, since start. The usage weighed
-        is the CPU per second the reader ran: a capped agent shows the traffic it was offered, not
-        the cap, so that HTTP/1 is still shed by share rather than left to the ring's backlog."""
+        ``paused_s``: the time :class:`CpuCap` made the reader wait, since start. A period in which
+        it waited is over budget whatever its CPU (held to the budget, the agent shows the cap, not
+        what it was offered), so that HTTP/1 is cut by share and not left to the ring's backlog;
+        the cut scales what the kernel copied, the backlog's shedding included, as always."""
         last, self._last = self._last, (cpu_s, wall_s, requests, shed, paused_s)
-        if last is None:
+        if last is None or wall_s <= last[1]:
             return self.keep
-        running = wall_s - last[1] - (paused_s - last[4])
-        if running <= 0:
-            return self.keep
-        used = (cpu_s - last[0]) / running
-        self._over = self._over + 1 if used > self.cores else 0
+        used = (cpu_s - last[0]) / (wall_s - last[1])
+        capped = paused_s > last[4]
+        self._over = self._over + 1 if used > self.cores or capped else 0
         if self._over >= PATIENCE:
             counted = requests - last[2]
             copied = min(self.keep, max(0.0, 1 - (shed - last[3]) / counted)) if counted > 0 else self.keep
-            self.keep = max(MIN_KEEP, self.keep / MAX_CUT, copied * SETPOINT * self.cores / used)
+            cut = max(MIN_KEEP, self.keep / MAX_CUT, copied * SETPOINT * self.cores / used) if used > 0 else self.keep
+            self.keep = min(self.keep, cut)
             # The next period still ends the ring's backlog of the old share: judged anew after it.
             self._over = 0
-        elif used < HEADROOM * self.cores:  # toward the setpoint, at most doubling
+        elif used < HEADROOM * self.cores and not capped:  # toward the setpoint, at most doubling
             self.keep = min(1.0, self.keep * (min(2.0, SETPOINT * self.cores / used) if used > 0 else 2.0))
         return self.keep
 

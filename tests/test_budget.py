@@ -72,19 +72,34 @@ def test_a_clock_that_did_not_move_changes_nothing() -> None:
     assert budget.update(10.0, 5.0) == 1.0
 
 
-def test_a_capped_period_is_weighed_by_the_time_the_reader_ran() -> None:
-    """Paused by the cap for half of each second, the agent used its budget of 0.5 in the other
-    half: it was offered a whole core, and the share is cut as for a whole core."""
+def test_periods_the_cap_held_are_over_budget_and_cut_to_what_was_taken() -> None:
+    """Held by the cap to its budget (0.5 of a core, waiting part of each second), the agent reads
+    as at its budget, not over it; the kernel shed a third of the requests on the ring's backlog.
+    Two such periods are over budget all the same, and the cut aims at the setpoint from what the
+    kernel copied: no deeper (the reader's speed while it ran is not what it was offered)."""
     budget = CpuBudget(0.5)
-    budget.update(0.0, 0.0, paused_s=0.0)
-    budget.update(0.5, 1.0, paused_s=0.5)
-    assert budget.update(1.0, 2.0, paused_s=1.0) == pytest.approx(SETPOINT * 0.5 / 1.0)
+    budget.update(0.0, 0.0, 0, 0, paused_s=0.0)
+    assert budget.update(0.5, 1.0, 3000, 1000, paused_s=0.3) == 1.0
+    assert budget.update(1.0, 2.0, 6000, 2000, paused_s=0.6) == pytest.approx((2 / 3) * SETPOINT)
 
 
-def test_a_period_spent_paused_changes_nothing() -> None:
+def test_the_share_does_not_grow_while_the_cap_holds_the_agent() -> None:
+    """Cut to 0.45 by two seconds at a whole core; then a second of little CPU in which the reader
+    still waited (the cap's debt): the share stays (it would double in a quiet second)."""
     budget = CpuBudget(0.5)
     budget.update(0.0, 0.0)
-    assert budget.update(0.2, 1.0, paused_s=1.0) == 1.0
+    budget.update(1.0, 1.0)
+    assert budget.update(2.0, 2.0) == pytest.approx(SETPOINT * 0.5)
+    assert budget.update(2.1, 3.0, paused_s=0.8) == pytest.approx(SETPOINT * 0.5)
+    assert budget.update(2.2, 4.0, paused_s=0.8) == pytest.approx(SETPOINT * 0.5 * 2)
+
+
+def test_a_cut_never_raises_the_share() -> None:
+    """Two capped periods of little CPU (the cap caught up with an old burst): no cut, no rise."""
+    budget = CpuBudget(0.5)
+    budget.update(0.0, 0.0)
+    assert budget.update(0.05, 1.0, paused_s=0.9) == 1.0
+    assert budget.update(0.1, 2.0, paused_s=1.8) == 1.0
 
 
 def run_capped(cap: CpuCap, demand: float, seconds: float, step: float = 0.01) -> tuple[float, float]:
