@@ -74,13 +74,17 @@ class RingBufferReader:
             except InterruptedError:
                 pass  # a signal (SIGTERM): the caller checks why
 
-    def records(self, max_records: int) -> Iterator[tuple[int, int]]:
-        """``(offset, size)`` in :attr:`data` of up to ``max_records`` records, oldest first.
+    def records(self, max_records: int, max_bytes: int | None = None) -> Iterator[tuple[int, int]]:
+        """``(offset, size)`` in :attr:`data` of up to ``max_records`` records, oldest first, and
+        (given ``max_bytes``) none past the first that ends ``max_bytes`` of the ring after where
+        the batch began.
 
         Each record's space goes back to the kernel only when the batch has been read (when the
         iterator ends), so the data stays valid while the caller decodes it."""
         producer = self._producer_pos[0]
         position, words, page, mask = self.consumed, self._words, self._page, self._mask
+        if max_bytes is not None:
+            producer = min(producer, position + max_bytes)
         read = 0
         try:
             while position < producer and read < max_records:

@@ -84,6 +84,11 @@ MAX_TOLD = 64  # processes a warning names, each once (socket I/O outside syscal
 # short enough (about 70 ms of CPU for HTTP/1) that the loop's once-a-second CPU-budget reading
 # stays near a second when the agent gets only a fraction of a core (8192 stretched it to 2-3 s).
 MAX_POLL_RECORDS = 2048
+# Ring bytes decoded per poll at most: 2,048 records of HTTP/1 are a few hundred KiB, but a busy
+# HTTP/2 connection's records are 4 KiB each with a score of calls in every one, and 2,048 of them
+# (read at once after the reader waited on its CPU budget) made more spans than the export queue
+# holds (export.max_queue_spans: 20,000), which dropped the rest.
+MAX_POLL_BYTES = 512 * 1024
 # New HTTP/1 exchanges are shed while more than this share of the ring is waiting to be read.
 SHED_BACKLOG_SHARE = 0.5
 # The kernel wakes the agent each time the bytes waiting for it cross another such share of the
@@ -634,7 +639,8 @@ class SocketProbe:
 
     def poll(self, timeout_ms: int, max_records: int = MAX_POLL_RECORDS) -> list[Event]:
         """Wait up to ``timeout_ms`` for events; return what arrived (possibly nothing), at most
-        ``max_records`` of the ring's records: the rest wait in the ring for the next poll."""
+        ``max_records`` of the ring's records and about ``MAX_POLL_BYTES`` of it: the rest wait in
+        the ring for the next poll."""
         # The kernel wakes us only when another WAKEUP_SHARE of the ring is waiting; the timeout
         # bounds the wait for less.
         self._own_endpoints_fresh = False
@@ -642,7 +648,7 @@ class SocketProbe:
         ring = started.ring
         ring.wait(timeout_ms)
         data = ring.data
-        for offset, size in ring.records(max_records):
+        for offset, size in ring.records(max_records, MAX_POLL_BYTES):
             self._on_record(data, offset, size)
         pending, self._events = self._events, []
         # placeholders are there only while openings wait to be resolved

@@ -74,9 +74,10 @@ def ring(loaded: tuple[Any, RingBufferReader]) -> RingBufferReader:
     return loaded[1]
 
 
-def _read(reader: RingBufferReader, max_records: int) -> list[tuple[int, int]]:
+def _read(reader: RingBufferReader, max_records: int, max_bytes: int | None = None) -> list[tuple[int, int]]:
     """(number, size) of each record of one batch."""
-    return [(struct.unpack_from("<Q", reader.data, offset)[0], size) for offset, size in reader.records(max_records)]
+    batch = reader.records(max_records, max_bytes)
+    return [(struct.unpack_from("<Q", reader.data, offset)[0], size) for offset, size in batch]
 
 
 def test_batches_are_bounded_ordered_and_complete(ring: RingBufferReader) -> None:
@@ -90,6 +91,16 @@ def test_batches_are_bounded_ordered_and_complete(ring: RingBufferReader) -> Non
     assert [n for n, _ in rest] == list(range(30, 100))
     assert ring.backlog() == 0
     assert _read(ring, 1000) == []
+
+
+def test_a_batch_ends_with_the_record_that_reaches_its_byte_bound(ring: RingBufferReader) -> None:
+    """Records 0-3 take 16, 24, 32 and 40 bytes of the ring (an 8-byte header each): with a bound
+    of 100 the fourth, which starts at 72, is the last of the batch; the next batch goes on."""
+    for _ in range(20):
+        os.getppid()
+    assert [n for n, _ in _read(ring, 1000, max_bytes=100)] == [0, 1, 2, 3]
+    assert [n for n, _ in _read(ring, 1000, max_bytes=1)] == [4]  # a batch takes at least one record
+    assert [n for n, _ in _read(ring, 1000)] == list(range(5, 20))
 
 
 def test_the_ring_wraps_many_times_without_losing_a_record(ring: RingBufferReader) -> None:
