@@ -35,7 +35,8 @@ MAX_CUT = 32
 # its reader waits. One period: a burst passes, an overload does not (at a tenth over the budget it
 # would run 10 s before the reader waits with 1 s, 30 s with 3). An HTTP/1 overload may meet the
 # cap before the controller's cut: meanwhile the ring's backlog grows and the kernel sheds on it,
-# counted, and the controller weighs the CPU per second the reader ran, so the cut still comes.
+# counted, and a second in which the reader waited is over budget for the controller, so the cut
+# still comes.
 ALLOWANCE_S = 1.0
 
 
