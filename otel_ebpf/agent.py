@@ -29,6 +29,7 @@ from .exporters import build_sink
 from .exporters.prometheus import PrometheusMetricExporter
 from .health import Health
 from .httpserver import start_servers
+from .idle_cpu import IdleAfterFloor
 from .niceness import set_niceness
 from .pii import build_scrubber
 from .pipeline import Pipeline
@@ -267,6 +268,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
     roce: RoceProbe | None = None
     verbs: VerbsMonitor | None = None
     nvml: NvmlReader | None = None
+    idle_reader: IdleAfterFloor | None = None
     try:
         if agent is not None and config.model_guard.mode != "off":
             guard = _start_model_guard(agent)
@@ -292,6 +294,15 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 )
             else:
                 log.warning("capture.nice: cannot go from nice %d to %d without CAP_SYS_NICE", started_nice, nice)
+        floor = config.capture.cpu_floor
+        if floor < config.capture.cpu_budget:
+            idle_reader = IdleAfterFloor(floor)
+            if idle_reader.start():
+                log.info(
+                    "scheduling: past %g of a core each second (capture.cpu_floor), the reader runs on CPU the "
+                    "applications leave idle",
+                    floor,
+                )
         settle_heap()
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
@@ -346,10 +357,14 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                 log.debug("cpu budget: %.3f s of CPU so far, copying %.4f of new HTTP/1 exchanges", cpu, keep)
             other_cpu += time.thread_time() - captured
             health.beat()
+            if idle_reader is not None:
+                idle_reader.turned()
             if not ready:  # probes attached and one turn of the pipeline done
                 ready = True
                 health.ready_now()
         health.stopping()
+        if idle_reader is not None:  # the final drain and flush must not wait on the applications
+            idle_reader.close()
         # The kernel's seconds of detaching overlap the final drain and flush.
         probe.detach()
         # The final drain and flush must not wait on the applications: back to the niceness it
@@ -364,6 +379,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
         # A recording has no self-metrics: this line is what says what the kernel lost meanwhile.
         log.info("kernel drop counters: %s, shed: %s", probe.kernel_stats(), probe.shed_requests())
     finally:
+        if idle_reader is not None:
+            idle_reader.close()
         # Detaching takes the kernel seconds (a grace period per probe): it goes on while the
         # pipeline flushes and the exporters send their last batches.
         detaching = threading.Thread(target=probe.close, name="detach")

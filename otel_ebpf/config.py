@@ -173,6 +173,9 @@ class CaptureConfig:
     # share of one core the agent may spend on captured traffic; past it, new HTTP/1 exchanges are
     # shed (counted) instead
     cpu_budget: float = 0.5
+    # share of one core the agent's reader takes each second at its niceness however busy the CPUs;
+    # past it, it reads on CPU the applications leave idle only, up to cpu_budget (otel_ebpf/idle_cpu.py)
+    cpu_floor: float = 0.05
     # scheduling niceness of the agent's threads (0-19): above the applications', they run first
     # when CPUs are short (otel_ebpf/niceness.py); 0 leaves it as started
     nice: int = 10
@@ -339,7 +342,7 @@ def _integer(minimum: int, maximum: int | None = None, *, power_of_two: bool = F
     return parse
 
 
-def _positive_number(value: Any) -> float:
+def _number(value: Any) -> float:
     number: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
@@ -350,8 +353,20 @@ def _positive_number(value: Any) -> float:
             pass
     if number is None or not math.isfinite(number):
         raise ValueError(f"expected a number, got {value!r}")
+    return number
+
+
+def _positive_number(value: Any) -> float:
+    number = _number(value)
     if number <= 0:
         raise ValueError(f"must be greater than 0, got {value!r}")
+    return number
+
+
+def _non_negative_number(value: Any) -> float:
+    number = _number(value)
+    if number < 0:
+        raise ValueError(f"must not be negative, got {value!r}")
     return number
 
 
@@ -611,6 +626,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capture.tcp_health", _boolean, env="OTEL_EBPF_TCP_HEALTH"),
     Setting("capture.tcp_flows", _boolean, env="OTEL_EBPF_TCP_FLOWS"),
     Setting("capture.cpu_budget", _positive_number, env="OTEL_EBPF_CPU_BUDGET"),
+    Setting("capture.cpu_floor", _non_negative_number, env="OTEL_EBPF_CPU_FLOOR"),
     Setting("capture.nice", _integer(0, 19), env="OTEL_EBPF_NICE"),
     Setting("trace.instrumented_clients", _choice("skip", "child"), env="OTEL_EBPF_TRACE_INSTRUMENTED_CLIENTS"),
     Setting("trace.inflight_timeout_s", _positive_number, env="OTEL_EBPF_TRACE_INFLIGHT_TIMEOUT"),

@@ -232,6 +232,7 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "capture.tcp_health": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_TCP_HEALTH", "false", False)]),
     "capture.tcp_flows": (False, [("yaml", "", True, True), ("env", "OTEL_EBPF_TCP_FLOWS", "true", True)]),
     "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
+    "capture.cpu_floor": (0.05, [("yaml", "", 0, 0.0), ("env", "OTEL_EBPF_CPU_FLOOR", "0.5", 0.5)]),
     "capture.nice": (10, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_NICE", "19", 19)]),
     "trace.instrumented_clients": (
         "skip",
@@ -581,6 +582,8 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ("yaml", {"capture.max_processes": -1}, "capture.max_processes", "out of range"),
     ("yaml", {"capture.nice": 20}, "capture.nice", "out of range"),
     ("env", {"OTEL_EBPF_NICE": "-5"}, "OTEL_EBPF_NICE", "out of range"),
+    ("yaml", {"capture.cpu_floor": -0.1}, "capture.cpu_floor", "must not be negative"),
+    ("env", {"OTEL_EBPF_CPU_FLOOR": "half"}, "OTEL_EBPF_CPU_FLOOR", "expected a number"),
     ("env", {"OTEL_EBPF_SOCKET_MODE": "kprobes"}, "OTEL_EBPF_SOCKET_MODE", "one of"),
     ("yaml", {"targets.pids": [-1]}, "targets.pids", "item 1"),
     ("env", {"OTEL_EBPF_MODEL_GUARD": "deny"}, "OTEL_EBPF_MODEL_GUARD", "one of"),
