@@ -29,6 +29,10 @@ when wrk stops, which nginx answers but wrk does not count).
 ``--nice N`` runs the agent at niceness N (``OTEL_EBPF_NICE``) instead of its default
 (``capture.nice``): ``--nice 0`` shows what yielding the CPU to the applications is worth.
 
+``--cpu-floor F`` sets ``capture.cpu_floor`` (``OTEL_EBPF_CPU_FLOOR``): past F of a core each
+second the agent's reader runs on idle CPU only (``otel_ebpf/idle_cpu.py``). Written to
+``nginx_load_idle_cpu.json``.
+
 ``--connection-close`` sends ``Connection: close`` with every request: a connection per request,
 as from a client or proxy with no keep-alive (nginx to its upstreams, by default). Then
 ``connections opened/req`` (``otel_ebpf.connections.opened``: connections whose bytes reached user
@@ -36,7 +40,7 @@ space) says whether the connections of shed exchanges cost user space anything. 
 ``nginx_load_churn.json``.
 
 Usage: ``python bench/nginx_load.py [--quick] [--duration S] [--rounds R] [--rates 5000,20000] [--no-max] [--keep DIR]
-[--nice N] [--connection-close]``
+[--nice N] [--cpu-floor F] [--connection-close]``
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -162,11 +166,12 @@ def measure(
     seconds: float,
     traced: bool,
     keep: Path | None = None,
-    nice: int | None = None,
+    settings: Mapping[str, str] | None = None,
     headers: Sequence[str] = (),
 ) -> Run:
-    """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there; ``nice``: the
-    agent's niceness (None: its default); ``headers``: wrk's (``wrk``)."""
+    """One run on a fresh nginx; ``keep``: copy the agent's output (and log) there; ``settings``:
+    the agent's environment variables besides this one's (None: its defaults); ``headers``: wrk's
+    (``wrk``)."""
     with tempfile.TemporaryDirectory(prefix="nginx-load-") as tmp_name:
         tmp = Path(tmp_name)
         nginx = Nginx(tmp)
@@ -179,7 +184,7 @@ def measure(
                 w = load(seconds)
                 return Run(**asdict(w), shared=sorted(watch.finish().others))
             nginx_pids = nginx.pids
-            env = None if nice is None else {**os.environ, "OTEL_EBPF_NICE": str(nice)}
+            env = {**os.environ, **settings} if settings else None
             with Agent(["--port", str(nginx.port)], tmp / "out", env) as agent:
                 watch = Watch(agent.pid)
                 watch.start()
@@ -342,12 +347,20 @@ def main() -> None:
     )
     parser.add_argument("--nice", type=int, choices=range(20), metavar="N", help="the agent's niceness (0-19)")
     parser.add_argument(
+        "--cpu-floor", type=float, metavar="F", help="capture.cpu_floor: past F of a core, idle CPU only"
+    )
+    parser.add_argument(
         "--connection-close", action="store_true", help="Connection: close with every request (a connection each)"
     )
     args = parse_live_args(parser, duration=5.0, rounds=3, quick=(2.0, 1), tools=("nginx", "wrk"))
     loads: list[float | None] = ([] if args.no_max else [None]) + [float(r) for r in args.rates.split(",") if r]
     headers = ["Connection: close"] if args.connection_close else []
     connections = "a connection per request" if args.connection_close else "keep-alive"
+    settings = {}
+    if args.nice is not None:
+        settings["OTEL_EBPF_NICE"] = str(args.nice)
+    if args.cpu_floor is not None:
+        settings["OTEL_EBPF_CPU_FLOOR"] = str(args.cpu_floor)
     rows, runs = [], []
     for rate in loads:
         label = "max" if rate is None else f"{rate:,.0f}/s"
@@ -359,7 +372,7 @@ def main() -> None:
                     args.keep / f"{'max' if rate is None else int(rate)}-{n + 1}" if args.keep and is_traced else None
                 )
                 run = unshared(
-                    partial(measure, rate, args.duration, is_traced, keep, args.nice, headers),
+                    partial(measure, rate, args.duration, is_traced, keep, settings, headers),
                     lambda r: r.shared,
                     args.wait_quiet,
                     progress,
@@ -381,7 +394,7 @@ def main() -> None:
     print(
         f"\nnginx 1 worker `return 200`, wrk -t1 -c{CONNECTIONS} {connections}, {args.rounds} round(s) of "
         f"{args.duration:g} s per load, untraced/traced alternated, medians (rates) and sums (counts); "
-        f"agent: --port, file exporter, {'' if args.nice is None else f'nice {args.nice}, '}"
+        f"agent: --port, file exporter, {''.join(f'{name}={value}, ' for name, value in settings.items())}"
         f"SIGINT right after the load; {os.cpu_count()} CPUs, kernel {os.uname().release}"
     )
     print_table(rows)
@@ -392,7 +405,11 @@ def main() -> None:
         f"cores settled: the agent's CPU from {SETTLE_S:g} s into the load to its end (its budget has acted)"
     )
     write_result(
-        "nginx_load_churn" if args.connection_close else "nginx_load",
+        "nginx_load_churn"
+        if args.connection_close
+        else "nginx_load_idle_cpu"
+        if args.cpu_floor is not None
+        else "nginx_load",
         None,
         {
             "parameters": {
@@ -403,6 +420,7 @@ def main() -> None:
                 "loads": [("max" if r is None else r) for r in loads],
                 "agent": "--port PORT --exporter file",
                 "agent_nice": "default (capture.nice)" if args.nice is None else args.nice,
+                "agent_cpu_floor": "default (capture.cpu_floor)" if args.cpu_floor is None else args.cpu_floor,
             },
             "loads": rows,
             "runs": runs,

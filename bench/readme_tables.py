@@ -250,6 +250,7 @@ def trace_assembly(figures: Figures) -> list[str]:
 
 TABLES: dict[str, Callable[[Figures], list[str]]] = {
     "nginx_load": nginx_load,
+    "nginx_load_idle_cpu": nginx_load,
     "http_load": http_load,
     "kernel_cost": kernel_cost,
     "protocol_load": protocol_load,

@@ -295,7 +295,7 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
             else:
                 log.warning("capture.nice: cannot go from nice %d to %d without CAP_SYS_NICE", started_nice, nice)
         floor = config.capture.cpu_floor
-        if floor < config.capture.cpu_budget:
+        if floor is not None and floor < config.capture.cpu_budget:
             idle_reader = IdleAfterFloor(floor)
             if idle_reader.start():
                 log.info(

@@ -174,8 +174,9 @@ class CaptureConfig:
     # shed (counted) instead
     cpu_budget: float = 0.5
     # share of one core the agent's reader takes each second at its niceness however busy the CPUs;
-    # past it, it reads on CPU the applications leave idle only, up to cpu_budget (otel_ebpf/idle_cpu.py)
-    cpu_floor: float = 0.05
+    # past it, it reads on CPU the applications leave idle only, up to cpu_budget (otel_ebpf/idle_cpu.py).
+    # None: the reader always runs at its niceness
+    cpu_floor: float | None = None
     # scheduling niceness of the agent's threads (0-19): above the applications', they run first
     # when CPUs are short (otel_ebpf/niceness.py); 0 leaves it as started
     nice: int = 10

@@ -25,6 +25,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,14 @@ class IdleAfterFloor:
 
     def start(self) -> bool:
         """Start the helper that lifts the thread at every period's start (before any SCHED_IDLE:
-        the helper inherits the policy). False, and a warning, when it cannot run."""
+        the helper inherits the policy). False, and a warning, when it could not lift it."""
+        if not _can_leave_idle():
+            log.warning(
+                "capture.cpu_floor: a thread cannot leave SCHED_IDLE at niceness %d without CAP_SYS_NICE: the "
+                "reader stays at its niceness",
+                os.getpriority(os.PRIO_PROCESS, 0),
+            )
+            return False
         command = [sys.executable, "-m", __name__, str(os.getpid()), str(self._period_s)]
         try:
             self._helper = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -98,6 +106,27 @@ class IdleAfterFloor:
         os.sched_setscheduler(0, os.SCHED_OTHER, _NORMAL)
         self._helper = None
         self._idle = False
+
+
+def _can_leave_idle() -> bool:
+    """Whether a thread of this process may go from SCHED_IDLE back to SCHED_OTHER at its niceness
+    (CAP_SYS_NICE, or a niceness RLIMIT_NICE allows), tried on a thread of its own: one that could
+    not stays idle."""
+    allowed: list[bool] = []
+
+    def leave_idle() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, _NORMAL)
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, _NORMAL)
+        except PermissionError:
+            allowed.append(False)
+        else:
+            allowed.append(True)
+
+    trial = threading.Thread(target=leave_idle, name="sched-idle-trial")
+    trial.start()
+    trial.join()
+    return allowed == [True]
 
 
 def _go_idle() -> None:

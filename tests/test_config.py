@@ -232,7 +232,7 @@ CHAINS: dict[str, tuple[Any, list[tuple[str, str, Any, Any]]]] = {
     "capture.tcp_health": (True, [("yaml", "", False, False), ("env", "OTEL_EBPF_TCP_HEALTH", "false", False)]),
     "capture.tcp_flows": (False, [("yaml", "", True, True), ("env", "OTEL_EBPF_TCP_FLOWS", "true", True)]),
     "capture.cpu_budget": (0.5, [("yaml", "", 0.25, 0.25), ("env", "OTEL_EBPF_CPU_BUDGET", "1.5", 1.5)]),
-    "capture.cpu_floor": (0.05, [("yaml", "", 0, 0.0), ("env", "OTEL_EBPF_CPU_FLOOR", "0.5", 0.5)]),
+    "capture.cpu_floor": (None, [("yaml", "", 0, 0.0), ("env", "OTEL_EBPF_CPU_FLOOR", "0.05", 0.05)]),
     "capture.nice": (10, [("yaml", "", 0, 0), ("env", "OTEL_EBPF_NICE", "19", 19)]),
     "trace.instrumented_clients": (
         "skip",

@@ -128,3 +128,28 @@ def test_the_helper_ends_with_the_agent() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+# at niceness 10, as the agent is when it starts the helper; then without CAP_SYS_NICE (root drops to
+# nobody first), which leaving SCHED_IDLE at a niceness RLIMIT_NICE does not allow needs
+REFUSED = """
+import os, sys
+from otel_ebpf.idle_cpu import IdleAfterFloor
+os.setpriority(os.PRIO_PROCESS, 0, 10)
+if sys.argv[1]:
+    os.setuid(int(sys.argv[1]))
+print(IdleAfterFloor(0.1).start(), os.sched_getscheduler(0))
+"""
+
+
+def test_without_cap_sys_nice_the_thread_is_never_made_idle() -> None:
+    """It could not come back: on busy CPUs it would wait for seconds at a time."""
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED, "65534" if os.geteuid() == 0 else ""],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", str(os.SCHED_OTHER)]
+    assert "cannot leave SCHED_IDLE at niceness 10 without CAP_SYS_NICE" in done.stderr
