@@ -5,7 +5,9 @@ generator saturating both CPUs of a host leave short idle gaps (each waits on th
 an agent at niceness 10 or 19, or SCHED_BATCH, fills them and then keeps its CPU for a slice when
 they wake: it took half a core against its 0.5 budget in every case and cost nginx 28 % of its
 throughput, where the kernel's own work costs ~20 % (docs/performance.md). A SCHED_IDLE thread is
-preempted as soon as any other thread wants its CPU, so it runs in the gaps only.
+preempted as soon as any other thread wants its CPU, so it runs in the gaps only. It is opt-in
+(``capture.cpu_floor``): a threaded Python server whose threads hand each other the GIL lost
+throughput to it instead, and the agent, preempted mid-work, spends more CPU per call.
 
 SCHED_IDLE alone would starve the agent on CPUs that are busy without gaps (a thread per CPU
 spinning: seconds between its turns), and it runs Python: while it waits, preempted, it holds the
