@@ -88,7 +88,7 @@ def test_past_its_floor_the_thread_is_idle_until_the_next_period() -> None:
     lifts = len(normal_runs)
     assert 2.0 / PERIOD_S - 3 <= lifts <= 2.0 / PERIOD_S + 1, turns
     floor_s = FLOOR * PERIOD_S
-    assert all(floor_s - 0.002 <= run <= floor_s + 0.01 for run in normal_runs), normal_runs
+    assert all(floor_s - 0.005 <= run <= floor_s + 0.01 for run in normal_runs), normal_runs
     # a thread started meanwhile inherits SCHED_IDLE, and is lifted for good; close() ends it,
     # the helper too
     assert result["thread"] == [os.SCHED_IDLE, os.SCHED_OTHER]
