@@ -303,6 +303,8 @@ def run_live(config: AgentConfig, record_to: IO[str] | None = None, export: bool
                     "applications leave idle",
                     floor,
                 )
+            else:  # it said why: the reader stays at its niceness
+                idle_reader = None
         settle_heap()
         if config.run.ready_file:
             write_ready_file(config.run.ready_file)
