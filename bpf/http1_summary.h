@@ -17,10 +17,13 @@
 // the next event of the connection carries HDR_AFTER_LOSS so user space drops what it holds
 // (on a connection of any protocol: a lost event leaves a hole in its bytes).
 //
+// A request whose response never started is counted when its connection is closed (status 0).
+//
 // Limits: requests pipelined into one syscall are counted by their responses, with the first
 // one's method and start (responses written together count once); a connection is judged
 // not HTTP/1 after HTTP_MAX_MISSES syscalls that start no message; a request whose response
-// never starts (the process exits, the connection leaves the LRU table) is not counted.
+// never starts and whose connection is never closed by a close() the kernel sees (the process
+// exits, the connection leaves the LRU table) is not counted.
 // Map calls here work because the probe pastes this header in (loading.inline_headers).
 
 #define HTTP_UNKNOWN 0
@@ -330,6 +333,27 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
         http_measure(tgid, *role, tls, h, ts);
     }
     return !h->shed;
+}
+
+// The connection is being closed: the requests still waiting for a response never got one. Each
+// is counted now, with status 0 (user space names it error.type=response_missing) and the time
+// from its start to the close, as its span would say; the response's HTTP/1.x is the last
+// response's on the connection, 1.1 when none came (upsert_conn).
+static __always_inline void http_unanswered(u32 tgid, u8 role, u8 tls, struct http_state *h, u64 ts) {
+    if (h->state != HTTP_YES)
+        return;
+    h->resp_status = 0;
+#pragma unroll
+    for (int i = 0; i < HTTP_QUEUE; i++) {
+        if (i >= h->queued)
+            break;
+        u32 at = (h->head + i) & (HTTP_QUEUE - 1);
+        h->resp_start = h->req_ts[at];
+        h->resp_method = h->req_method[at];
+        h->resp_end = 0;
+        http_measure(tgid, role, tls, h, ts);
+    }
+    h->queued = 0;
 }
 
 // An event of the connection could not be delivered: the next one says so. On HTTP/1 the

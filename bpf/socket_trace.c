@@ -775,6 +775,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     struct conn_info *ci = conns.lookup(&key);
     if (!ci)
         return 0;
+    http_unanswered(id >> 32, ci->role, ci->tls, &ci->http, bpf_ktime_get_ns());
     emit_close(args, id, args->fd, ci);
     conns.delete(&key);
     ignored.delete(&key);
@@ -1088,7 +1089,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
     if (!seq)
         return 0;
     *seq += 1;
-    struct conn_info fresh = {.sk = sk, .synthetic = sk};
+    struct conn_info fresh = {.sk = sk, .synthetic = sk, .http = {.resp_minor = 1}};
     fresh.generation = (bpf_get_smp_processor_id() << 24) | (*seq & 0xffffff);
     fresh.role = ci && !ci->sk ? ci->role : ROLE_UNKNOWN;
 #ifndef FD_TRACKING

@@ -491,9 +491,13 @@ def counted_duration(
     role: Role, method: str, status: int, version: str, tls: bool, server_address: str, server_port: int
 ) -> tuple[str, dict[str, AttributeValue]]:
     """Instrument and attributes for requests counted without a transaction at hand (the kernel's
-    HTTP/1 counts): those of :func:`metric_points`, the server being the socket's peer."""
+    HTTP/1 counts): those of :func:`metric_points`, the server being the socket's peer. Status 0:
+    the connection closed before any response (``response_missing``)."""
     is_server = role is Role.SERVER
-    error_type = str(status) if status >= (500 if is_server else 400) else None
+    if not status:
+        error_type: str | None = RESPONSE_MISSING
+    else:
+        error_type = str(status) if status >= (500 if is_server else 400) else None
     server = (server_address or None, server_port or None)
     attributes = _metric_attributes(is_server, method, "https" if tls else "http", version, status, server, error_type)
     return _INSTRUMENT_NAMES[is_server][0], attributes

@@ -1258,6 +1258,7 @@ def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> N
             counts(5, PID, Role.SERVER, 200, 3, 12.0, buckets),
             counts(6, PID, Role.CLIENT, 503, 1, 30.0, (0,) * 3 + (1,) + (0,) * 11, "10.0.0.9", 9000),
             counts(7, PID, Role.SERVER, 200, 1, 2.0, (1,) + (0,) * 14),
+            counts(8, PID, Role.SERVER, 0, 2, 4.0, (2,) + (0,) * 14),  # closed before any response
         ]
     )
     table = points(run.telemetry.collect_metrics(at(100)))
@@ -1281,9 +1282,16 @@ def test_kernel_counts_are_the_duration_histograms_and_exchanges_add_none() -> N
         error__type="503",
     )
     assert table[("python3", "http.client.request.duration", client)].count == 1
+    unanswered = attrs(
+        http__request__method="GET",
+        url__scheme="http",
+        network__protocol__version="1.1",
+        error__type="response_missing",
+    )
+    assert table[("python3", "http.server.request.duration", unanswered)].count == 2
     # the exchange still gives its body sizes; its duration is the kernel's to count
     assert ("python3", "http.server.response.body.size", server) in table
-    assert sum(1 for key in table if key[1] == "http.server.request.duration") == 1
+    assert sum(1 for key in table if key[1] == "http.server.request.duration") == 2
 
 
 def test_sampling_keeps_errors_and_slow_requests_and_counts_the_rest_metrics_untouched() -> None:
