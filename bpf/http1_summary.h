@@ -53,6 +53,7 @@ struct http_state {
     u8 shed;         // SHED_*: the exchanges in flight are not copied
     u8 lost;         // an event was lost: the next one delivered says so
     u8 h2;           // HTTP/2 (its client preface was seen): calls are copied past the cap
+    u8 h2_behind;    // ... except while user space is behind (SET_SHED_BACKLOG): see http_observe
     u8 resp_method;
     u8 resp_minor;   // HTTP/1.x of the response
     u8 last_method;  // of the latest syscall that started a request
@@ -301,8 +302,14 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
 // the kernel did not know it.
 static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_state *h, u32 direction,
                                         const u8 *start, u32 len, u64 ts) {
-    if (h->state == HTTP_NO)
+    if (h->state == HTTP_NO) {
+        // HTTP/2 has no exchange the kernel could shed whole; while user space is far behind, its
+        // calls are copied up to the cap only, the rest moved, not copied: a gap user space skips
+        // (a frame header it hides costs HPACK state) instead of events lost to a full ring.
+        if (h->h2)
+            h->h2_behind = ring_backlog() > setting(SET_SHED_BACKLOG);
         return 1;
+    }
     struct msg_start m = classify(start, len);
     if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)  // clients send all but responses
         *role = (m.kind != MSG_RESPONSE) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;

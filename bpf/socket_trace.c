@@ -1213,7 +1213,9 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
 // body's tail: there a buffer goes a cap at a time, up to H2_CHUNKS events, the last also standing
 // for what is left (moved, not copied, so the parser skips it). Elsewhere: all of it.
 static __always_inline u32 piece_length(const struct conn_info *ci, u32 rest, u32 done) {
-    return ci->http.h2 && rest > PAYLOAD_CAP && done < (H2_CHUNKS - 1) * PAYLOAD_CAP ? PAYLOAD_CAP : rest;
+    return ci->http.h2 && !ci->http.h2_behind && rest > PAYLOAD_CAP && done < (H2_CHUNKS - 1) * PAYLOAD_CAP
+               ? PAYLOAD_CAP
+               : rest;
 }
 
 // Submits the event copy_start made of one buffer (ev->length bytes at base), in pieces

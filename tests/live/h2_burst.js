@@ -2,7 +2,8 @@
 // sends bursts of concurrent requests on one connection, so that each side writes and reads the
 // frames of a whole burst in one call (Node's writev: four segments per stream).
 //
-//   node h2_burst.js serve PORT_FILE          answers GET /items/N with a small JSON body
+//   node h2_burst.js serve PORT_FILE          answers GET /items/N with a small JSON body, and
+//                                             GET /bytes/N with N bytes (a large download)
 //   node h2_burst.js burst PORT ROUNDS SIZE [BODY]
 //                                             waits for a line on stdin, then ROUNDS bursts of
 //                                             SIZE requests (POSTs of BODY bytes when BODY is
@@ -21,6 +22,12 @@ if (mode === 'serve') {
   const server = http2.createServer();
   server.on('stream', (stream, headers) => {
     const path = headers[':path'];
+    if (path.startsWith('/bytes/')) {
+      const size = Number(path.slice('/bytes/'.length));
+      stream.respond({':status': 200, 'content-type': 'application/octet-stream', 'content-length': size});
+      stream.end(Buffer.alloc(size, 98));
+      return;
+    }
     stream.respond({':status': 200, 'content-type': 'application/json', 'x-path': path});
     stream.end(JSON.stringify({path, padding: 'p'.repeat(120)}));
   });
