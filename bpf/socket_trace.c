@@ -127,6 +127,7 @@ struct event_header {
 };
 
 #define DATA_TLS 1  // data_event.flags: plaintext of a TLS connection, from the SSL probes
+#define DATA_LAST_CHUNK 2  // ... its last bytes, past those copied, end a chunked body (ends_chunked)
 
 struct data_event {
     struct event_header h;
@@ -1218,6 +1219,20 @@ static __always_inline u32 piece_length(const struct conn_info *ci, u32 rest, u3
                : rest;
 }
 
+// Whether an HTTP/1 buffer of len bytes at base, of which ev holds the first, ends past them with
+// a chunked body's end: CRLF, then the last chunk "0" CRLF CRLF. A reader of a large download gets
+// many chunks a read; with their size lines hidden user space can tell where the body ends only
+// so (DATA_LAST_CHUNK). The bytes are read into ev's data[] past anything submitted.
+static __always_inline u32 ends_chunked(struct data_event *ev, const struct conn_info *ci, const char *base,
+                                        u32 len) {
+    char *last = ev->data + 2 * PAYLOAD_CAP;
+    if (ci->http.state != HTTP_YES || len < ev->captured + 7 || bpf_probe_read_user(last, 8, base + len - 8))
+        return 0;
+    u64 w;
+    __builtin_memcpy(&w, last, 8);
+    return (w >> 8) == 0x0a0d0a0d300a0dULL ? DATA_LAST_CHUNK : 0;  // "\r\n0\r\n\r\n", little-endian
+}
+
 // Submits the event copy_start made of one buffer (ev->length bytes at base), in pieces
 // (piece_length).
 static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
@@ -1227,6 +1242,7 @@ static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id,
         submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
         return;
     }
+    flags |= ends_chunked(ev, ci, base, len);
     u32 off = 0;
     for (int i = 0; i < H2_CHUNKS; i++) {
         u32 moved = piece_length(ci, len - off, off);

@@ -80,7 +80,7 @@ def _decode_fields(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
         if f.name not in obj and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING):
             continue  # a field added since the recording was made: its default
         value = obj[f.name]
-        if f.name == "data":
+        if f.name in ("data", "tail"):
             value = base64.b64decode(value)
         elif f.name == "direction":
             value = Direction(value)

@@ -627,6 +627,32 @@ def test_bytes_past_the_capture_cap_are_counted_and_content_length_bodies_keep_t
     assert run.total("otel_ebpf.parse.errors") == 0
 
 
+def test_the_last_chunk_the_kernel_read_past_the_cap_ends_a_chunked_body() -> None:
+    """A download read many chunks a read (size lines hidden past the cap); the last read ends
+    with the last chunk, which the kernel reads apart (a tail): the span ends with that read, and
+    the payload not captured is what lies between prefix and tail."""
+    cap = 128
+    chunk = b"400\r\n" + b"d" * 0x400 + b"\r\n"
+    download = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 8 + b"0\r\n\r\n"
+    last = data(4, PID, 7, OUT, download[6000 : 6000 + cap], length=len(download) - 6000)
+    last.tail = b"\r\n0\r\n\r\n"
+    run = Run()
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/dl")),
+            data(2, PID, 7, OUT, download[:cap], length=3000),
+            data(3, PID, 7, OUT, download[3000 : 3000 + cap], length=3000),
+            last,
+        ]
+    )
+    ((name, kind, start, end, *_),) = [summary(s) for s in spans]
+    assert (name, kind, start, end) == ("GET /dl", SERVER, at(1), at(4))
+    assert spans[0].attributes["otel_ebpf.capture.gap"] is True
+    assert run.total("otel_ebpf.payload.not_captured") == len(download) - 3 * cap - 7
+    assert run.total("otel_ebpf.parse.errors") == 0
+
+
 def test_a_request_line_longer_than_the_capture_cap_still_makes_a_span() -> None:
     """A URL of 6 KB (a signed link, a long query): the cap cuts the request line, so the
     connection is claimed by its response; the request is told from the line's first bytes. The

@@ -27,6 +27,7 @@ EVENTS = [
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 10_000, b"GET / HTTP/1.1\r\n\x00\xff"),
     ConnData(4, 42, 43, 7, 99, Direction.EGRESS, 2, b"OK", tls=True),
     ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 3, b"GET", after_loss=True),
+    ConnData(4, 42, 43, 7, 99, Direction.INGRESS, 9000, b"HTTP/1.1 200 OK\r\n", tail=b"\r\n0\r\n\r\n"),
     KernelTrace(3, 42, 7, 99, 4, 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True),
     ConnClose(5, 42, 7, 99),
     ConnClose(5, 42, 8, 100, after_loss=True),

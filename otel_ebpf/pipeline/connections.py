@@ -214,7 +214,7 @@ class ConnectionTracker:
             self._table.move_to_end(key)
             if event.after_loss:
                 self._drop_partial(conn)
-        not_captured = event.length - len(event.data)
+        not_captured = event.length - len(event.data) - len(event.tail)
         if not_captured > 0:
             self._metrics.add("otel_ebpf.payload.not_captured", not_captured)
         if event.tls != conn.tls:
@@ -339,9 +339,13 @@ class ConnectionTracker:
         claim = conn.claimed()  # once per event: the calls below use what it holds
         session, stitcher = claim.session, claim.stitcher
         done = self._stitch(conn, stitcher, session.feed(event.direction, event.data, event.timestamp_ns), event.tid)
-        gap = event.length - len(event.data)
+        gap = event.length - len(event.data) - len(event.tail)
         if gap > 0:
             done += self._stitch(conn, stitcher, session.feed_gap(event.direction, gap, event.timestamp_ns), event.tid)
+        if event.tail:
+            done += self._stitch(
+                conn, stitcher, session.feed(event.direction, event.tail, event.timestamp_ns), event.tid
+            )
         self._account(conn, claim)
         return done
 

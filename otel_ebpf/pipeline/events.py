@@ -75,7 +75,10 @@ class ConnData:
 
     ``retransmissions``: TCP segments the connection's socket retransmitted up to this syscall
     (with TCP health on; 0 otherwise), so that an exchange knows how many happened while it was
-    in flight."""
+    in flight.
+
+    ``tail``: the syscall's last bytes, which the kernel read apart from the captured prefix
+    because they end a chunked HTTP/1 body; the bytes between prefix and tail are not captured."""
 
     timestamp_ns: int
     pid: int
@@ -89,6 +92,7 @@ class ConnData:
     peer: Endpoint | None = None
     after_loss: bool = False
     retransmissions: int = 0
+    tail: bytes = b""
 
     @property
     def key(self) -> ConnKey:

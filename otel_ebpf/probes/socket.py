@@ -102,6 +102,8 @@ _DIRECTIONS = tuple(Direction)  # by value: indexing costs a tenth of calling th
 # A (TCP) data event's: _DATA's fields, then the connection's retransmissions so far; one unpack
 _STREAM_DATA = struct.Struct(_DATA.format + "I")
 DATA_TLS = 1
+DATA_LAST_CHUNK = 2  # the call's hidden bytes end with LAST_CHUNK (ends_chunked in socket_trace.c)
+LAST_CHUNK = b"\r\n0\r\n\r\n"
 # role, family, lport, rport, protocol, path_length, path_of_peer, laddr, raddr, comm, client_isn,
 # server_isn, path
 _OPEN = struct.Struct("<IHHHHHH16s16s16sII128s")
@@ -757,7 +759,7 @@ class SocketProbe:
         if kind == EV_DATA:
             direction, length, captured, data_flags, retransmissions = _STREAM_DATA.unpack_from(data, body)
             start = body + _STREAM_DATA.size
-            # positional, in the dataclass's order (tls, peer, after_loss, retransmissions): the
+            # positional, in the dataclass's order (tls, peer, after_loss, retransmissions, tail): the
             # hottest line of the decoding, where keywords cost ~0.1 us per event
             self._events.append(
                 ConnData(
@@ -773,6 +775,7 @@ class SocketProbe:
                     None,
                     flags & HDR_AFTER_LOSS != 0,
                     retransmissions,
+                    LAST_CHUNK if data_flags & DATA_LAST_CHUNK else b"",
                 )
             )
         elif kind == EV_TRACE:

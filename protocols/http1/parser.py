@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_ebpf.protocol import Direction, RequestStart, SessionOutput
@@ -50,6 +50,7 @@ _TRAILERS = 6
 _UNTIL_CLOSE = 7  # response body delimited by the connection's end
 _OPAQUE = 8  # no more HTTP/1 in this direction (tunnel, upgrade, closed)
 _PEEK = 9  # response Content-Length body, unless it starts with the next status line
+_LOST_CHUNKS = 10  # a chunked body whose framing a gap hid: held until its end shows (_lost_chunks)
 _IN_BODY = frozenset({_LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE})
 
 # what a head says about the body that follows
@@ -74,6 +75,7 @@ _METHOD_TAIL = re.compile(rb"[A-Z][A-Z_-]{0,31}\Z")
 _STATUS_START = re.compile(rb"HTTP/1\.[01] [0-9]{3}[ \t\r\n]")
 _STATUS_PREFIX = b"HTTP/1."
 _LAST_CHUNK = b"0\r\n\r\n"  # size 0, no trailers
+_BODY_END = b"\r\n" + _LAST_CHUNK  # the last data chunk's CRLF, then the last chunk
 _KNOWN_METHODS_LONGEST_FIRST = sorted((m.encode() for m in KNOWN_METHODS), key=lambda m: (-len(m), m))
 
 
@@ -197,6 +199,17 @@ def _status_line(line: bytes) -> tuple[int, str, str] | None:
     return int(status), (reason or b"").decode("latin-1"), "1.1" if minor == b"1" else "1.0"
 
 
+def _chunked_ends(data: bytes) -> Iterator[int]:
+    """Where a chunked body of unknown framing may end in a syscall's ``data``: past a last chunk
+    written on its own (the syscall starts with it) or after a data chunk's CRLF."""
+    if data.startswith(_LAST_CHUNK):
+        yield len(_LAST_CHUNK)
+    at = data.find(_BODY_END)
+    while at != -1:
+        yield at + len(_BODY_END)
+        at = data.find(_BODY_END, at + 1)
+
+
 class _Parser(ABC):
     """The state machine shared by both directions; subclasses know their start line and framing."""
 
@@ -246,12 +259,15 @@ class _Parser(ABC):
         self._settle_peek()
         if self._state in _IN_BODY:
             self._emit(self._last_ts, out, self._body)
+        out += self.end_lost()
         self.stop()
         return out
 
     def feed(self, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         if not data or self._state == _OPAQUE:
             return []
+        if self._state == _LOST_CHUNKS:
+            return self._lost_chunks(data, timestamp_ns)
         self._last_ts = timestamp_ns
         if not self._buf:
             # Large bodies arrive here: count them without copying.
@@ -301,6 +317,8 @@ class _Parser(ABC):
         out: list[SessionOutput] = []
         self._settle_peek()
         state = self._state
+        if state == _LOST_CHUNKS:
+            return out
         data = self._hidden_data_of_last_chunk(length)
         if data is not None:
             if self._tap is not None and data:
@@ -321,6 +339,16 @@ class _Parser(ABC):
                 else:
                     self._state = _CHUNK_END
             return out
+        if state == _CHUNK_DATA and length <= self._remaining + 2:
+            # The chunk's data and its CRLF (or CR) after it, which valid framing puts there: a
+            # writer that writes each chunk whole (Python's, Node.js's) past the cap.
+            self._body += self._remaining
+            self._state = _CHUNK_SIZE if length == self._remaining + 2 else _CHUNK_END
+            self._remaining = 0
+            return out
+        if state in (_CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END):
+            self._lose_chunks()
+            return out
         # The gap hides framing: finish what can be finished, then look for the next message.
         if state == _LENGTH:
             self._emit(timestamp_ns, out, self._body + self._remaining)
@@ -332,6 +360,49 @@ class _Parser(ABC):
             self._state = _SYNC
         self._buf = bytearray()
         self._marks = []
+        return out
+
+    def _lose_chunks(self) -> None:
+        """A gap hid the chunk framing of the body in progress: where it ends is no longer known
+        from its chunk sizes. The message is held, not reported at the gap (a large chunked
+        download read several chunks at a time would end there, its tail still to come), until
+        its end shows: a last chunk ending a syscall (:meth:`_lost_chunks`), bytes moving the
+        other way (:meth:`end_lost`), or the connection's end. Its body size stays unknown."""
+        self._state = _LOST_CHUNKS
+        self._buf = bytearray()
+        self._marks = []
+        if self._tap is not None:  # what follows mixes data and chunk-size lines
+            self._tap.gap(None)
+
+    def _lost_chunks(self, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
+        """Bytes of a body whose chunk framing was lost: it ends at a last chunk that ends the
+        syscall or is followed by the next message's start line, or before a syscall that starts
+        with one (pipelined responses)."""
+        out: list[SessionOutput] = []
+        eol = data.find(b"\n", 0, MAX_LINE)
+        if eol > 0 and self._parse_start_line(data[: eol + 1]) is not None:
+            self._emit(self._last_ts, out, None, CAPTURE_GAP)
+            return out + self.feed(data, timestamp_ns)
+        self._last_ts = timestamp_ns
+        for end in _chunked_ends(data):
+            if end == len(data) or self._find_start(data, end) == end:
+                self._emit(timestamp_ns, out, None, CAPTURE_GAP)
+                return out + self.feed(data[end:], timestamp_ns) if end < len(data) else out
+        return out
+
+    @property
+    def lost(self) -> bool:
+        """Whether a message whose end is no longer known from its framing is held (_lose_chunks)."""
+        return self._state == _LOST_CHUNKS
+
+    def end_lost(self) -> list[SessionOutput]:
+        """Bytes moved the other way: the held message (:attr:`lost`) ended with this direction's
+        last syscall (a client writes its next request once the response is read; a server
+        answers once it read the request)."""
+        if self._state != _LOST_CHUNKS:
+            return []
+        out: list[SessionOutput] = []
+        self._emit(self._last_ts, out, None, CAPTURE_GAP)
         return out
 
     def _hidden_data_of_last_chunk(self, length: int) -> int | None:
@@ -364,6 +435,8 @@ class _Parser(ABC):
         state = self._state
         if state == _UNTIL_CLOSE:
             self._emit(self._last_ts, out, self._body)
+        elif state == _LOST_CHUNKS:
+            out = self.end_lost()
         elif state == _HEAD:
             self._salvage_head(CONNECTION_CLOSED, self._last_ts, out)
         elif state not in (_SYNC, _OPAQUE):

@@ -17,7 +17,8 @@ class HTTP1Session(Session):
     HEAD has no body whatever its headers say) and, for an LLM call, how to read its body; responses
     come in request order, so the request parser appends both to a bounded FIFO that the response
     parser consumes. When a
-    response switches protocols (101, or 2xx to CONNECT) both directions stop being HTTP/1.
+    response switches protocols (101, or 2xx to CONNECT) both directions stop being HTTP/1. A
+    message held because a gap hid its chunk framing ends when bytes move the other way.
     """
 
     def __init__(self, role: Role, genai: GenAIOptions | None = None) -> None:
@@ -25,7 +26,11 @@ class HTTP1Session(Session):
         requests = Direction.INGRESS if role is Role.SERVER else Direction.EGRESS
         self._requests = RequestParser(requests, methods, genai)
         self._responses = ResponseParser(requests.reverse(), methods, genai)
-        self._parsers = {requests: self._requests, requests.reverse(): self._responses}
+        self._parsers: dict[Direction, RequestParser | ResponseParser] = {
+            requests: self._requests,
+            requests.reverse(): self._responses,
+        }
+        self._holding: RequestParser | ResponseParser | None = None  # the parser whose message is lost
 
     @property
     def parse_errors(self) -> int:  # type: ignore[override]
@@ -37,12 +42,28 @@ class HTTP1Session(Session):
         return self._requests.buffered + self._responses.buffered
 
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
-        messages = self._parsers[direction].feed(data, timestamp_ns)
+        parser = self._parsers[direction]
+        held = self._end_held(parser) if self._holding is not None else []
+        messages = parser.feed(data, timestamp_ns)
+        if held:
+            messages = held + messages
         return self._follow_upgrade() + messages if self._responses.opaque else messages
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[SessionOutput]:
-        messages = self._parsers[direction].gap(length, timestamp_ns)
+        parser = self._parsers[direction]
+        held = self._end_held(parser) if self._holding is not None else []
+        messages = held + parser.gap(length, timestamp_ns)
+        if parser.lost:
+            self._holding = parser
         return self._follow_upgrade() + messages if self._responses.opaque else messages
+
+    def _end_held(self, moving: RequestParser | ResponseParser) -> list[SessionOutput]:
+        """Bytes move through ``moving``: a message the other direction holds is over."""
+        held = self._holding
+        if held is moving:
+            return []
+        self._holding = None
+        return held.end_lost() if held is not None else []
 
     def close(self, timestamp_ns: int) -> list[SessionOutput]:
         # Requests first: an unanswered request must reach the stitcher before a late response.

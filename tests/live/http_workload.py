@@ -23,6 +23,9 @@ EARLY_REQUESTS = 3  # on a connection opened before the agent started
 LARGE_BODY = 200_000  # far past the 4 KiB capture cap
 DOWNLOAD_BODY = 1 << 20  # /download: one chunk, its terminator in the same write
 UPLOAD_BODY = 50_000
+# /stream: a write per chunk, the last with the terminator, as Node.js's res.write and res.end send
+# them; a client reads several chunks at a time, the size lines between past the capture cap
+STREAM_CHUNK, STREAM_CHUNKS = 8192, 60
 SIGNED_QUERY = 6_000  # a URL as long as a signed download link's
 
 
@@ -65,6 +68,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.write(b"%x\r\n" % DOWNLOAD_BODY + b"d" * DOWNLOAD_BODY + b"\r\n0\r\n\r\n")
+        elif path == "/stream":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"%x\r\n%s\r\n" % (STREAM_CHUNK, b"s" * STREAM_CHUNK)
+            for _ in range(STREAM_CHUNKS - 1):
+                self.wfile.write(chunk)
+            self.wfile.write(chunk + b"0\r\n\r\n")
         else:
             self._send(404, b'{"error": "not found"}')
 

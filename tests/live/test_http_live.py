@@ -89,7 +89,7 @@ class LiveRun:
         assert self.client.returncode == 0
         self.requests += [json.loads(line) for line in out.splitlines()]
         base = f"http://127.0.0.1:{self.port}"
-        for path, status in (("/items/4711", 200), ("/missing-curl", 404), ("/download", 200)):
+        for path, status in (("/items/4711", 200), ("/missing-curl", 404), ("/download", 200), ("/stream", 200)):
             subprocess.run(["curl", "-s", "-o", "/dev/null", base + path], check=True, timeout=30)
             self.requests.append({"method": "GET", "path": path, "status": status})
 
@@ -135,7 +135,7 @@ IN_FLIGHT_AT_ATTACH = ("GET", "/items/early-0", 200)
 def test_one_server_and_one_client_span_per_request(live: tuple) -> None:
     run, spans, _ = live
     expected = Counter((r["method"], r["path"], r["status"]) for r in run.requests)
-    assert len(run.requests) == 3 + 200 + 6 + 3 + 3
+    assert len(run.requests) == 3 + 200 + 6 + 3 + 4
     for kind in ("SERVER", "CLIENT"):
         got = Counter(_request_key(s) for s in _by_kind(spans, kind))
         unseen = kind == "SERVER" and run.socket_mode == "fd-tracking"
@@ -159,7 +159,7 @@ def test_span_names_statuses_and_resources(live: tuple) -> None:
     interpreter = os.path.basename(os.path.realpath(sys.executable))
     assert {s["resource"]["service.name"] for s in server} == {interpreter}
     curl = [s for s in _by_kind(spans, "CLIENT") if s["resource"]["process.executable.name"] == "curl"]
-    assert len(curl) == 3
+    assert len(curl) == 4
     for s in server:
         # server.* come from the Host header: the pipelined requests send one without a port.
         pipelined = "pipelined" in s["attributes"]["url.path"]
@@ -182,6 +182,21 @@ def test_body_sizes_past_the_capture_cap(live: tuple) -> None:
     assert server["GET /download"]["http.response.body.size"] == DOWNLOAD_BODY
     assert download["http.response.body.size"] == DOWNLOAD_BODY
     assert "otel_ebpf.capture.gap" not in download
+
+
+def test_a_download_of_many_chunks_ends_with_its_last_chunk(live: tuple) -> None:
+    """curl reads /stream several chunks a read, their size lines hidden past the cap: its span
+    ends at the read that ended the body (held until then, not at the first hidden size line),
+    so it encloses the server's, whose writes each held a chunk whole: a body of exact size."""
+    from tests.live.http_workload import STREAM_CHUNK, STREAM_CHUNKS
+
+    _, spans, _ = live
+    (server,) = [s for s in _by_kind(spans, "SERVER") if s["name"] == "GET /stream"]
+    (client,) = [s for s in _by_kind(spans, "CLIENT") if s["name"] == "GET /stream"]
+    assert server["attributes"]["http.response.body.size"] == STREAM_CHUNK * STREAM_CHUNKS
+    assert "otel_ebpf.capture.gap" not in server["attributes"]
+    assert client["start_ns"] <= server["start_ns"] <= server["end_ns"] <= client["end_ns"]
+    assert client["attributes"]["http.response.status_code"] == 200
 
 
 def test_timing_order_client_encloses_server(live: tuple) -> None:

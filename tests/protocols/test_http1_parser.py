@@ -427,6 +427,67 @@ def test_a_guess_the_next_bytes_contradict_counts_them_malformed() -> None:
     assert run.session.parse_errors == 1
 
 
+CHUNK = 0x2000
+# A chunked download as Node.js and Python's http.server send one (a write per chunk), read as a
+# client reads it: 20,000 bytes a read, the first 4 KiB of each captured (the size lines between
+# hidden), the last read holding the end of the body.
+DOWNLOAD = CHUNKED_HEAD + b"".join(b"%x\r\n%s\r\n" % (CHUNK, b"d" * CHUNK) for _ in range(6)) + b"0\r\n\r\n"
+
+
+def _reads(stream: bytes, size: int, t: int = 20, cap: int = 4096) -> list[Chunk]:
+    """``stream`` read ``size`` bytes at a time from ``t`` on, 10 apart, each captured to ``cap``."""
+    reads = [stream[at : at + size] for at in range(0, len(stream), size)]
+    return [Chunk(OUT, t + 10 * i, read[:cap], max(len(read) - cap, 0)) for i, read in enumerate(reads)]
+
+
+@pytest.mark.parametrize("last", ["captured", "tail"])
+def test_a_download_read_several_chunks_at_a_time_ends_with_its_last_chunk(last: str) -> None:
+    """The gaps hide the size lines: the response is held, not ended at the first such gap, and
+    ends with the read that ends with the last chunk: captured whole, or past the cap with its
+    last bytes reported apart (the kernel's DATA_LAST_CHUNK, a feed after the gap)."""
+    stream = DOWNLOAD if last == "captured" else DOWNLOAD[:-3000] + b"d" * 3000 + DOWNLOAD[-3000:]
+    reads = _reads(stream, 20000)
+    if last == "tail":
+        final = reads.pop()
+        assert final.gap > 7
+        reads += [Chunk(OUT, final.t_ns, final.data, final.gap - 7), Chunk(OUT, final.t_ns, b"\r\n0\r\n\r\n")]
+    end = reads[-1].t_ns
+    run = replay([Chunk(IN, 10, GET + GET), *reads, Chunk(OUT, end + 10, ok(b"next"))])
+    assert brief(run) == [("GET", "/a", 0, None, 200, None, CAPTURE_GAP), ("GET", "/a", 0, None, 200, 4, None)]
+    assert run.exchanges[0].response.end_ns == end
+    assert run.session.parse_errors == 0
+
+
+def test_a_download_whose_end_was_hidden_ends_when_the_next_request_goes_out() -> None:
+    reads = _reads(DOWNLOAD[:-20], 20000)
+    run = replay([Chunk(IN, 10, GET), *reads, Chunk(IN, 500, GET), Chunk(OUT, 510, ok(b"next"))])
+    assert brief(run) == [("GET", "/a", 0, None, 200, None, CAPTURE_GAP), ("GET", "/a", 0, None, 200, 4, None)]
+    assert run.exchanges[0].response.end_ns == reads[-1].t_ns
+    assert run.session.parse_errors == 0
+
+
+def test_a_download_whose_end_was_hidden_ends_at_its_last_read_when_the_connection_closes() -> None:
+    reads = _reads(DOWNLOAD[:-20], 20000)
+    run = replay([Chunk(IN, 10, GET), *reads])
+    assert brief(run) == [("GET", "/a", 0, None, 200, None, CAPTURE_GAP)]
+    assert run.exchanges[0].response.end_ns == reads[-1].t_ns
+
+
+def test_chunks_written_whole_past_the_cap_keep_their_framing() -> None:
+    """A write per chunk (size line, data, CRLF) past the cap hides the data's end and its CRLF:
+    the next write starts with the next size line, so the body's size stays exact."""
+    writes = [b"%x\r\n%s\r\n" % (CHUNK, b"d" * CHUNK)] * 3 + [b"0\r\n\r\n"]
+    run = replay(
+        [
+            Chunk(IN, 10, GET),
+            Chunk(OUT, 20, CHUNKED_HEAD),
+            *(Chunk(OUT, 30 + 10 * i, w[:4096], max(len(w) - 4096, 0)) for i, w in enumerate(writes)),
+        ]
+    )
+    assert brief(run) == [("GET", "/a", 0, None, 200, 3 * CHUNK, None)]
+    assert run.exchanges[0].response.end_ns == 60
+
+
 def test_gap_past_the_end_of_a_known_length_body() -> None:
     run = replay(chunks((IN, GET + GET + GET), (OUT, ok(b"a" * 100)[:60], 200), (OUT, ok(b"c"))))
     # the gap held the rest of the first response and all of the second
