@@ -398,11 +398,13 @@ class _Parser(ABC):
     def end_lost(self) -> list[SessionOutput]:
         """Bytes moved the other way: the held message (:attr:`lost`) ended with this direction's
         last syscall (a client writes its next request once the response is read; a server
-        answers once it read the request)."""
+        answers once it read the request). What comes next is looked for as after any lost
+        framing: a server that answered early leaves the rest of an upload to skip."""
         if self._state != _LOST_CHUNKS:
             return []
         out: list[SessionOutput] = []
         self._emit(self._last_ts, out, None, CAPTURE_GAP)
+        self._state = _SYNC
         return out
 
     def _hidden_data_of_last_chunk(self, length: int) -> int | None:

@@ -466,6 +466,18 @@ def test_a_download_whose_end_was_hidden_ends_when_the_next_request_goes_out() -
     assert run.session.parse_errors == 0
 
 
+def test_an_upload_answered_before_its_end_is_skipped_to_the_next_request() -> None:
+    """A chunked upload whose size lines the cap hid, answered early (413): the request ends at
+    its last read before the answer; the rest of the upload is skipped, not counted malformed."""
+    upload = b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + DOWNLOAD[len(CHUNKED_HEAD) :]
+    reads = [Chunk(IN, 10 + 10 * i, read.data, read.gap) for i, read in enumerate(_reads(upload, 20000)[:3])]
+    run = replay([*reads, Chunk(OUT, 100, ok(b"no", 413)), Chunk(IN, 110, b"d" * 3000), Chunk(IN, 120, GET)])
+    assert brief(run)[0] == ("POST", "/up", None, CAPTURE_GAP, 413, 2, None)
+    assert run.exchanges[0].request.end_ns == 30
+    assert brief(run)[1][:2] == ("GET", "/a")
+    assert run.session.parse_errors == 0
+
+
 def test_a_download_whose_end_was_hidden_ends_at_its_last_read_when_the_connection_closes() -> None:
     reads = _reads(DOWNLOAD[:-20], 20000)
     run = replay([Chunk(IN, 10, GET), *reads])
