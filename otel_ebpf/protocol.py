@@ -294,6 +294,11 @@ class Session(ABC):
     def close(self, timestamp_ns: int) -> Iterable[SessionOutput]:
         """The connection closed: finish messages delimited by close (read-until-close bodies)."""
 
+    def finish_held(self) -> Iterable[SessionOutput]:
+        """The agent is stopping and the connection stays open: the messages held only because
+        the capture hid where they end (not those still arriving), as they stand. None by default."""
+        return ()
+
 
 class Stitcher(ABC):
     """Pairs the messages of one connection into exchanges (FIFO, stream id, ...)."""

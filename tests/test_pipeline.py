@@ -653,6 +653,30 @@ def test_the_last_chunk_the_kernel_read_past_the_cap_ends_a_chunked_body() -> No
     assert run.total("otel_ebpf.parse.errors") == 0
 
 
+def test_a_download_whose_end_the_cap_hid_is_a_span_when_the_agent_stops() -> None:
+    """The size lines hidden, the last chunk too: the response is held for its end. The agent
+    stops with the connection idle: the exchange is reported, ending at its last read, not
+    counted as in flight."""
+    cap = 128
+    chunk = b"400\r\n" + b"d" * 0x400 + b"\r\n"
+    download = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 8 + b"0\r\n\r\n"
+    run = Run()
+    run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/dl")),
+            data(2, PID, 7, OUT, download[:cap], length=3000),
+            data(3, PID, 7, OUT, download[3000 : 3000 + cap], length=len(download) - 3000),
+            KernelLoss(at(50), 0),
+        ]
+    )
+    run.pipeline.flush()
+    (span,) = run.telemetry.take_spans()
+    assert (span.name, span.start_time, span.end_time) == ("GET /dl", at(1), at(3))
+    assert "error.type" not in span.attributes and span.attributes["otel_ebpf.capture.gap"] is True
+    assert run.total("otel_ebpf.spans.shed") == 0
+
+
 def test_a_request_line_longer_than_the_capture_cap_still_makes_a_span() -> None:
     """A URL of 6 KB (a signed link, a long query): the cap cuts the request line, so the
     connection is claimed by its response; the request is told from the line's first bytes. The

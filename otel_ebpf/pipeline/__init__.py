@@ -78,9 +78,11 @@ class Pipeline:
         return max(self.last_timestamp_ns, self._advanced_ns)
 
     def flush(self) -> None:
-        """Process everything held (the agent is stopping). Requests still waiting for a response
-        are in flight, not failed: they are counted, not reported as spans with an error."""
+        """Process everything held (the agent is stopping). Messages held only because the capture
+        hid their end are reported as they stand; requests still waiting for a response are in
+        flight, not failed: they are counted, not reported as spans with an error."""
         self._process(self.reorderer.release_before())
+        self._report(self.tracker.finish_held())
         unanswered = sum(
             1 for _, item, _ in self.tracker.flush_all(self.last_timestamp_ns) if not isinstance(item, RequestStart)
         )

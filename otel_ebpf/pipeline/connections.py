@@ -248,6 +248,18 @@ class ConnectionTracker:
             done += self._finish(self._table.pop(key), timestamp_ns, closed=True)
         return done
 
+    def finish_held(self) -> list[Outcome]:
+        """Agent stopping: the messages sessions hold only because the capture hid where they end
+        (``Session.finish_held``), as they stand; connections stay open."""
+        done: list[Outcome] = []
+        for conn in [conn for conn in self._table.values() if conn.session is not None]:
+            claim = conn.claimed()
+            try:
+                done += self._stitch(conn, claim.stitcher, claim.session.finish_held(), 0)
+            except Exception as exc:  # noqa: BLE001 -- as in data()
+                self._give_up(conn, exc)
+        return done
+
     def flush_all(self, timestamp_ns: int) -> list[Outcome]:
         """Agent stopping: report what every connection still holds (connections stay open)."""
         done: list[Outcome] = []

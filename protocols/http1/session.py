@@ -65,6 +65,10 @@ class HTTP1Session(Session):
         self._holding = None
         return held.end_lost() if held is not None else []
 
+    def finish_held(self) -> list[SessionOutput]:
+        held, self._holding = self._holding, None
+        return held.end_lost() if held is not None else []
+
     def close(self, timestamp_ns: int) -> list[SessionOutput]:
         # Requests first: an unanswered request must reach the stitcher before a late response.
         return self._requests.close() + self._responses.close()
