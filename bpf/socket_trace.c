@@ -1219,14 +1219,14 @@ static __always_inline u32 piece_length(const struct conn_info *ci, u32 rest, u3
                : rest;
 }
 
-// Whether an HTTP/1 buffer of len bytes at base, of which ev holds the first, ends past them with
-// a chunked body's end: CRLF, then the last chunk "0" CRLF CRLF. A reader of a large download gets
-// many chunks a read; with their size lines hidden user space can tell where the body ends only
-// so (DATA_LAST_CHUNK). The bytes are read into ev's data[] past anything submitted.
-static __always_inline u32 ends_chunked(struct data_event *ev, const struct conn_info *ci, const char *base,
-                                        u32 len) {
+// Whether the hidden bytes of an HTTP/1 call (not copied, before end) end with a chunked body's
+// end: CRLF, then the last chunk "0" CRLF CRLF. A reader of a large download gets many chunks a
+// read; with their size lines hidden user space can tell where the body ends only so
+// (DATA_LAST_CHUNK). The bytes are read into ev's data[] past anything a copy fills (< 2 caps).
+static __always_inline u32 ends_chunked(struct data_event *ev, const struct conn_info *ci, const char *end,
+                                        u32 hidden) {
     char *last = ev->data + 2 * PAYLOAD_CAP;
-    if (ci->http.state != HTTP_YES || len < ev->captured + 7 || bpf_probe_read_user(last, 8, base + len - 8))
+    if (ci->http.state != HTTP_YES || hidden < 7 || bpf_probe_read_user(last, 8, end - 8))
         return 0;
     u64 w;
     __builtin_memcpy(&w, last, 8);
@@ -1242,7 +1242,7 @@ static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id,
         submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
         return;
     }
-    flags |= ends_chunked(ev, ci, base, len);
+    flags |= ends_chunked(ev, ci, base + len, len - ev->captured);
     u32 off = 0;
     for (int i = 0; i < H2_CHUNKS; i++) {
         u32 moved = piece_length(ci, len - off, off);
@@ -1280,6 +1280,7 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
                                           struct conn_info *ci, const struct uiovec *head,
                                           struct segment_at *at, const u32 max_pieces) {
     struct uiovec *iov = (struct uiovec *)io->buf;
+    u32 last_chunk = 0;  // the call's last piece hides the end of a chunked body (ends_chunked)
     // What is gathered lives in the event (captured, length), and where it stands in *at, not in
     // locals (read anew each iteration): the verifier then knows them only as bounded, and the
     // loop has one send.
@@ -1312,6 +1313,8 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
             n = 0;  // unreadable: moved, not copied
         ev->captured = to + n;
         ev->length = to + len;
+        if (left == len)
+            last_chunk = ends_chunked(ev, ci, seg.base + done + len, len - n);
         at->left = left - len;
         if (done + len >= seg.len || left == len) {
             at->seg = i + 1;
@@ -1320,7 +1323,7 @@ static __always_inline long emit_segments(struct data_event *ev, u64 ts, u64 id,
             at->done = done + len;
         }
     }
-    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, 0))
+    if (ev->length && submit_data(ev, ts, id, io->fd, ci, io->direction, ev->length, ev->captured, last_chunk))
         return -1;
     return at->left;
 }
@@ -1549,7 +1552,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
         return;
     announce(id, io.fd, ts, ci);
     copy_rest(ev, first.base);
-    if (max_iov == 1 || !io.iovcnt) {
+    if (max_iov == 1 || !io.iovcnt || first_len == ret) {  // one buffer, or all in the first segment
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
         return;
     }

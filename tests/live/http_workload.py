@@ -76,6 +76,7 @@ class Handler(BaseHTTPRequestHandler):
             chunk = b"%x\r\n%s\r\n" % (STREAM_CHUNK, b"s" * STREAM_CHUNK)
             for _ in range(STREAM_CHUNKS - 1):
                 self.wfile.write(chunk)
+            time.sleep(0.05)  # the reader is drained: its last read is this write, past the cap
             self.wfile.write(chunk + b"0\r\n\r\n")
         else:
             self._send(404, b'{"error": "not found"}')
@@ -148,6 +149,19 @@ def client(port: int) -> None:
         stream = sock.makefile("rb")
         for path in paths:
             _report("GET", path, _read_response(stream))
+
+    # A vectored reader (recvmsg into a small buffer and a large one, as Envoy reads): the last
+    # read of /stream, its last chunk and the terminator, ends past the cap in the second buffer.
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        small, large = bytearray(100), bytearray(32768)
+        received = bytearray()
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            n = sock.recvmsg_into([small, large])[0]
+            if not n:
+                raise ConnectionError("the server closed /stream early")
+            received += small[: min(n, len(small))] + large[: max(n - len(small), 0)]
+        _report("GET", "/stream", int(received.split(b" ", 2)[1]))
 
 
 if __name__ == "__main__":
