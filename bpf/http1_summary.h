@@ -53,7 +53,7 @@ struct http_state {
     u8 shed;         // SHED_*: the exchanges in flight are not copied
     u8 lost;         // an event was lost: the next one delivered says so
     u8 h2;           // HTTP/2 (its client preface was seen): calls are copied past the cap
-    u8 h2_behind;    // ... except while user space is behind (SET_SHED_BACKLOG): see http_observe
+    u8 behind;       // user space was behind at this syscall, which goes on with a message (http_observe)
     u8 resp_method;
     u8 resp_minor;   // HTTP/1.x of the response
     u8 last_method;  // of the latest syscall that started a request
@@ -307,9 +307,10 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
         // calls are copied up to the cap only, the rest moved, not copied: a gap user space skips
         // (a frame header it hides costs HPACK state) instead of events lost to a full ring.
         if (h->h2)
-            h->h2_behind = ring_backlog() > setting(SET_SHED_BACKLOG);
+            h->behind = ring_backlog() > setting(SET_SHED_BACKLOG);
         return 1;
     }
+    h->behind = 0;
     struct msg_start m = classify(start, len);
     if (*role == ROLE_UNKNOWN && m.kind != MSG_NONE)  // clients send all but responses
         *role = (m.kind != MSG_RESPONSE) == (direction == DIR_INGRESS) ? ROLE_SERVER : ROLE_CLIENT;
@@ -334,10 +335,15 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
         if (++h->misses >= HTTP_MAX_MISSES)
             h->state = HTTP_NO;
         return 1;
-    } else if (direction == requests) {
-        h->resp_status = 0;  // a request body, or the next read: the response is over
-    } else if (h->resp_status) {
-        http_measure(tgid, *role, tls, h, ts);
+    } else {
+        if (direction == requests)
+            h->resp_status = 0;  // a request body, or the next read: the response is over
+        else if (h->resp_status)
+            http_measure(tgid, *role, tls, h, ts);
+        // A body going on while user space is far behind: copied only as deep as classifying
+        // reads (submit_buffer), so that one large transfer does not fill the ring and lose its
+        // own exchange; its bytes past that are a gap (a Content-Length body keeps its size).
+        h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG);
     }
     return !h->shed;
 }

@@ -1214,7 +1214,7 @@ static __always_inline void copy_rest(struct data_event *ev, const char *base) {
 // body's tail: there a buffer goes a cap at a time, up to H2_CHUNKS events, the last also standing
 // for what is left (moved, not copied, so the parser skips it). Elsewhere: all of it.
 static __always_inline u32 piece_length(const struct conn_info *ci, u32 rest, u32 done) {
-    return ci->http.h2 && !ci->http.h2_behind && rest > PAYLOAD_CAP && done < (H2_CHUNKS - 1) * PAYLOAD_CAP
+    return ci->http.h2 && !ci->http.behind && rest > PAYLOAD_CAP && done < (H2_CHUNKS - 1) * PAYLOAD_CAP
                ? PAYLOAD_CAP
                : rest;
 }
@@ -1242,6 +1242,8 @@ static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id,
         submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
         return;
     }
+    if (ci->http.state == HTTP_YES && ci->http.behind && ev->captured > CLASSIFY_BYTES)
+        ev->captured = CLASSIFY_BYTES;  // an HTTP/1 body while user space is behind (http_observe)
     flags |= ends_chunked(ev, ci, base + len, len - ev->captured);
     u32 off = 0;
     for (int i = 0; i < H2_CHUNKS; i++) {

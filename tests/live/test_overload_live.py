@@ -208,6 +208,66 @@ def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills(
     assert len(_copied_requests(events)) + shed["backlog"] == REQUESTS_PER_CONNECTION
 
 
+# A traced server sends two large Content-Length responses, each in many writes, on one connection
+LARGE_WRITE, LARGE_WRITES = 16 * 1024, 640
+LARGE_SERVER = f"""
+import socket
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+for _ in range(2):
+    request = b""
+    while not request.endswith(b"\\r\\n\\r\\n"):
+        request += conn.recv(4096)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % ({LARGE_WRITE} * {LARGE_WRITES}))
+    for _ in range({LARGE_WRITES}):
+        conn.sendall(b"x" * {LARGE_WRITE})
+"""
+LARGE_CLIENT = """
+import http.client, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
+for path in ("/a", "/b"):
+    conn.request("GET", path)
+    response = conn.getresponse()
+    print(response.status, len(response.read()))
+"""
+
+
+def test_a_large_body_read_while_the_reader_is_behind_loses_no_event() -> None:
+    """Two 10 MiB responses of 640 writes each, a 1 MiB ring that nothing reads meanwhile. A
+    response's writes after its first are copied a cap each until half the ring waits to be read,
+    then only as deep as classifying reads (bpf/http1_summary.h, http_observe): no event is lost,
+    the first response is a span with its exact size, and the second exchange, starting while
+    the ring is half full, is shed whole and counted. Copied a cap each throughout, the ring
+    overflowed within the first response, and the kernel shed the rest of it: no span at all."""
+    from otel_ebpf.probes.socket import SocketProbe  # loads bcc: only when the test runs
+
+    server = subprocess.Popen([sys.executable, "-c", LARGE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()
+        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": 1024})
+        probe = SocketProbe(capture, load_config({"pid": [server.pid]}, {}).targets, ContainerResolver("/"))
+        probe.start()
+        try:
+            got = subprocess.run(
+                [sys.executable, "-c", LARGE_CLIENT, port], capture_output=True, text=True, timeout=120, check=True
+            ).stdout.split("\n")
+            lost, shed = probe.kernel_stats()["ringbuf_full"], probe.shed_requests()
+            events = []
+            while batch := probe.poll(0):
+                events += batch
+        finally:
+            probe.close()
+    finally:
+        server.kill()
+        server.wait()
+    size = LARGE_WRITE * LARGE_WRITES
+    assert got[:2] == [f"200 {size}"] * 2
+    assert lost == 0 and shed == {"backlog": 1, "cpu_budget": 0, "ring_full": 0}
+    spans = [s for s in pipeline_spans(events) if s.kind.name == "SERVER"]
+    assert [(s.name, s.attributes["http.response.body.size"]) for s in spans] == [("GET /a", size)]
+
+
 def test_a_connection_whose_exchanges_are_all_shed_sends_no_event() -> None:
     """A connection per request, nothing reading the ring. The kernel announces a connection
     (open) with its first copied bytes and sends its close only then: a shed connection costs user
