@@ -161,22 +161,23 @@ def test_the_agent_stops_within_seconds(overload: dict) -> None:
     assert overload["exit_s"] < 5.0
 
 
-def _unread_ring(client: str, requests: int) -> tuple[dict[str, int], int, list[Event]]:
-    """``client`` (a script given the port) against the HTTP service, traced by a socket probe with
-    a 64 KiB ring that nothing reads until the client is done: the kernel's shed counts, the events
-    lost to a full ring, and what the ring holds then."""
+def _unread_ring(
+    server: subprocess.Popen, port: str, client: str, ring_kb: int
+) -> tuple[list[str], dict[str, int], int, list[Event]]:
+    """``client`` (a script given the port) against ``server``, traced by a socket probe with a
+    ``ring_kb`` KiB ring that nothing reads until the client is done: the client's output lines,
+    the kernel's shed counts, the events lost to a full ring, and what the ring holds then."""
     from otel_ebpf.probes.socket import SocketProbe  # loads bcc: only when the test runs
 
-    server, port = _http_service()
     try:
-        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": 64})
+        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": ring_kb})
         probe = SocketProbe(capture, load_config({"pid": [server.pid]}, {}).targets, ContainerResolver("/"))
         probe.start()
         try:
             # another process: the probe's own connections are never traced (they would be its exports)
-            statuses = subprocess.run(
-                [sys.executable, "-c", client, str(port)], capture_output=True, text=True, timeout=300, check=True
-            ).stdout.split()
+            output = subprocess.run(
+                [sys.executable, "-c", client, port], capture_output=True, text=True, timeout=300, check=True
+            ).stdout.splitlines()
             time.sleep(0.2)  # the server's close of the last connection
             shed, lost = probe.shed_requests(), probe.kernel_stats()["ringbuf_full"]
             events = []
@@ -187,6 +188,14 @@ def _unread_ring(client: str, requests: int) -> tuple[dict[str, int], int, list[
     finally:
         server.kill()
         server.wait()
+    return output, shed, lost, events
+
+
+def _shedding_service(client: str, requests: int) -> tuple[dict[str, int], int, list[Event]]:
+    """``client`` against the HTTP service with a 64 KiB ring nothing reads (_unread_ring): every
+    request answered 200, some shed for the backlog, none otherwise."""
+    server, port = _http_service()
+    statuses, shed, lost, events = _unread_ring(server, str(port), client, 64)
     assert statuses == ["200"] * requests
     assert shed["backlog"] > 0, "the ring never filled: the test proves nothing"
     assert shed["cpu_budget"] == shed["ring_full"] == 0
@@ -203,7 +212,7 @@ def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills(
     """Nothing reads the ring while a client makes its requests: once more than half of it waits
     to be read (the ring's own positions, bpf_ringbuf_query), the kernel copies no new exchange.
     So the ring never overflows, and every request is either copied whole or counted as shed."""
-    shed, lost, events = _unread_ring(CLIENT, REQUESTS_PER_CONNECTION)
+    shed, lost, events = _shedding_service(CLIENT, REQUESTS_PER_CONNECTION)
     assert lost == 0
     assert len(_copied_requests(events)) + shed["backlog"] == REQUESTS_PER_CONNECTION
 
@@ -240,29 +249,10 @@ def test_a_large_body_read_while_the_reader_is_behind_loses_no_event() -> None:
     the first response is a span with its exact size, and the second exchange, starting while
     the ring is half full, is shed whole and counted. Copied a cap each throughout, the ring
     overflowed within the first response, and the kernel shed the rest of it: no span at all."""
-    from otel_ebpf.probes.socket import SocketProbe  # loads bcc: only when the test runs
-
     server = subprocess.Popen([sys.executable, "-c", LARGE_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = server.stdout.readline().strip()
-        capture = CaptureConfig(**{**load_config({}, {}).capture.__dict__, "ring_buffer_kb": 1024})
-        probe = SocketProbe(capture, load_config({"pid": [server.pid]}, {}).targets, ContainerResolver("/"))
-        probe.start()
-        try:
-            got = subprocess.run(
-                [sys.executable, "-c", LARGE_CLIENT, port], capture_output=True, text=True, timeout=120, check=True
-            ).stdout.split("\n")
-            lost, shed = probe.kernel_stats()["ringbuf_full"], probe.shed_requests()
-            events = []
-            while batch := probe.poll(0):
-                events += batch
-        finally:
-            probe.close()
-    finally:
-        server.kill()
-        server.wait()
+    got, shed, lost, events = _unread_ring(server, server.stdout.readline().strip(), LARGE_CLIENT, 1024)
     size = LARGE_WRITE * LARGE_WRITES
-    assert got[:2] == [f"200 {size}"] * 2
+    assert got == [f"200 {size}"] * 2
     assert lost == 0 and shed == {"backlog": 1, "cpu_budget": 0, "ring_full": 0}
     spans = [s for s in pipeline_spans(events) if s.kind.name == "SERVER"]
     assert [(s.name, s.attributes["http.response.body.size"]) for s in spans] == [("GET /a", size)]
@@ -273,7 +263,7 @@ def test_a_connection_whose_exchanges_are_all_shed_sends_no_event() -> None:
     (open) with its first copied bytes and sends its close only then: a shed connection costs user
     space nothing, and its open and close cannot fill the ring the shedding keeps from filling.
     Before, every connection sent both, and the ring overflowed (2,671 events lost in this test)."""
-    shed, lost, events = _unread_ring(CHURN_CLIENT, CHURN_REQUESTS)
+    shed, lost, events = _shedding_service(CHURN_CLIENT, CHURN_REQUESTS)
     copied = _copied_requests(events)
     assert lost == 0
     assert len(copied) + shed["backlog"] == CHURN_REQUESTS
