@@ -341,8 +341,9 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
         else if (h->resp_status)
             http_measure(tgid, *role, tls, h, ts);
         // A body going on while user space is far behind: copied only as deep as classifying
-        // reads (submit_buffer), so that one large transfer does not fill the ring and lose its
-        // own exchange; its bytes past that are a gap (a Content-Length body keeps its size).
+        // reads (submit_buffer), so that one large transfer is less likely to fill the ring and
+        // lose its own exchange; its bytes past that are a gap (a Content-Length body keeps its
+        // size; a message that follows the body's end in the same syscall is hidden).
         h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG);
     }
     return !h->shed;
