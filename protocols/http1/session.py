@@ -44,9 +44,7 @@ class HTTP1Session(Session):
     def feed(self, direction: Direction, data: bytes, timestamp_ns: int) -> list[SessionOutput]:
         parser = self._parsers[direction]
         held = self._end_held(parser) if self._holding is not None else []
-        messages = parser.feed(data, timestamp_ns)
-        if held:
-            messages = held + messages
+        messages = held + parser.feed(data, timestamp_ns)
         return self._follow_upgrade() + messages if self._responses.opaque else messages
 
     def feed_gap(self, direction: Direction, length: int, timestamp_ns: int) -> list[SessionOutput]:
@@ -59,11 +57,7 @@ class HTTP1Session(Session):
 
     def _end_held(self, moving: RequestParser | ResponseParser) -> list[SessionOutput]:
         """Bytes move through ``moving``: a message the other direction holds is over."""
-        held = self._holding
-        if held is moving:
-            return []
-        self._holding = None
-        return held.end_lost() if held is not None else []
+        return [] if self._holding is moving else self.finish_held()
 
     def finish_held(self) -> list[SessionOutput]:
         held, self._holding = self._holding, None
