@@ -52,7 +52,7 @@ demo: bootstrap
 #   make bench-quick    --quick runs (seconds each, for checking that they work) into bench/results/quick/
 BENCH ?= nginx_load fastapi_load idle_cost http_load protocol_load profile_overhead trace_assembly \
          pipeline_replay file_export rtps_load genai_stream gpu_probe_cost tls_untraced pii_scrub roce_cost \
-         kernel_cost kernel_profile untraced_syscalls
+         kernel_cost kernel_profile untraced_syscalls large_transfer
 BENCH_FLAGS ?=
 
 bench: bootstrap

@@ -93,9 +93,10 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     keepalive_requests 1000000;
+    {settings}
     server {{
         listen 127.0.0.1:{port};
-        location / {{ return 200 "ok\\n"; }}
+        location / {{ {location} }}
     }}
 }}
 """
@@ -106,12 +107,14 @@ def progress(message: str) -> None:
 
 
 class Nginx:
-    """nginx with one worker on a free loopback port, everything it writes in a temp dir."""
+    """nginx with one worker on a free loopback port, everything it writes in a temp dir;
+    ``location``: what it does with every request (``return 200 "ok"``), ``settings``: more of its
+    ``http`` block."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, location: str = 'return 200 "ok\\n";', settings: str = "") -> None:
         self.tmp, self.port = tmp, free_port()
         conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port))
+        conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port, location=location, settings=settings))
         self.proc = subprocess.Popen(
             ["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log"), "-g", "daemon off;"],
             stdout=subprocess.DEVNULL,

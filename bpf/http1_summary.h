@@ -66,6 +66,10 @@ struct http_state {
     u64 resp_start;  // start of the request being answered (0: unknown, not measured)
     u64 resp_end;    // the response's last byte so far
     u8 peer_addr[16];
+    // A body's calls while user space is behind, not sent (skipped_instead in socket_trace.c):
+    u64 skipped_end; // the last one's stamp
+    u32 skipped;     // their bytes, sent as one event before the connection's next one
+    u8 skipped_dir;  // their direction
 };
 
 struct red_key {
@@ -340,10 +344,11 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
             h->resp_status = 0;  // a request body, or the next read: the response is over
         else if (h->resp_status)
             http_measure(tgid, *role, tls, h, ts);
-        // A body going on while user space is far behind: copied only as deep as classifying
-        // reads (submit_buffer), so that one large transfer is less likely to fill the ring and
-        // lose its own exchange; its bytes past that are a gap (a Content-Length body keeps its
-        // size; a message that follows the body's end in the same syscall is hidden).
+        // A body going on while user space is far behind: not sent, only counted, its bytes
+        // then one event moved, not copied (skipped_instead in socket_trace.c), so that one
+        // large transfer cannot fill the ring and lose its own exchange (a Content-Length body
+        // keeps its size and its end; a message that follows the body's end in the same syscall
+        // is hidden).
         h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG);
     }
     return !h->shed;

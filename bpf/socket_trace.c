@@ -541,11 +541,15 @@ static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd
     return submit(&h, sizeof(h));
 }
 
+static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci);
+
 // A connection's close or replacement; user space is told when it lost events of it since its
-// last delivered one.
+// last delivered one, after the bytes it was not sent (report_skipped).
 static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
     if (!ci->announced)
         return;
+    if (ci->http.skipped)
+        report_skipped(id, fd, ci);
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
     h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
@@ -1158,6 +1162,53 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
     return 0;
 }
 
+// The bytes skipped_instead left out, as one data event that moved them and copied none, stamped
+// with the last call's: user space skips them as it skips any bytes past the cap, so a
+// Content-Length body keeps its size and its end. Reserved in the ring, not built in the CPU's
+// data event, which holds the call being sent.
+static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci) {
+    struct http_state *h = &ci->http;
+    u32 size = offsetof(struct data_event, data);
+    struct data_event *ev = events.ringbuf_reserve(size);  // its fields only: no data[]
+    u32 bytes = h->skipped;
+    h->skipped = 0;
+    if (!ev) {
+        count(STAT_RINGBUF_FULL, 1);
+        http_lost(h);
+        return;
+    }
+    fill_header(&ev->h, EV_DATA, h->skipped_end, id, fd, ci->generation);
+    ev->h.flags = h->lost ? HDR_AFTER_LOSS : 0;
+    ev->direction = h->skipped_dir;
+    ev->length = bytes;
+    ev->captured = 0;
+    ev->flags = ci->tls ? DATA_TLS : 0;  // plaintext from the SSL probes, as the calls were
+    ev->retransmissions = ci->retransmissions;
+    h->lost = 0;
+    events.ringbuf_submit(ev, wakeup_flag(size));
+}
+
+// Whether a call of len bytes is left out of the ring, only counted: a body going on while user
+// space is behind (http_observe), unless its last bytes end a chunked body (ends: the end is
+// reported), bytes the other way are still to be reported, or the count would overflow. Calls
+// of a large transfer come faster than user space drains even events that copy nothing; left
+// out, they cannot fill the ring. Anything else the connection sends first reports what was
+// left out.
+static __always_inline int skipped_instead(struct conn_info *ci, u64 id, s32 fd, u32 direction, u32 len, u64 ts,
+                                           u32 ends) {
+    struct http_state *h = &ci->http;
+    if (h->state == HTTP_YES && h->behind && !ends && (!h->skipped || h->skipped_dir == direction) &&
+        len <= 0xffffffffU - h->skipped) {
+        h->skipped += len;
+        h->skipped_dir = direction;
+        h->skipped_end = ts;
+        return 1;
+    }
+    if (h->skipped)
+        report_skipped(id, fd, ci);
+    return 0;
+}
+
 // Copies the first of len bytes at base into ev's data[], at most cap of them; an unreadable
 // buffer, or none (sendfile: bytes moved from a file, never through a user buffer), copies nothing.
 static __always_inline void copy_head(struct data_event *ev, const char *base, u32 len, u32 cap) {
@@ -1238,13 +1289,16 @@ static __always_inline u32 ends_chunked(struct data_event *ev, const struct conn
 static __always_inline void submit_buffer(struct data_event *ev, u64 ts, u64 id, s32 fd, struct conn_info *ci,
                                           u32 direction, const char *base, u32 flags) {
     u32 len = ev->length;
+    if (ci->http.state == HTTP_YES && ci->http.behind && ev->captured > CLASSIFY_BYTES)
+        ev->captured = CLASSIFY_BYTES;  // an HTTP/1 body while user space is behind (http_observe)
+    if (base)
+        flags |= ends_chunked(ev, ci, base + len, len - ev->captured);
+    if (skipped_instead(ci, id, fd, direction, len, ts, flags & DATA_LAST_CHUNK))
+        return;
     if (!base) {  // sendfile: nothing to copy
         submit_data(ev, ts, id, fd, ci, direction, len, ev->captured, flags);
         return;
     }
-    if (ci->http.state == HTTP_YES && ci->http.behind && ev->captured > CLASSIFY_BYTES)
-        ev->captured = CLASSIFY_BYTES;  // an HTTP/1 body while user space is behind (http_observe)
-    flags |= ends_chunked(ev, ci, base + len, len - ev->captured);
     u32 off = 0;
     for (int i = 0; i < H2_CHUNKS; i++) {
         u32 moved = piece_length(ci, len - off, off);
@@ -1558,6 +1612,8 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
         return;
     }
+    if (skipped_instead(ci, id, io.fd, io.direction, ret, ts, 0))
+        return;
     u32 zero = 0;
     struct segments_left *rest = segments_left.lookup(&zero);
     if (!rest)

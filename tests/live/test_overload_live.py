@@ -217,10 +217,11 @@ def test_a_reader_that_falls_behind_sheds_whole_exchanges_before_the_ring_fills(
     assert len(_copied_requests(events)) + shed["backlog"] == REQUESTS_PER_CONNECTION
 
 
-# A traced server sends two large Content-Length responses, each in many writes, on one connection
-LARGE_WRITE, LARGE_WRITES = 16 * 1024, 640
-LARGE_SERVER = f"""
-import socket
+def _large_server(write: int, writes: int) -> str:
+    """A server that sends two Content-Length responses of ``writes`` writes of ``write`` bytes
+    on one connection, printing its port, then the monotonic clock before each one's last write."""
+    return f"""
+import socket, time
 listener = socket.create_server(("127.0.0.1", 0))
 print(listener.getsockname()[1], flush=True)
 conn, _ = listener.accept()
@@ -228,10 +229,14 @@ for _ in range(2):
     request = b""
     while not request.endswith(b"\\r\\n\\r\\n"):
         request += conn.recv(4096)
-    conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % ({LARGE_WRITE} * {LARGE_WRITES}))
-    for _ in range({LARGE_WRITES}):
-        conn.sendall(b"x" * {LARGE_WRITE})
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % ({write} * {writes}))
+    for _ in range({writes} - 1):
+        conn.sendall(b"x" * {write})
+    print(time.monotonic_ns(), flush=True)
+    conn.sendall(b"x" * {write})
 """
+
+
 LARGE_CLIENT = """
 import http.client, sys
 conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]))
@@ -242,20 +247,27 @@ for path in ("/a", "/b"):
 """
 
 
-def test_a_large_body_read_while_the_reader_is_behind_loses_no_event() -> None:
-    """Two 10 MiB responses of 640 writes each, a 1 MiB ring that nothing reads meanwhile. A
-    response's writes after its first are copied a cap each until half the ring waits to be read,
-    then only as deep as classifying reads (bpf/http1_summary.h, http_observe): no event is lost,
-    the first response is a span with its exact size, and the second exchange, starting while
-    the ring is half full, is shed whole and counted. Copied a cap each throughout, the ring
-    overflowed within the first response, and the kernel shed the rest of it: no span at all."""
-    server = subprocess.Popen([sys.executable, "-c", LARGE_SERVER], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize(("write", "writes"), [(16 * 1024, 640), (1024, 30_000)], ids=["16KiB-writes", "1KiB-writes"])
+def test_a_large_body_sent_while_the_reader_is_behind_loses_no_event(write: int, writes: int) -> None:
+    """Two large responses in many writes, a 1 MiB ring that nothing reads meanwhile. A
+    response's writes are copied a cap each until half the ring waits to be read; from then on
+    they are not sent, only counted, and their bytes reach user space as one event that copied
+    none, stamped with the last write, before the connection's next event (here its close):
+    no event is lost, the first response is a span of its exact size that ends at its last
+    write, and the second exchange, starting while the ring is half full, is shed whole and
+    counted. Copied a cap each throughout, the 16 KiB writes overflowed the ring within the first
+    response and the kernel shed the rest of it: no span at all; copied 16 bytes deep once
+    behind, 30,000 writes of 1 KiB did the same (80-byte events)."""
+    server = subprocess.Popen([sys.executable, "-c", _large_server(write, writes)], stdout=subprocess.PIPE, text=True)
     got, shed, lost, events = _unread_ring(server, server.stdout.readline().strip(), LARGE_CLIENT, 1024)
-    size = LARGE_WRITE * LARGE_WRITES
+    last_write_ns = int(server.stdout.readline())
+    size = write * writes
     assert got == [f"200 {size}"] * 2
     assert lost == 0 and shed == {"backlog": 1, "cpu_budget": 0, "ring_full": 0}
     spans = [s for s in pipeline_spans(events) if s.kind.name == "SERVER"]
     assert [(s.name, s.attributes["http.response.body.size"]) for s in spans] == [("GET /a", size)]
+    request = next(e for e in events if isinstance(e, ConnData) and e.data.startswith(b"GET /a"))
+    assert spans[0].end_time - spans[0].start_time >= last_write_ns - request.timestamp_ns
 
 
 def test_a_connection_whose_exchanges_are_all_shed_sends_no_event() -> None:
