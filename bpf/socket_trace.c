@@ -72,8 +72,11 @@
 // COPY_IN_SOCK: socket reads and sends of traced threads inside no read- or write-family syscall
 // (io_uring's, splice's): not copied (count_outside_syscalls)
 #define STAT_OUTSIDE_SYSCALLS 7
-#define STAT_SHED_BASE 7     // + SHED_* (1..3): HTTP/1 requests shed, by reason (http1_summary.h)
-#define NSTATS 11
+// HTTP/1 requests unanswered when their connection closed, on a socket that moved bytes outside
+// the syscalls: their responses may have gone that way, unseen (HDR_UNSEEN_IO)
+#define STAT_HTTP_UNSEEN 8
+#define STAT_SHED_BASE 8     // + SHED_* (1..3): HTTP/1 requests shed, by reason (http1_summary.h)
+#define NSTATS 12
 
 // Messages of one sendmmsg/recvmmsg call copied (each its own datagram event); more are counted.
 // Their iovecs are gathered up to MAX_MMSG_IOV per message: the nested loops must stay within
@@ -115,6 +118,7 @@ struct ummsghdr {
 };
 
 #define HDR_AFTER_LOSS 1  // event_header.flags: events of this connection were lost just before
+#define HDR_UNSEEN_IO 2   // a close: the socket moved bytes outside the syscalls (count_outside_syscalls)
 
 struct event_header {
     u64 ts;
@@ -393,16 +397,21 @@ struct counted_process {
     char comm[16];  // the thread's name (TASK_COMM_LEN): io_uring's workers are "iou-wrk-<tid>"
 };
 BPF_ARRAY(outside_syscalls_process, struct counted_process, 1);  // what count_outside_syscalls last counted
+// Sockets that moved bytes outside the syscalls: their connections' closes say so (io_unseen).
+BPF_TABLE("lru_hash", u64, u8, unseen_io_socks, 16384);
 
 // Counts a traced thread's socket read or send that no read- or write-family syscall is making
 // (regs: the thread's, none of those in flight): io_uring's (in io_uring_enter, in task work after
 // another syscall returned, in its io-wq workers, whose registers are no syscall's) or splice's.
 // Its bytes are not copied; the counter, and the process user space names in its log, tell the
 // user why such a process has no spans.
-static __always_inline void count_outside_syscalls(const struct pt_regs *regs) {
+static __always_inline void count_outside_syscalls(const struct pt_regs *regs, const void *sk) {
     if (syscall_in_flight(regs, NR_SENDFILE, NR_SENDMMSG, NR_RECVMMSG, NR_RECVMMSG) >= 0)
         return;  // those three report at their exits
     count(STAT_OUTSIDE_SYSCALLS, 1);
+    u64 key = (u64)sk;
+    u8 one = 1;
+    unseen_io_socks.update(&key, &one);
     u32 zero = 0;
     struct counted_process *last = outside_syscalls_process.lookup(&zero);
     if (last) {
@@ -411,6 +420,24 @@ static __always_inline void count_outside_syscalls(const struct pt_regs *regs) {
     }
 }
 #endif
+
+// Whether socket sk moved bytes outside the syscalls since it became a connection (unseen_io_socks;
+// only sock tracepoints see such bytes). A socket's address is reused once it is freed: a new
+// connection forgets what was marked at it (forget_unseen_io).
+static __always_inline int io_unseen(const struct conn_info *ci) {
+#ifdef COPY_IN_SOCK
+    u64 key = ci->sk;
+    return key && unseen_io_socks.lookup(&key);
+#else
+    return 0;
+#endif
+}
+
+static __always_inline void forget_unseen_io(u64 sk) {
+#ifdef COPY_IN_SOCK
+    unseen_io_socks.delete(&sk);
+#endif
+}
 BPF_HASH(active_ssl, u32, struct active_ssl, 16384);
 // The socket each thread last read, and when: TLS over memory BIOs (Python asyncio) decrypts what
 // the thread read from that socket just before, with no syscall inside SSL_read (tls_trace.c).
@@ -544,7 +571,8 @@ static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd
 static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci);
 
 // A connection's close or replacement; user space is told when it lost events of it since its
-// last delivered one, after the bytes it was not sent (report_skipped).
+// last delivered one, after the bytes it was not sent (report_skipped), and whether its socket
+// moved bytes it never saw (io_unseen).
 static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
     if (!ci->announced)
         return;
@@ -552,7 +580,7 @@ static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_in
         report_skipped(id, fd, ci);
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
-    h.flags = ci->http.lost ? HDR_AFTER_LOSS : 0;
+    h.flags = (ci->http.lost ? HDR_AFTER_LOSS : 0) | (io_unseen(ci) ? HDR_UNSEEN_IO : 0);
     submit(&h, sizeof(h));
 }
 
@@ -780,8 +808,15 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     struct conn_info *ci = conns.lookup(&key);
     if (!ci)
         return 0;
+    int unseen = io_unseen(ci);
+    if (unseen && ci->http.state == HTTP_YES) {  // not unanswered: perhaps answered where no syscall shows
+        count(STAT_HTTP_UNSEEN, ci->http.queued);
+        ci->http.queued = 0;
+    }
     http_unanswered(id >> 32, ci->role, ci->tls, &ci->http, bpf_ktime_get_ns());
     emit_close(args, id, args->fd, ci);
+    if (unseen)
+        forget_unseen_io(ci->sk);
     conns.delete(&key);
     ignored.delete(&key);
     return 0;
@@ -969,7 +1004,7 @@ static __always_inline struct active_io *read_slot(const void *sk, int flags) {
     struct pt_regs *regs = syscall_regs();
     long nr = syscall_in_flight(regs, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG);
     if (nr < 0) {
-        count_outside_syscalls(regs);
+        count_outside_syscalls(regs, sk);
         return 0;
     }
     if (!io)
@@ -1086,6 +1121,7 @@ static __always_inline struct conn_info *upsert_conn(void *ctx, u64 id, s32 fd, 
         return ci;
     if (ci)
         emit_close(ctx, id, fd, ci);
+    forget_unseen_io(sk);
 
     // Generations only need to differ between successive connections on one fd: a per-CPU
     // sequence tagged with the CPU id is unique without atomics.
@@ -1282,6 +1318,23 @@ static __always_inline u32 ends_chunked(struct data_event *ev, const struct conn
     u64 w;
     __builtin_memcpy(&w, last, 8);
     return (w >> 8) == 0x0a0d0a0d300a0dULL ? DATA_LAST_CHUNK : 0;  // "\r\n0\r\n\r\n", little-endian
+}
+
+// ends_chunked for a vectored call (io), whose end is its last segment's: it ends with the last
+// chunk, or is the last chunk alone, "0" CRLF CRLF. Read only while the call may be left out.
+static __always_inline u32 vectored_ends_chunked(struct data_event *ev, const struct conn_info *ci,
+                                                 const struct active_io *io) {
+    struct uiovec last = {};
+    const struct uiovec *iov = (const struct uiovec *)io->buf;
+    if (!io->iovcnt || bpf_probe_read_user(&last, sizeof(last), &iov[io->iovcnt - 1]) || !last.base)
+        return 0;
+    if (last.len == 5) {
+        u64 w = 0;
+        if (bpf_probe_read_user(&w, 5, last.base))
+            return 0;
+        return w == 0x0a0d0a0d30ULL ? DATA_LAST_CHUNK : 0;  // "0\r\n\r\n", little-endian
+    }
+    return ends_chunked(ev, ci, last.base + last.len, last.len);
 }
 
 // Submits the event copy_start made of one buffer (ev->length bytes at base), in pieces
@@ -1604,15 +1657,18 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     if (ci->role == ROLE_SERVER && (io.direction == DIR_EGRESS || ci->http.last_req_ts == ts))
         inject_serving(iop, key, generation, first.base, first_len, ts, copy);
 #endif
-    if (!copy)
+    if (!copy) {
+        if (ci->http.skipped)  // what was left out ends before this shed exchange
+            report_skipped(id, io.fd, ci);
         return;
+    }
     announce(id, io.fd, ts, ci);
     copy_rest(ev, first.base);
     if (max_iov == 1 || !io.iovcnt || first_len == ret) {  // one buffer, or all in the first segment
         submit_buffer(ev, ts, id, io.fd, ci, io.direction, first.base, 0);
         return;
     }
-    if (skipped_instead(ci, id, io.fd, io.direction, ret, ts, 0))
+    if (skipped_instead(ci, id, io.fd, io.direction, ret, ts, ci->http.behind ? vectored_ends_chunked(ev, ci, &io) : 0))
         return;
     u32 zero = 0;
     struct segments_left *rest = segments_left.lookup(&zero);
@@ -1706,10 +1762,10 @@ static __always_inline void copy_in_sock(void *ctx, struct active_io *io, int re
 // or sendmsg (sendfile's and sendmmsg's exits report theirs) of the slot's fd, still in flight.
 // A send outside those (count_outside_syscalls) is counted: io, the thread's slot, tells that the
 // thread is traced without a lookup, which every untraced send on the node would pay.
-static __always_inline int write_in_flight(const struct active_io *io) {
+static __always_inline int write_in_flight(const struct active_io *io, const void *sk) {
     struct pt_regs *regs = syscall_regs();
     if (syscall_in_flight(regs, NR_WRITE, NR_WRITEV, NR_SENDTO, NR_SENDMSG) < 0) {
-        count_outside_syscalls(regs);
+        count_outside_syscalls(regs, sk);
         return 0;
     }
     return io->kind == IO_DATA && io->direction == DIR_EGRESS && (s32)regs->di == io->fd;
@@ -1722,7 +1778,7 @@ RAW_TRACEPOINT_PROBE(sock_send_length) {
     struct active_io *io = on_sock_io((const void *)ctx->args[0]);
 #ifdef COPY_IN_SOCK
     int ret = ctx->args[1];
-    if (io && ret > 0 && write_in_flight(io))
+    if (io && ret > 0 && write_in_flight(io, (const void *)ctx->args[0]))
         copy_in_sock(ctx, io, ret);
 #endif
     return 0;

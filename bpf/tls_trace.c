@@ -9,10 +9,10 @@
 //
 // SSL_read may return plaintext OpenSSL had already buffered, with no syscall inside: the socket
 // is then the one this SSL* last used (ssl_fds). An SSL over memory BIOs (Python asyncio's
-// SSLProtocol, Node.js) never makes a syscall: its socket is learnt when a read or handshake step
-// decrypts what the same thread read from a socket just before (last_read, socket_trace.c), or
-// when the thread next writes TLS records to a socket (unplaced_ssl: the first flight of a client
-// handshake, which Node.js starts from SSL_read), and used from then on. The _ex variants return
+// SSLProtocol, Node.js) never makes a syscall: its socket is learnt when a read decrypts what the
+// same thread read from a socket just before (last_read, socket_trace.c), or when the thread next
+// writes TLS records to a socket (unplaced_ssl: a handshake's flights, which Node.js drives from
+// SSL_read), and used from then on. The _ex variants return
 // 1/0 and put the length in *done. Handshakes (SSL_do_handshake, SSL_connect, SSL_accept) are
 // tracked only so that their ciphertext is kept out of the socket capture.
 
@@ -59,13 +59,16 @@ int ssl_return(struct pt_regs *ctx) {
     struct active_ssl call = *found;
     active_ssl.delete(&tid);
 
+    u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
     s32 fd = call.fd;
     if (fd < 0) {
         s32 *known = ssl_fds.lookup(&call.ssl);
         struct last_read *read = last_read.lookup(&tid);
+        // Only a read that decrypted something read its socket just before: one that starts a
+        // handshake (Node.js's new connection) follows the thread's read of another connection.
         if (known)
             fd = *known;
-        else if (call.op != SSL_OP_WRITE && read && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
+        else if (call.op == SSL_OP_READ && length && read && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
             fd = read->fd;
     }
     if (fd >= 0) {
@@ -74,7 +77,6 @@ int ssl_return(struct pt_regs *ctx) {
         struct unplaced_ssl unplaced = {.ssl = call.ssl, .ts = bpf_ktime_get_ns()};
         unplaced_ssl.update(&tid, &unplaced);
     }
-    u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
     if (!length)
         return 0;
     u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
@@ -90,8 +92,13 @@ int ssl_return(struct pt_regs *ctx) {
     u32 direction = call.op == SSL_OP_WRITE ? DIR_EGRESS : DIR_INGRESS;
     u64 ts = direction == DIR_EGRESS ? call.enter_ns : bpf_ktime_get_ns();
     struct data_event *ev = copy_start((const char *)call.buf, length, &ci->http);
-    if (!ev || !http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts))
+    if (!ev)
         return 0;
+    if (!http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts)) {
+        if (ci->http.skipped)  // what was left out ends before this shed exchange
+            report_skipped(id, fd, ci);
+        return 0;
+    }
     announce(id, fd, ts, ci);
     copy_rest(ev, (const char *)call.buf);
     submit_buffer(ev, ts, id, fd, ci, direction, (const char *)call.buf, DATA_TLS);

@@ -56,7 +56,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "Requests that got no span, by reason: HTTP/1 exchanges the kernel did not copy because user "
         "space was behind (backlog) or over its CPU budget (cpu_budget) or an event of it was lost (ring_full), "
         "all still in the HTTP metrics; spans left out by trace.sample_ratio (sampled); requests still "
-        "waiting for a response when the agent stopped (in_flight_at_stop)",
+        "waiting for a response when the agent stopped (in_flight_at_stop) or when their connection "
+        "closed, on a socket that moved bytes through io_uring or splice, where the response may have "
+        "gone unseen (response_unseen)",
         False,
     ),
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),
@@ -72,7 +74,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "{item}",
         "What the BPF side dropped or could not attribute, by reason (ring buffer full, syscall table "
         "full, iovec bytes past the cap, sendmmsg/recvmmsg messages not copied, TLS calls without a socket, "
-        "socket reads and sends made through io_uring or splice, "
+        "socket reads and sends made through io_uring or splice, HTTP/1 requests unanswered when such a "
+        "socket closed, "
         "RoCEv2 packets not counted by flow because a table was full)",
         False,
     ),

@@ -1267,6 +1267,26 @@ def test_a_close_after_a_loss_reports_no_failed_request() -> None:
     assert spans == []
 
 
+def test_a_close_of_a_socket_that_answered_unseen_counts_its_waiting_requests() -> None:
+    """A server answering through splice or io_uring: its reads show the requests, no syscall
+    shows the responses, and its close says the socket moved bytes outside the syscalls. What was
+    answered where the agent could see is a span; the requests still waiting are counted
+    ``response_unseen``, not reported as failed (``response_missing``)."""
+    run = Run()
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/a")),
+            data(2, PID, 7, OUT, ok(b"a")),
+            data(3, PID, 7, IN, get("/b")),
+            data(4, PID, 7, IN, get("/c")),
+            ConnClose(at(30), PID, 7, 0, unseen_io=True),
+        ]
+    )
+    assert [(s.name, s.status.status_code) for s in spans] == [("GET /a", UNSET)]
+    assert run.total("otel_ebpf.spans.shed") == 2  # response_unseen: nothing else was shed
+
+
 def counts(
     ms: float,
     pid: int,

@@ -240,7 +240,14 @@ class ConnectionTracker:
         conn = self._table.pop(event.key, None)
         if conn is not None and event.after_loss:
             self._drop_partial(conn)
-        return self._finish(conn, event.timestamp_ns, closed=True)
+        if not event.unseen_io:
+            return self._finish(conn, event.timestamp_ns, closed=True)
+        # Its process answers through io_uring or splice, which no syscall shows: a request still
+        # waiting may have had its response; it is counted, not reported as failed.
+        unseen = len(self._finish(conn, event.timestamp_ns, closed=False))  # the exchanges still open
+        if unseen:
+            self._metrics.add("otel_ebpf.spans.shed", unseen, {"reason": "response_unseen"})
+        return []
 
     def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
         done: list[Outcome] = []

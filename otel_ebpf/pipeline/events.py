@@ -131,6 +131,9 @@ class ConnClose:
     fd: int
     generation: int
     after_loss: bool = False  # as in ConnData
+    # its socket moved bytes outside the syscalls (io_uring, splice): requests still waiting for a
+    # response may have been answered there, unseen
+    unseen_io: bool = False
 
     @property
     def key(self) -> ConnKey:

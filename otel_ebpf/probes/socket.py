@@ -71,6 +71,7 @@ STAT_NAMES = (
     "http_red_full",
     "http_pipeline_full",
     "socket_io_outside_syscalls",  # io_uring's or splice's socket I/O of traced processes: not copied
+    "http_responses_unseen",  # HTTP/1 requests unanswered at a close of such a socket: not in the histograms
 )
 # stats[] slots 8.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
@@ -97,6 +98,7 @@ WAKEUP_SHARE = 1 / 16
 
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flags
 HDR_AFTER_LOSS = 1
+HDR_UNSEEN_IO = 2
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 _DIRECTIONS = tuple(Direction)  # by value: indexing costs a tenth of calling the enum
 # A (TCP) data event's: _DATA's fields, then the connection's retransmissions so far; one unpack
@@ -804,7 +806,9 @@ class SocketProbe:
         elif kind == EV_OPEN:
             self._conn_open(data, body, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
         elif kind == EV_CLOSE:
-            self._events.append(ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS)))
+            self._events.append(
+                ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS), bool(flags & HDR_UNSEEN_IO))
+            )
         elif kind == EV_EXEC:
             self._on_exec(tgid)
         elif kind == EV_EXIT:

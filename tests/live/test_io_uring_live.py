@@ -3,7 +3,8 @@ syscall for them, so the agent cannot copy their bytes: it must say so, in its l
 ``otel_ebpf.kernel.drops{reason=socket_io_outside_syscalls}`` (one per read and per send), and
 make no span of bytes it never saw. The server is C with raw io_uring syscalls
 (``io_uring_server.c``, built here with gcc), served one keep-alive connection. A response that
-``splice`` moves from a pipe to the socket is counted the same way."""
+``splice`` moves from a pipe to the socket is counted the same way, and the request it answered is
+counted as answered unseen, not reported as failed."""
 
 from __future__ import annotations
 
@@ -66,7 +67,19 @@ def test_io_uring_socket_io_is_counted_and_told(tmp_path: Path) -> None:
     assert not [s for s in load_file_spans(out) if s["kind"] == "SERVER"]
 
 
-def test_a_spliced_send_is_counted(tmp_path: Path) -> None:
+def test_a_spliced_send_is_counted_and_its_requests_are_not_failed(tmp_path: Path) -> None:
+    """The requests are read with recv, the responses spliced: at the close, the requests that
+    saw no response are counted as answered unseen, in the spans shed and the kernel's drops, not
+    reported as failed spans or counted as errors in the duration histogram."""
     serve_one_connection(tmp_path, SPLICE_SERVER, SOCKET_MODES["copy-in-sock"], _exchange, REQUESTS)
+    out = tmp_path / "out"
     # the thread's pipe write made its slot before each splice
-    assert _outside_syscalls(tmp_path / "out") == REQUESTS
+    assert _outside_syscalls(out) == REQUESTS
+    assert [s for s in load_file_spans(out) if s["kind"] == "SERVER"] == []
+    metrics = load_file_metrics(out)
+    assert latest_total(metrics, "otel_ebpf.spans.shed", reason="response_unseen") == REQUESTS
+    assert latest_total(metrics, "http.server.request.duration") == 0
+    # the kernel keeps 4 requests waiting per connection; past those, it counts them as not measured
+    unseen = latest_total(metrics, "otel_ebpf.kernel.drops", reason="http_responses_unseen")
+    assert unseen + latest_total(metrics, "otel_ebpf.kernel.drops", reason="http_pipeline_full") == REQUESTS
+    assert unseen > 0

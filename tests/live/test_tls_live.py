@@ -78,12 +78,18 @@ def _start_agent(
 
 
 def _client_and_agent(
-    tmp: Path, receiver: OTLPReceiver, server: subprocess.Popen, client_argv: list[str], port: int, ca: str
+    tmp: Path,
+    receiver: OTLPReceiver,
+    server: subprocess.Popen,
+    client_argv: list[str],
+    port: int,
+    ca: str,
+    *options: str,
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
-    """A client (``client_argv`` PORT CA CALLS) waiting for its go line, and the agent tracing it
-    and the server (by pid: other programs on a busy machine stay out of the counts)."""
+    """A client (``client_argv`` PORT CA CALLS ``options``) waiting for its go line, and the agent
+    tracing it and the server (by pid: other programs on a busy machine stay out of the counts)."""
     client = subprocess.Popen(
-        [*client_argv, str(port), ca, str(CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [*client_argv, str(port), ca, str(CALLS), *options], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert client.stdout.readline() == "ready\n"
     agent = _start_agent(tmp, receiver, "tracepoints", "--pid", str(server.pid), "--pid", str(client.pid))
@@ -91,16 +97,17 @@ def _client_and_agent(
 
 
 def _serve_and_call(
-    tmp: Path, serve: str, client_argv: list[str], spans_expected: int
+    tmp: Path, serve: str, client_argv: list[str], spans_expected: int, *options: str
 ) -> tuple[list[str], str, list, dict, int]:
-    """A TLS server (a ``tls_peers.py`` command) and a client of it, both traced from the start:
-    the client's output lines, the agent's stderr, what the receiver got, and the client's pid."""
+    """A TLS server (a ``tls_peers.py`` command) and a client of it (given ``options`` after its
+    other arguments), both traced from the start: the client's output lines, the agent's stderr,
+    what the receiver got, and the client's pid."""
     ca, cert, key = _certificates(tmp)
     server = subprocess.Popen([*WORKLOAD, serve, str(tmp / "port"), cert, key])
     try:
         port = int(_wait_for_file(tmp / "port", server))
         with OTLPReceiver() as receiver:
-            client, agent = _client_and_agent(tmp, receiver, server, client_argv, port, ca)
+            client, agent = _client_and_agent(tmp, receiver, server, client_argv, port, ca, *options)
             out, _ = client.communicate("go\n", timeout=60)
             assert client.returncode == 0
             stderr = _stop(agent)
@@ -220,6 +227,26 @@ def test_node_https_client_over_memory_bios(tmp_path: Path) -> None:
     assert {s["resource"]["process.pid"] for s in spans if s["kind"] == "CLIENT"} == {pid}
     assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0  # no ciphertext reached a parser
+
+
+def test_node_https_client_opening_a_connection_per_request_names_each_socket(tmp_path: Path) -> None:
+    """The same client, each request on a new connection opened right after the last response
+    was read, the earlier connections kept open. A new connection's first SSL call (an SSL_read
+    that starts its handshake) decrypts nothing: the socket the thread read just before is the
+    previous connection's, not its own; its first TLS records name it. Taken from that read, every
+    later connection's plaintext went to the first one's, and its own ciphertext reached the
+    parsers as bytes of no protocol."""
+    client = ["node", str(Path(__file__).with_name("https_client.js"))]
+    lines, _, spans, metrics, _ = _serve_and_call(tmp_path, "https-serve", client, 2 * CALLS, "per-request")
+    _assert_each_call_on_both_sides(lines, spans)
+    by_id = {s["span_id"]: s for s in spans}
+    for server_span in (s for s in spans if s["kind"] == "SERVER"):  # joined by their connection's ends
+        parent = by_id[server_span["parent_span_id"]]
+        assert (parent["kind"], _path(parent)) == ("CLIENT", _path(server_span))
+    assert latest_total(metrics, "otel_ebpf.connections.tls") == 2 * CALLS
+    assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") == 0
+    assert latest_total(metrics, "otel_ebpf.connections.unknown_protocol") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
