@@ -21,7 +21,8 @@
 // MAX_TARGETS, RINGBUF_PAGES, WAKEUP_BYTES, NR_CPUS (possible CPUs); SKC_FAMILY, SK_PROTOCOL (BTF
 // offsets) unless FD_TRACKING; INJECT: traceparent injection (inject_traceparent.c, appended).
 
-#define H2_CHUNKS 8  // events one buffer or segment of an HTTP/2 connection may take (piece_length)
+#define H2_CHUNKS 16  // events one buffer or segment of an HTTP/2 connection may take (piece_length): a
+                      // whole 64 KiB segment of gRPC C-core's reads at the default cap
 
 #define EV_DATA 1
 #define EV_OPEN 2

@@ -129,6 +129,28 @@ def test_grpc_calls(tmp_path: Path, socket_mode: str) -> None:
     assert latest_total(metrics, "otel_ebpf.messages.partial") == 0
 
 
+def test_grpc_calls_after_large_messages_keep_their_status(tmp_path: Path) -> None:
+    """Unary calls of 100 KB each way, then small ones, on one channel. The client reads a
+    response with ``recvmsg`` into 64 KiB segments, its trailers last: copied 8 caps a segment,
+    the rest of each segment was a gap that hid the trailers' frame, and with the HPACK entry its
+    first trailers made, 18 of 20 client spans had no ``rpc.grpc.status_code``. A segment of an
+    HTTP/2 connection is now copied up to 16 caps, a whole one of C-core's."""
+    with OTLPReceiver() as receiver, Peers(tmp_path, receiver, "tracepoints") as run:
+        server, port = run.server("grpc")
+        client = run.grpc_client(port, "many_large")
+        run.start_agent(server, client.pid)
+        calls = run.go(client)
+        spans, metrics = run.stop_agent(2 * len(calls))
+    assert len(calls) == h2_peers.LARGE_CALLS + 5 and {c["code"] for c in calls} == {"OK"}
+    for pid, kind in ((server, "SERVER"), (client.pid, "CLIENT")):
+        got = _by(spans, pid, kind)
+        assert [(s["attributes"]["rpc.method"], s["attributes"].get("rpc.grpc.status_code")) for s in got] == [
+            ("Unary", 0)
+        ] * len(calls), kind
+    assert latest_total(metrics, "otel_ebpf.messages.partial") == 0
+    assert latest_total(metrics, "otel_ebpf.events.lost") == 0
+
+
 def test_concurrent_grpc_calls_keep_their_method(tmp_path: Path) -> None:
     """Bursts of 64 calls in flight on one channel: C-core writes each burst in one sendmsg of more
     iovec segments than a syscall's exit gathers. The rest go to segments_more; when they were a

@@ -171,12 +171,12 @@ def test_a_busy_http2_connection_is_copied_past_the_cap(tmp_path: Path) -> None:
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
-DOWNLOAD, DOWNLOADS = 5 << 20, 3  # past what the default 4 MiB ring holds, copied 8 caps a read
+DOWNLOAD, DOWNLOADS = 5 << 20, 3  # past what the default 4 MiB ring holds, copied 16 caps a read
 
 
 def test_large_http2_downloads_lose_no_event(tmp_path: Path) -> None:
     """curl downloads 5 MiB from Node.js over h2c three times, each followed by a small request
-    (a curl each, h2c prior knowledge). Copied 8 caps a read, the downloads filled the ring faster
+    (a curl each, h2c prior knowledge). Copied 8 caps a read (now 16), the downloads filled the ring faster
     than it was read (70-118 events lost on an idle 2-CPU host, and with them most spans of both
     sides). While user space is far behind, the kernel copies an HTTP/2 call up to the cap only,
     the rest a gap (bpf/http1_summary.h, http_observe): no event is lost and every request is a

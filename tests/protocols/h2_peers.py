@@ -63,6 +63,7 @@ NOT_FOUND_MESSAGE = "no such note: missing"
 STREAM_MESSAGES = 10
 BURSTS, CONCURRENT = 10, 64  # the concurrent scenario
 LARGE_BLOB = 100_000  # a message far past the 4 KiB capture cap, over several DATA frames
+LARGE_CALLS = 10  # the many_large scenario
 H2_LARGE_BODY = 100_000
 
 
@@ -175,6 +176,12 @@ def many(stub: Any, pb2: ModuleType) -> list[Call]:
     return unary(stub, pb2, 100)
 
 
+def many_large(stub: Any, pb2: ModuleType) -> list[Call]:
+    """LARGE_CALLS unary calls of LARGE_BLOB each way, then small ones, on one channel."""
+    note = pb2.Note(text="large", blob=b"\xa5" * LARGE_BLOB)
+    return [*(_record("Unary", lambda: stub.Unary(note), 1) for _ in range(LARGE_CALLS)), *unary(stub, pb2, 5)]
+
+
 def concurrent(stub: Any, pb2: ModuleType) -> list[Call]:
     """Bursts of CONCURRENT unary calls in flight at once: C-core writes a burst's frames in one
     sendmsg of a few hundred iovec segments."""
@@ -198,6 +205,7 @@ GRPC_SCENARIOS: dict[str, Scenario] = {
     "bidi": bidi,
     "large": large,
     "many": many,
+    "many_large": many_large,
     "concurrent": concurrent,
     "everything": everything,
 }
