@@ -1287,6 +1287,21 @@ def test_a_close_of_a_socket_that_answered_unseen_counts_its_waiting_requests() 
     assert run.total("otel_ebpf.spans.shed") == 2  # response_unseen: nothing else was shed
 
 
+def test_a_response_the_close_ends_is_a_span_on_a_socket_that_answered_unseen() -> None:
+    run = Run()
+    until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nthe body"
+    spans = run.feed(
+        [
+            opened(0, PID, 7),
+            data(1, PID, 7, IN, get("/a")),
+            data(2, PID, 7, OUT, until_close),
+            ConnClose(at(30), PID, 7, 0, unseen_io=True),
+        ]
+    )
+    assert [(s.name, s.status.status_code, s.end_time) for s in spans] == [("GET /a", UNSET, at(2))]
+    assert run.total("otel_ebpf.spans.shed") == 0
+
+
 def counts(
     ms: float,
     pid: int,

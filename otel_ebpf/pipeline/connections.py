@@ -240,14 +240,7 @@ class ConnectionTracker:
         conn = self._table.pop(event.key, None)
         if conn is not None and event.after_loss:
             self._drop_partial(conn)
-        if not event.unseen_io:
-            return self._finish(conn, event.timestamp_ns, closed=True)
-        # Its process answers through io_uring or splice, which no syscall shows: a request still
-        # waiting may have had its response; it is counted, not reported as failed.
-        unseen = len(self._finish(conn, event.timestamp_ns, closed=False))  # the exchanges still open
-        if unseen:
-            self._metrics.add("otel_ebpf.spans.shed", unseen, {"reason": "response_unseen"})
-        return []
+        return self._finish(conn, event.timestamp_ns, closed=True, unseen_io=event.unseen_io)
 
     def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
         done: list[Outcome] = []
@@ -378,7 +371,13 @@ class ConnectionTracker:
                 done += [(conn, exchange, tid) for exchange in stitcher.add(output)]
         return done
 
-    def _finish(self, conn: Connection | None, timestamp_ns: int, closed: bool) -> list[Outcome]:
+    def _finish(
+        self, conn: Connection | None, timestamp_ns: int, closed: bool, unseen_io: bool = False
+    ) -> list[Outcome]:
+        """What ``conn`` still holds: the messages its close ends (``closed``), then the exchanges
+        still waiting, unanswered; with ``unseen_io`` (its socket moved bytes through io_uring or
+        splice, which no syscall shows) those may have had their responses there: they are
+        counted, not reported as failed."""
         if conn is None:
             return []
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
@@ -389,12 +388,15 @@ class ConnectionTracker:
         claim = conn.claimed()
         try:
             done = self._stitch(conn, claim.stitcher, claim.session.close(timestamp_ns), 0) if closed else []
-            done += [(conn, exchange, 0) for exchange in claim.stitcher.flush(timestamp_ns)]
+            waiting = list(claim.stitcher.flush(timestamp_ns))
         except Exception as exc:  # noqa: BLE001 -- as in data()
             self._give_up(conn, exc)
             return []
+        if unseen_io and waiting:
+            self._metrics.add("otel_ebpf.spans.shed", len(waiting), {"reason": "response_unseen"})
+            waiting = []
         self._account(conn, claim)
-        return done
+        return done + [(conn, exchange, 0) for exchange in waiting]
 
     def _judge_ciphertext(self, conn: Connection) -> None:
         """A connection no plugin claimed, judged unknown or closed: when its bytes began with a

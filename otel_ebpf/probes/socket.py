@@ -73,7 +73,7 @@ STAT_NAMES = (
     "socket_io_outside_syscalls",  # io_uring's or splice's socket I/O of traced processes: not copied
     "http_responses_unseen",  # HTTP/1 requests unanswered at a close of such a socket: not in the histograms
 )
-# stats[] slots 8.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
+# stats[] slots 9.. : HTTP/1 requests shed, by reason (bpf/http1_summary.h, SHED_*)
 SHED_REASONS = ("backlog", "cpu_budget", "ring_full")
 # iovec segments a vectored syscall's exit copies (grpcio writes one per HPACK field); the rest,
 # up to 320 in all, in a program it tail-calls (segments_more in bpf/socket_trace.c)
