@@ -577,8 +577,7 @@ static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci)
 static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
     if (!ci->announced)
         return;
-    if (ci->http.skipped)
-        report_skipped(id, fd, ci);
+    report_skipped(id, fd, ci);
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
     h.flags = (ci->http.lost ? HDR_AFTER_LOSS : 0) | (io_unseen(ci) ? HDR_UNSEEN_IO : 0);
@@ -1199,12 +1198,14 @@ static __always_inline int submit_data(struct data_event *ev, u64 ts, u64 id, s3
     return 0;
 }
 
-// The bytes skipped_instead left out, as one data event that moved them and copied none, stamped
+// The bytes skipped_instead left out, if any, as one data event that moved them and copied none, stamped
 // with the last call's: user space skips them as it skips any bytes past the cap, so a
 // Content-Length body keeps its size and its end. Reserved in the ring, not built in the CPU's
 // data event, which holds the call being sent.
 static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci) {
     struct http_state *h = &ci->http;
+    if (!h->skipped)
+        return;
     u32 size = offsetof(struct data_event, data);
     struct data_event *ev = events.ringbuf_reserve(size);  // its fields only: no data[]
     u32 bytes = h->skipped;
@@ -1241,8 +1242,7 @@ static __always_inline int skipped_instead(struct conn_info *ci, u64 id, s32 fd,
         h->skipped_end = ts;
         return 1;
     }
-    if (h->skipped)
-        report_skipped(id, fd, ci);
+    report_skipped(id, fd, ci);
     return 0;
 }
 
@@ -1659,8 +1659,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
         inject_serving(iop, key, generation, first.base, first_len, ts, copy);
 #endif
     if (!copy) {
-        if (ci->http.skipped)  // what was left out ends before this shed exchange
-            report_skipped(id, io.fd, ci);
+        report_skipped(id, io.fd, ci);  // what was left out ends before this shed exchange
         return;
     }
     announce(id, io.fd, ts, ci);

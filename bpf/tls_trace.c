@@ -95,8 +95,7 @@ int ssl_return(struct pt_regs *ctx) {
     if (!ev)
         return 0;
     if (!http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts)) {
-        if (ci->http.skipped)  // what was left out ends before this shed exchange
-            report_skipped(id, fd, ci);
+        report_skipped(id, fd, ci);  // what was left out ends before this shed exchange
         return 0;
     }
     announce(id, fd, ts, ci);
