@@ -449,7 +449,13 @@ struct last_read {
 };
 BPF_TABLE("lru_hash", u32, struct last_read, last_read, 16384);
 #define MEMORY_BIO_WINDOW_NS 10000000ULL  // a socket read or write this close belongs to the SSL call
-BPF_TABLE("lru_hash", u64, s32, ssl_fds, MAX_CONNS);  // SSL* -> fd of its socket (tls_trace.c)
+// SSL* -> its socket (tls_trace.c), valid while the fd still holds that connection (generation):
+// a freed SSL*'s address comes back for a later connection, often on another fd.
+struct ssl_socket {
+    s32 fd;
+    u32 generation;
+};
+BPF_TABLE("lru_hash", u64, struct ssl_socket, ssl_fds, MAX_CONNS);
 // Per thread, its latest SSL call that named no socket, and when it returned: the first TLS record
 // the thread then writes to a socket, outside any SSL call, is that SSL's ciphertext leaving its
 // memory BIO (Node.js drives a client's handshake from SSL_read and SSL_write, which never touch
@@ -1263,7 +1269,7 @@ static __always_inline void copy_head(struct data_event *ev, const char *base, u
 // 3.x) right after the thread's SSL call that named no socket: that SSL's socket is fd. Returns 1
 // when so (the bytes are ciphertext). Plaintext never starts so: a connection is not taken for TLS
 // by mistake.
-static __always_inline int place_ssl(u32 tid, s32 fd, u64 ts, const char *base, u32 len) {
+static __always_inline int place_ssl(u32 tid, s32 fd, u32 generation, u64 ts, const char *base, u32 len) {
     struct unplaced_ssl *unplaced = unplaced_ssl.lookup(&tid);
     u8 record[3] = {};
     if (!unplaced || ts - unplaced->ts >= MEMORY_BIO_WINDOW_NS || len < 3 ||
@@ -1272,7 +1278,8 @@ static __always_inline int place_ssl(u32 tid, s32 fd, u64 ts, const char *base, 
     if (record[0] < 20 || record[0] > 23 || record[1] != 3 || record[2] > 4)
         return 0;
     u64 ssl = unplaced->ssl;
-    ssl_fds.update(&ssl, &fd);
+    struct ssl_socket socket = {.fd = fd, .generation = generation};
+    ssl_fds.update(&ssl, &socket);
     unplaced_ssl.delete(&tid);
     return 1;
 }
@@ -1645,7 +1652,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     }
     struct uiovec first = head[0];
     u32 first_len = first.len < ret ? first.len : ret;
-    if ((io.tls & IO_SSL_USER) && io.direction == DIR_EGRESS && place_ssl(tid, io.fd, ts, first.base, first_len)) {
+    if ((io.tls & IO_SSL_USER) && io.direction == DIR_EGRESS && place_ssl(tid, io.fd, generation, ts, first.base, first_len)) {
         ci->tls = 1;
         return;
     }

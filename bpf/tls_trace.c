@@ -61,26 +61,36 @@ int ssl_return(struct pt_regs *ctx) {
 
     u64 length = call.op == SSL_OP_HANDSHAKE ? 0 : ssl_length(ctx, &call);
     s32 fd = call.fd;
-    if (fd < 0) {
-        s32 *known = ssl_fds.lookup(&call.ssl);
-        struct last_read *read = last_read.lookup(&tid);
-        // Only a read that decrypted something read its socket just before: one that starts a
-        // handshake (Node.js's new connection) follows the thread's read of another connection.
-        if (known)
-            fd = *known;
-        else if (call.op == SSL_OP_READ && length && read && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
-            fd = read->fd;
+    u64 key;
+    struct conn_info *ci = 0;
+    struct ssl_socket *known = fd < 0 ? ssl_fds.lookup(&call.ssl) : 0;
+    if (known) {  // no syscall inside: a memory BIO, or plaintext OpenSSL had buffered
+        key = (id & 0xffffffff00000000ULL) | (u32)known->fd;
+        ci = conns.lookup(&key);
+        if (ci && ci->generation == known->generation) {
+            fd = known->fd;
+        } else {  // that connection ended, and a new SSL* was given the freed one's address
+            ci = 0;
+            known = 0;
+        }
     }
-    if (fd >= 0) {
-        ssl_fds.update(&call.ssl, &fd);
-    } else {  // its first records, written next, will name the socket (place_ssl, socket_trace.c)
+    struct last_read *read = fd < 0 ? last_read.lookup(&tid) : 0;
+    // Only a read that decrypted something read its socket just before: one that starts a
+    // handshake (Node.js's new connection) follows the thread's read of another connection.
+    if (read && call.op == SSL_OP_READ && length && call.enter_ns - read->ts < MEMORY_BIO_WINDOW_NS)
+        fd = read->fd;
+    key = (id & 0xffffffff00000000ULL) | (u32)fd;
+    if (!ci && fd >= 0)
+        ci = conns.lookup(&key);
+    if (ci && !known) {
+        struct ssl_socket socket = {.fd = fd, .generation = ci->generation};
+        ssl_fds.update(&call.ssl, &socket);
+    } else if (fd < 0) {  // its first records, written next, will name the socket (place_ssl, socket_trace.c)
         struct unplaced_ssl unplaced = {.ssl = call.ssl, .ts = bpf_ktime_get_ns()};
         unplaced_ssl.update(&tid, &unplaced);
     }
     if (!length)
         return 0;
-    u64 key = (id & 0xffffffff00000000ULL) | (u32)fd;
-    struct conn_info *ci = fd >= 0 ? conns.lookup(&key) : 0;
     if (!ci) {  // an SSL over a memory BIO (asyncio), or a socket never seen
         count(STAT_TLS_UNATTRIBUTED, 1);
         return 0;

@@ -2,6 +2,8 @@
 
     tls_peers.py https-serve PORT_FILE CERT KEY
     tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
+    tls_peers.py https-connections PORT CA N K  (prints "ready", waits for a line, then K threads
+                                                 make N GETs each, a new connection per GET)
     tls_peers.py async-serve PORT_FILE CERT KEY   (aiohttp: asyncio TLS over memory BIOs)
     tls_peers.py async-client PORT CA N           (prints "ready", waits for a line, then N GETs)
     tls_peers.py grpc-serve PORT_FILE CERT KEY
@@ -79,6 +81,33 @@ def https_client(port: int, ca: str, count: int) -> None:
     conn.close()
 
 
+def https_connections(port: int, ca: str, count: int, threads: int) -> None:
+    """Concurrent handshakes, and connections closed as fast as they open: a server's freed SSL
+    objects come back for new connections, often on other sockets. Each line also has the
+    connection's local port, which the server's span must name."""
+    context = ssl.create_default_context(cafile=ca)
+    printing = threading.Lock()
+
+    def client(thread: int) -> None:
+        for i in range(count):
+            path = f"/items/{thread}-{i}"
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+            conn.request("GET", path)
+            response = conn.getresponse()
+            response.read()
+            port_used = conn.sock.getsockname()[1]
+            conn.close()
+            with printing:
+                print(json.dumps({"path": path, "status": response.status, "port": port_used}), flush=True)
+
+    wait_for_go()
+    workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
 def async_serve(port_file: str, cert: str, key: str) -> None:
     import asyncio
 
@@ -153,6 +182,8 @@ def main() -> None:
         https_serve(*args)
     elif command == "https-client":
         https_client(int(args[0]), args[1], int(args[2]))
+    elif command == "https-connections":
+        https_connections(int(args[0]), args[1], int(args[2]), int(args[3]))
     elif command == "async-serve":
         async_serve(*args)
     elif command == "async-client":

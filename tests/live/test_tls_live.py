@@ -97,13 +97,15 @@ def _client_and_agent(
 
 
 def _serve_and_call(
-    tmp: Path, serve: str, client_argv: list[str], spans_expected: int, *options: str
+    tmp: Path, serve: str | list[str], client_argv: list[str], spans_expected: int, *options: str
 ) -> tuple[list[str], str, list, dict, int]:
-    """A TLS server (a ``tls_peers.py`` command) and a client of it (given ``options`` after its
-    other arguments), both traced from the start: the client's output lines, the agent's stderr,
-    what the receiver got, and the client's pid."""
+    """A TLS server (a ``tls_peers.py`` command, or the command line it takes PORT_FILE CERT KEY
+    after) and a client of it (given ``options`` after its other arguments), both traced from the
+    start: the client's output lines, the agent's stderr, what the receiver got, and the client's
+    pid."""
     ca, cert, key = _certificates(tmp)
-    server = subprocess.Popen([*WORKLOAD, serve, str(tmp / "port"), cert, key])
+    server_argv = [*WORKLOAD, serve] if isinstance(serve, str) else serve
+    server = subprocess.Popen([*server_argv, str(tmp / "port"), cert, key])
     try:
         port = int(_wait_for_file(tmp / "port", server))
         with OTLPReceiver() as receiver:
@@ -246,6 +248,37 @@ def test_node_https_client_opening_a_connection_per_request_names_each_socket(tm
     assert latest_total(metrics, "otel_ebpf.connections.tls") == 2 * CALLS
     assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") == 0
     assert latest_total(metrics, "otel_ebpf.connections.unknown_protocol") == 0
+    assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
+
+
+@pytest.mark.parametrize(
+    "server",
+    [[*WORKLOAD, "async-serve"], ["node", str(Path(__file__).with_name("https_server.js"))]],
+    ids=["aiohttp", "node"],
+)
+def test_memory_bio_server_under_concurrent_handshakes_names_each_connection(tmp_path: Path, server: list[str]) -> None:
+    """Servers whose TLS runs over memory BIOs (asyncio's, Node.js's), one thread for every
+    connection, under 8 clients that each open a connection per request and close it: the SSL
+    objects the server frees come back at the same addresses for new connections, on other
+    sockets. Learnt once for good, a reused SSL* took the plaintext to a closed socket (lost, counted
+    ``tls_unattributed``) or to another live connection (spans with another request's peer port
+    and parent), and left its own connection's ciphertext to the parsers."""
+    threads = 8
+    lines, _, spans, metrics, _ = _serve_and_call(
+        tmp_path, server, [*WORKLOAD, "https-connections"], 2 * CALLS * threads, str(threads)
+    )
+    calls = {c["path"]: c for c in map(json.loads, lines)}
+    assert len(calls) == CALLS * threads
+    by_id = {s["span_id"]: s for s in spans}
+    server_spans = {_path(s): s for s in spans if s["kind"] == "SERVER"}
+    assert server_spans.keys() == calls.keys()
+    for path, span in server_spans.items():
+        assert span["attributes"]["client.port"] == calls[path]["port"], path
+        parent = by_id[span["parent_span_id"]]
+        assert (parent["kind"], _path(parent)) == ("CLIENT", path)
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+    assert latest_total(metrics, "otel_ebpf.connections.tls") == 2 * CALLS * threads
+    assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") == 0
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
