@@ -70,6 +70,9 @@ struct http_state {
     u64 skipped_end; // the last one's stamp
     u32 skipped;     // their bytes, sent as one event before the connection's next one
     u8 skipped_dir;  // their direction
+    // Bytes sent while behind anyway, within the connection's share (skipped_instead):
+    u32 share_window; // since this stamp >> SHARE_WINDOW_SHIFT
+    u32 share_bytes;
 };
 
 struct red_key {
@@ -301,11 +304,31 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
     }
 }
 
-// Bytes of one syscall (or SSL call) on a connection, whose start (len bytes) the caller copied to
-// start: returns 1 when they are to be copied. *role is the connection's role, learnt here when
-// the kernel did not know it.
+// While user space is behind, each connection still sends up to SHARE_BYTES of body per window of
+// 2^SHARE_WINDOW_SHIFT ns (16 KiB per 67 ms, 240 KB/s): "behind" is the whole ring's backlog, which
+// one large transfer makes, and a small stream meanwhile (an LLM's tokens as server-sent events)
+// must keep its bytes. The ring's unread half absorbs what the shares add.
+#define SHARE_BYTES 16384
+#define SHARE_WINDOW_SHIFT 26
+
+// Whether a body call of moved bytes goes past its connection's share; if not, it is counted in it.
+static __always_inline int past_share(struct http_state *h, u32 moved, u64 ts) {
+    u32 window = ts >> SHARE_WINDOW_SHIFT;
+    if (window != h->share_window) {
+        h->share_window = window;
+        h->share_bytes = 0;
+    }
+    if (moved > SHARE_BYTES - h->share_bytes)
+        return 1;
+    h->share_bytes += moved;
+    return 0;
+}
+
+// Bytes of one syscall (or SSL call) on a connection, moved of them, whose start (len bytes) the
+// caller copied to start: returns 1 when they are to be copied. *role is the connection's role,
+// learnt here when the kernel did not know it.
 static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_state *h, u32 direction,
-                                        const u8 *start, u32 len, u64 ts) {
+                                        const u8 *start, u32 len, u32 moved, u64 ts) {
     if (h->state == HTTP_NO) {
         // HTTP/2 has no exchange the kernel could shed whole; while user space is far behind, its
         // calls are copied up to the cap only, the rest moved, not copied: a gap user space skips
@@ -344,12 +367,12 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
             h->resp_status = 0;  // a request body, or the next read: the response is over
         else if (h->resp_status)
             http_measure(tgid, *role, tls, h, ts);
-        // A body going on while user space is far behind: not sent, only counted, its bytes
-        // then one event moved, not copied (skipped_instead in socket_trace.c), so that one
-        // large transfer cannot fill the ring and lose its own exchange (a Content-Length body
-        // keeps its size and its end; a message that follows the body's end in the same syscall
-        // is hidden).
-        h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG);
+        // A body going on while user space is far behind, past the connection's share: not
+        // sent, only counted, its bytes then one event moved, not copied (skipped_instead in
+        // socket_trace.c), so that one large transfer cannot fill the ring and lose its own
+        // exchange (a Content-Length body keeps its size and its end; a message that follows the
+        // body's end in the same syscall is hidden).
+        h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG) && past_share(h, moved, ts);
     }
     return !h->shed;
 }

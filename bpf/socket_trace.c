@@ -1659,7 +1659,7 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     struct data_event *ev = copy_start(first.base, first_len, &ci->http);
     if (!ev)
         return;
-    int copy = http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, (const u8 *)ev->data, ev->captured, ts);
+    int copy = http_observe(id >> 32, &ci->role, 0, &ci->http, io.direction, (const u8 *)ev->data, ev->captured, ret, ts);
 #ifdef INJECT
     // A server's read that started a request (last_req_ts: http_observe), or its response.
     if (ci->role == ROLE_SERVER && (io.direction == DIR_EGRESS || ci->http.last_req_ts == ts))

@@ -104,7 +104,7 @@ int ssl_return(struct pt_regs *ctx) {
     struct data_event *ev = copy_start((const char *)call.buf, length, &ci->http);
     if (!ev)
         return 0;
-    if (!http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, ts)) {
+    if (!http_observe(id >> 32, &ci->role, 1, &ci->http, direction, (const u8 *)ev->data, ev->captured, length, ts)) {
         report_skipped(id, fd, ci);  // what was left out ends before this shed exchange
         return 0;
     }

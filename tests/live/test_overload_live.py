@@ -304,6 +304,82 @@ def test_a_chunked_body_sent_while_the_reader_is_behind_ends_where_it_ends() -> 
     assert spans[0].end_time - spans[0].start_time >= last_write_ns - request.timestamp_ns
 
 
+STREAM_EVENTS, STREAM_EVENT = 200, b"data: " + b"t" * 92 + b"\n\n"  # 100 bytes, as a token streamed
+STREAMING_SERVER = f"""
+import socket, threading, time
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+
+def serve(conn):
+    request = b""
+    while not request.endswith(b"\\r\\n\\r\\n"):
+        request += conn.recv(4096)
+    if request.startswith(b"GET /stream"):
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: text/event-stream\\r\\nContent-Length: %d\\r\\n\\r\\n"
+                     % ({STREAM_EVENTS} * {len(STREAM_EVENT)}))
+        for _ in range({STREAM_EVENTS}):
+            conn.sendall({STREAM_EVENT!r})
+            time.sleep(0.005)
+    else:
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % (1024 * 16384))
+        data = b"x" * 16384
+        for _ in range(1024):
+            conn.sendall(data)
+
+for _ in range(2):
+    threading.Thread(target=serve, args=(listener.accept()[0],)).start()
+"""
+STREAM_AND_DOWNLOAD_CLIENT = """
+import http.client, sys, threading
+port = int(sys.argv[1])
+stream = http.client.HTTPConnection("127.0.0.1", port)
+stream.request("GET", "/stream")
+response = stream.getresponse()
+first = response.read(100)  # the stream has begun: its exchange is kept
+
+def download():
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", "/large")
+    print("large", len(conn.getresponse().read()), flush=True)
+
+downloading = threading.Thread(target=download)
+downloading.start()
+print("stream", len(first + response.read()), flush=True)
+downloading.join()
+"""
+
+
+def test_a_small_stream_keeps_its_bytes_while_another_transfer_puts_the_reader_behind() -> None:
+    """An event stream (100-byte writes, 20 KB/s) under way when a 16 MiB download starts on
+    another connection, a 1 MiB ring that nothing reads. The download's writes put the reader
+    behind, and from then on its body's calls are left out; the stream's stay within its
+    connection's share of the ring (16 KiB per 67 ms) and are copied whole, so its span has every
+    byte, as an LLM's tokens need. Before the share, "behind" being the whole ring's backlog, the
+    stream's calls were left out too: its span had a gap."""
+    server = subprocess.Popen([sys.executable, "-c", STREAMING_SERVER], stdout=subprocess.PIPE, text=True)
+    got, shed, lost, events = _unread_ring(server, server.stdout.readline().strip(), STREAM_AND_DOWNLOAD_CLIENT, 1024)
+    stream_size = STREAM_EVENTS * len(STREAM_EVENT)
+    assert sorted(got) == sorted([f"stream {stream_size}", f"large {1024 * 16384}"])
+    assert lost == 0 and shed == {"backlog": 0, "cpu_budget": 0, "ring_full": 0}
+    request = next(e for e in events if isinstance(e, ConnData) and e.data.startswith(b"GET /stream"))
+    sent = [
+        e
+        for e in events
+        if isinstance(e, ConnData)
+        and (e.fd, e.generation) == (request.fd, request.generation)
+        and e.direction is Direction.EGRESS
+    ]
+    assert b"".join(e.data for e in sent).endswith(STREAM_EVENT * STREAM_EVENTS)
+    assert all(len(e.data) == e.length for e in sent)
+    large = next(e for e in events if isinstance(e, ConnData) and e.data.startswith(b"GET /large"))
+    skipped = [e for e in events if isinstance(e, ConnData) and e.fd == large.fd and len(e.data) < e.length]
+    assert skipped, "the download never put the reader behind: the test proves nothing"
+    spans = {s.name: s for s in pipeline_spans(events) if s.kind.name == "SERVER"}
+    assert spans["GET /stream"].attributes["http.response.body.size"] == stream_size
+    assert "otel_ebpf.capture.gap" not in spans["GET /stream"].attributes
+    assert spans["GET /large"].attributes["http.response.body.size"] == 1024 * 16384
+
+
 def test_a_connection_whose_exchanges_are_all_shed_sends_no_event() -> None:
     """A connection per request, nothing reading the ring. The kernel announces a connection
     (open) with its first copied bytes and sends its close only then: a shed connection costs user
