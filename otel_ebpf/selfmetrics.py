@@ -58,7 +58,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
         "all still in the HTTP metrics; spans left out by trace.sample_ratio (sampled); requests still "
         "waiting for a response when the agent stopped (in_flight_at_stop) or when their connection "
         "closed, on a socket that moved bytes through io_uring or splice, where the response may have "
-        "gone unseen (response_unseen)",
+        "gone unseen (response_unseen); requests waiting on a connection evicted from the full connection "
+        "table (evicted)",
         False,
     ),
     "otel_ebpf.metrics.export.failed": ("{export}", "Metric exports that failed", False),

@@ -738,7 +738,10 @@ def test_lru_cap_evicts_the_least_recently_used_connections() -> None:
     assert run.total("otel_ebpf.connections.tracked") == 3
     assert run.total("otel_ebpf.connections.opened") == 5
     assert run.total("otel_ebpf.connections.evicted") == 2
-    # fd 1 kept its pending request; fd 3 was forgotten with its request (counted as evicted, above)
+    # fd 1 kept its pending request; fds 2 and 3 were forgotten with theirs, each counted
+    assert [(o.value, o.attributes) for o in run.selfmetrics.observe("otel_ebpf.spans.shed")] == [
+        (2, {"reason": "evicted"})
+    ]
     spans = run.feed([data(8, PID, 1, OUT, ok()), closed(9, PID, 1), closed(9, PID, 3)])
     assert [(s.name, s.start_time, s.end_time) for s in spans] == [("GET /one", at(5), at(8))]
     assert len(run.tracker) == 2

@@ -274,7 +274,7 @@ class ConnectionTracker:
         while len(self._table) >= self._max:
             _, evicted = self._table.popitem(last=False)
             self._metrics.add("otel_ebpf.connections.evicted")
-            self._account(evicted)
+            self._forget(evicted)
         conn = Connection(key)
         self._table[key] = conn
         self._metrics.add("otel_ebpf.connections.opened")
@@ -397,6 +397,17 @@ class ConnectionTracker:
             waiting = []
         self._account(conn, claim)
         return done + [(conn, exchange, 0) for exchange in waiting]
+
+    def _forget(self, conn: Connection) -> None:
+        """``conn`` is evicted, open: the requests it holds, still waiting for their responses,
+        will never be spans; they are counted (``spans.shed``, ``reason=evicted``)."""
+        if conn.session is None:
+            return
+        claim = conn.claimed()
+        waiting = sum(1 for _ in claim.stitcher.flush(0))
+        if waiting:
+            self._metrics.add("otel_ebpf.spans.shed", waiting, {"reason": "evicted"})
+        self._account(conn, claim)
 
     def _judge_ciphertext(self, conn: Connection) -> None:
         """A connection no plugin claimed, judged unknown or closed: when its bytes began with a
