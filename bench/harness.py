@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -369,13 +369,11 @@ class Agent:
 # --- what the agent wrote ---
 
 
-def span_counts(traces: Path) -> Counter[tuple[int | None, int, int, bool]]:
-    """Spans in a file exporter's ``traces.jsonl`` by (resource ``process.pid``, kind, status code,
-    ended by its process's exit: ``otel_ebpf.process.exited``), read straight from the OTLP JSON
-    (millions of spans: no protobuf round trip)."""
-    counts: Counter[tuple[int | None, int, int, bool]] = Counter()
+def file_spans(traces: Path) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """Each span in a file exporter's ``traces.jsonl`` with its resource's ``process.pid``, read
+    straight from the OTLP JSON (millions of spans: no protobuf round trip)."""
     if not traces.exists():
-        return counts
+        return
     with traces.open() as f:
         for line in f:
             for rs in json.loads(line).get("resourceSpans", []):
@@ -389,11 +387,18 @@ def span_counts(traces: Path) -> Counter[tuple[int | None, int, int, bool]]:
                 )
                 for ss in rs.get("scopeSpans", []):
                     for span in ss.get("spans", []):
-                        exited = any(
-                            a["key"] == "otel_ebpf.process.exited" and a["value"].get("boolValue")
-                            for a in span.get("attributes", [])
-                        )
-                        counts[(pid, span.get("kind", 0), span.get("status", {}).get("code", 0), exited)] += 1
+                        yield pid, span
+
+
+def span_counts(traces: Path) -> Counter[tuple[int | None, int, int, bool]]:
+    """Spans in a file exporter's ``traces.jsonl`` by (resource ``process.pid``, kind, status code,
+    ended by its process's exit: ``otel_ebpf.process.exited``)."""
+    counts: Counter[tuple[int | None, int, int, bool]] = Counter()
+    for pid, span in file_spans(traces):
+        exited = any(
+            a["key"] == "otel_ebpf.process.exited" and a["value"].get("boolValue") for a in span.get("attributes", [])
+        )
+        counts[(pid, span.get("kind", 0), span.get("status", {}).get("code", 0), exited)] += 1
     return counts
 
 

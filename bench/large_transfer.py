@@ -26,7 +26,6 @@ Usage: ``python bench/large_transfer.py [--quick] [--sizes 50,200,1024] [--count
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,16 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package
-from harness import SPAN_KIND, Agent, load_metrics, metric_total, parse_live_args, print_columns, self_counter
+from harness import (
+    SPAN_KIND,
+    Agent,
+    file_spans,
+    load_metrics,
+    metric_total,
+    parse_live_args,
+    print_columns,
+    self_counter,
+)
 from nginx_load import Nginx
 from results import write_result
 
@@ -63,28 +71,15 @@ def spans_by_size(traces: Path, nginx_pids: set[int]) -> Counter[tuple[str, int 
     """Spans by (side, ``http.response.body.size``): side "server" for nginx's processes,
     "client" for any other's."""
     counts: Counter[tuple[str, int | None]] = Counter()
-    if not traces.exists():
-        return counts
-    with traces.open() as f:
-        for line in f:
-            for rs in json.loads(line).get("resourceSpans", []):
-                attributes = {a["key"]: a["value"] for a in rs.get("resource", {}).get("attributes", [])}
-                pid = int(attributes.get("process.pid", {}).get("intValue", 0))
-                for ss in rs.get("scopeSpans", []):
-                    for span in ss.get("spans", []):
-                        kind = span.get("kind", 0)
-                        if kind not in (SPAN_KIND["SERVER"], SPAN_KIND["CLIENT"]):
-                            continue
-                        size = next(
-                            (
-                                int(a["value"]["intValue"])
-                                for a in span.get("attributes", [])
-                                if a["key"] == "http.response.body.size"
-                            ),
-                            None,
-                        )
-                        side = "server" if pid in nginx_pids and kind == SPAN_KIND["SERVER"] else "client"
-                        counts[(side, size)] += 1
+    for pid, span in file_spans(traces):
+        kind = span.get("kind", 0)
+        if kind not in (SPAN_KIND["SERVER"], SPAN_KIND["CLIENT"]):
+            continue
+        size = next(
+            (int(a["value"]["intValue"]) for a in span.get("attributes", []) if a["key"] == "http.response.body.size"),
+            None,
+        )
+        counts[("server" if pid in nginx_pids and kind == SPAN_KIND["SERVER"] else "client", size)] += 1
     return counts
 
 

@@ -1,7 +1,7 @@
-"""The benchmarks' own arithmetic (bench/harness.py, bench/results.py, bench/kernel_profile.py): what
-``make bench`` reports must be right before anyone trusts it. No root, no BPF: metric totals over
-cumulative and delta points, span counting in OTLP JSON lines, the results file, and where a perf
-profile's samples go."""
+"""The benchmarks' own arithmetic (bench/harness.py, bench/results.py, bench/kernel_profile.py,
+bench/large_transfer.py): what ``make bench`` reports must be right before anyone trusts it. No
+root, no BPF: metric totals over cumulative and delta points, span counting in OTLP JSON lines, the
+results file, and where a perf profile's samples go."""
 
 from __future__ import annotations
 
@@ -65,13 +65,14 @@ def test_a_missing_self_metric_counts_zero() -> None:
     assert harness.self_counter({}, "otel_ebpf.spans.shed") == 0
 
 
-def test_span_counts_by_process_kind_status_and_exit(tmp_path: Path) -> None:
-    def resource_spans(pid: int, spans: list[dict]) -> dict:
-        return {
-            "resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
-            "scopeSpans": [{"spans": spans}],
-        }
+def _resource_spans(pid: int, spans: list[dict]) -> dict:
+    return {
+        "resource": {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]},
+        "scopeSpans": [{"spans": spans}],
+    }
 
+
+def test_span_counts_by_process_kind_status_and_exit(tmp_path: Path) -> None:
     exited = [
         {"key": "error.type", "value": {"stringValue": "response_missing"}},
         {"key": "otel_ebpf.process.exited", "value": {"boolValue": True}},
@@ -79,13 +80,13 @@ def test_span_counts_by_process_kind_status_and_exit(tmp_path: Path) -> None:
     lines = [
         {
             "resourceSpans": [
-                resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
-                resource_spans(
+                _resource_spans(10, [{"kind": 2}, {"kind": 2, "status": {"code": 2}}]),
+                _resource_spans(
                     20, [{"kind": 3, "status": {}}, {"kind": 3, "status": {"code": 2}, "attributes": exited}]
                 ),
             ]
         },
-        {"resourceSpans": [resource_spans(10, [{"kind": 2}])]},
+        {"resourceSpans": [_resource_spans(10, [{"kind": 2}])]},
     ]
     traces = tmp_path / "traces.jsonl"
     traces.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -96,6 +97,29 @@ def test_span_counts_by_process_kind_status_and_exit(tmp_path: Path) -> None:
         (20, 3, 2, True): 1,
     }
     assert harness.span_counts(tmp_path / "absent.jsonl") == {}
+
+
+def test_large_transfer_counts_spans_by_side_and_body_size(tmp_path: Path) -> None:
+    import large_transfer
+
+    def sized(kind: int, size: int | None) -> dict:
+        attributes = [] if size is None else [{"key": "http.response.body.size", "value": {"intValue": str(size)}}]
+        return {"kind": kind, "attributes": attributes}
+
+    line = {
+        "resourceSpans": [
+            _resource_spans(10, [sized(2, 100), sized(2, 100), sized(2, None), sized(1, 5)]),  # nginx; one INTERNAL
+            _resource_spans(20, [sized(3, 100), sized(2, 7)]),  # curl, and a server that is not nginx
+        ]
+    }
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(json.dumps(line) + "\n")
+    assert large_transfer.spans_by_size(traces, {10}) == {
+        ("server", 100): 2,
+        ("server", None): 1,
+        ("client", 100): 1,
+        ("client", 7): 1,
+    }
 
 
 def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
