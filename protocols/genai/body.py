@@ -194,6 +194,11 @@ class ResponseBody:
         self.last_ns: int | None = None
         self._gaps = array("q")
         self.gaps_dropped = 0
+        # A capture gap hid part of the body: events may be missing, so the content events seen
+        # count no tokens, the first seen may not be the first, and the time across a gap is no
+        # time between two chunks.
+        self.gapped = False
+        self._across_gap = False
         self.model: str | None = None
         self.response_id: str | None = None
         self.finish_reasons: list[str] = []
@@ -214,6 +219,7 @@ class ResponseBody:
 
     def gap(self, length: int | None) -> None:
         self._decoder.gap()
+        self.gapped = self._across_gap = True
 
     def finish(self) -> GenAIResponse:
         if isinstance(self._decoder, WholeBody):
@@ -238,6 +244,7 @@ class ResponseBody:
             output_text="".join(self._text) if self._text is not None else None,
             model_version=self.model_version,
             error_message=self.error_message,
+            gapped=self.gapped,
         )
 
     # -- one event --------------------------------------------------------------------------------
@@ -267,13 +274,14 @@ class ResponseBody:
 
     def _content(self, text: str, ts: int) -> None:
         self.chunks += 1
-        if self.first_ns is None:
+        if self.chunks == 1 and not self.gapped:
             self.first_ns = ts
-        elif self.last_ns is not None:
+        elif self.last_ns is not None and not self._across_gap:
             if len(self._gaps) < MAX_GAPS:
                 self._gaps.append(ts - self.last_ns)
             else:
                 self.gaps_dropped += 1
+        self._across_gap = False
         self.last_ns = ts
         if self._text is not None and self._text_room > 0:
             self._text.append(text[: self._text_room])

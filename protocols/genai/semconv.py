@@ -17,7 +17,10 @@ attributes. Choices made here:
 * Token counts come from the response's usage report (input tokens also from the token ids a
   request sent, for the gRPC dialects). Without one, output tokens are the number of content
   events (one token each for these servers) and input tokens the prompt's characters / 4; both
-  are then listed in ``otel_ebpf.gen_ai.usage.approximate``.
+  are then listed in ``otel_ebpf.gen_ai.usage.approximate``. When a capture gap hid part of the
+  response (user space behind, its syscalls left out), the events seen count nothing: output
+  tokens and TPOT are left out unless the usage report was seen, TTFT when the gap came before
+  the first content event, and no time per output chunk spans a gap.
 * TTFT of a gRPC streaming call starts at its first request message, not at the stream's opening
   (a client may open the stream long before it sends a request on it).
 * The server metrics that the conventions define for successful responses (TTFT, TPOT) are only
@@ -107,7 +110,9 @@ class GenAICall:
         self.request, self.response, self.start_ns, self.end_ns = request, response, start_ns, end_ns
         approximate: list[str] = []
         output = response.output_tokens if response is not None else None
-        if output is None and response is not None and response.chunks:
+        # Counted from the content events only when none can be missing: behind a capture gap
+        # they undercount, and TPOT divided by them would be as wrong.
+        if output is None and response is not None and response.chunks and not response.gapped:
             output = response.chunks
             approximate.append("output_tokens")
         inputs = response.input_tokens if response is not None else None

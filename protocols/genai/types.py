@@ -37,9 +37,11 @@ class GenAIResponse:
     """What a response said, streamed or not.
 
     ``chunks`` counts events that carried output content; ``first_ns`` / ``last_ns`` are the
-    timestamps of the first and last of them (``None`` without any). ``gaps_ns`` holds the time
-    between consecutive content events, bounded (``gaps_dropped`` counts those left out).
+    timestamps of the first and last of them (``None`` without any; ``first_ns`` also when a
+    capture gap came before the first seen). ``gaps_ns`` holds the time between consecutive
+    content events, bounded (``gaps_dropped`` counts those left out), none across a capture gap.
     Token counts come from the response's own usage report, ``None`` when it gave none.
+    ``gapped``: a capture gap hid part of the body, so events may be missing.
     """
 
     streamed: bool
@@ -60,6 +62,7 @@ class GenAIResponse:
     output_text: str | None = None
     model_version: str | None = None
     error_message: str | None = None  # what an error response said, for the span's status (cut)
+    gapped: bool = False
 
     @property
     def reached_end(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from otel_ebpf.protocols.genai import Api, GenAICall, RequestBody, ResponseBody,
 from otel_ebpf.protocols.genai.framing import MAX_EVENT, NDJSONDecoder, SSEDecoder
 from otel_ebpf.protocols.genai.routes import GRPC_APIS
 from otel_ebpf.protocols.http1 import HTTP1, HTTP1Exchange
-from otel_ebpf.protocols.http2 import HTTP2
+from otel_ebpf.protocols.http2 import HTTP2, HTTP2Exchange
 from otel_ebpf.recording import read_recording
 
 RECORDING = Path(__file__).parents[1] / "data" / "genai_events.jsonl"
@@ -226,6 +227,63 @@ def test_stream_cut_off_midway_still_gives_a_span_with_what_was_seen() -> None:
     assert span.attributes["otel_ebpf.gen_ai.usage.approximate"] == ("output_tokens", "input_tokens")
     points = {p.instrument: p for p in exchange.metric_points(CLIENT)}
     assert points["gen_ai.client.operation.duration"].attributes["error.type"] == "connection_closed"
+
+
+def test_a_gap_in_a_chunked_stream_counts_no_tokens_from_the_events_seen() -> None:
+    """The kernel left out a chunked SSE response's syscalls from the 5th content event on (user
+    space behind), its bytes reported as one event that copied none. The chunk framing is lost
+    there, and the usage report with it; counted from the 4 events seen, the output tokens were 4
+    of 25 (a review: 111-146 of 800), and the time per output token six times too long."""
+    chunks = _connection("chat llama-3-8b", Role.CLIENT)
+    whole = _span(Role.CLIENT, chunks)
+    responses = [i for i, c in enumerate(chunks) if c.direction is Direction.INGRESS]
+    first, last = responses[6], responses[-2]  # after the head, the role chunk and 4 content events
+    hidden = chunks[first : last + 1]
+    left_out = Chunk(Direction.INGRESS, hidden[-1].t_ns, b"", sum(len(c.data) + c.gap for c in hidden))
+    exchange = _exchange(Role.CLIENT, [*chunks[:first], left_out, *chunks[last + 1 :]])
+    span = exchange.span(CLIENT).attributes
+    assert span["otel_ebpf.capture.gap"] is True
+    assert span["otel_ebpf.gen_ai.output_chunks"] == 4
+    assert "gen_ai.usage.output_tokens" not in span
+    assert "otel_ebpf.gen_ai.time_per_output_token" not in span
+    assert "output_tokens" not in span.get("otel_ebpf.gen_ai.usage.approximate", ())
+    assert span["gen_ai.response.time_to_first_chunk"] == whole["gen_ai.response.time_to_first_chunk"]
+    chunk_times = [p for p in exchange.metric_points(CLIENT) if p.instrument.endswith("time_per_output_chunk")]
+    assert len(chunk_times) == 3
+
+
+def _h2_stream_with_gap(hidden: range) -> HTTP2Exchange:
+    """An HTTP/2 stream of 10 content events and a usage report, seen from its client, whose
+    DATA frames carrying the events ``hidden`` were copied only as deep as their frame headers."""
+    events = [b'data: {"model":"served","choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(10)]
+    events.append(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\ndata: [DONE]\n\n')
+    flip = {Direction.INGRESS: Direction.EGRESS, Direction.EGRESS: Direction.INGRESS}
+    chunks = [replace(c, direction=flip[c.direction]) for c in _h2_exchange(events)]  # the client's view
+    for event in hidden:
+        at = 2 + event  # after the request and the response's HEADERS
+        chunks[at] = Chunk(chunks[at].direction, chunks[at].t_ns, chunks[at].data[:9], len(chunks[at].data) - 9)
+    (exchange,) = replay(chunks, Role.CLIENT, HTTP2()).exchanges
+    return exchange  # type: ignore[return-value]
+
+
+def test_a_gap_in_an_http2_stream_keeps_the_usage_report_but_times_no_chunk_across_it() -> None:
+    exchange = _h2_stream_with_gap(range(4, 6))
+    span = exchange.span(CLIENT).attributes
+    assert span["otel_ebpf.gen_ai.output_chunks"] == 7  # the event after the gap too: it may be a broken one's end
+    assert span["gen_ai.usage.output_tokens"] == 10  # the usage report's, seen after the gap
+    assert "otel_ebpf.gen_ai.usage.approximate" not in span
+    assert span["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.1 - 1e-6)
+    assert span["otel_ebpf.gen_ai.time_per_output_token"] == pytest.approx(0.010)
+    chunk_times = [p.value for p in exchange.metric_points(CLIENT) if p.instrument.endswith("time_per_output_chunk")]
+    assert chunk_times == pytest.approx([0.010] * 5)  # 0-3 and 7-9: none from 3 to 7
+
+
+def test_a_gap_before_the_first_content_event_leaves_no_time_to_first_chunk() -> None:
+    span = _h2_stream_with_gap(range(0, 2)).span(CLIENT).attributes
+    assert span["otel_ebpf.gen_ai.output_chunks"] == 7
+    assert span["gen_ai.usage.output_tokens"] == 10
+    assert "gen_ai.response.time_to_first_chunk" not in span
+    assert "otel_ebpf.gen_ai.time_per_output_token" not in span
 
 
 def test_a_client_that_closes_after_the_streams_last_event_cut_nothing_short() -> None:
