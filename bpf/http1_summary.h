@@ -367,12 +367,15 @@ static __always_inline int http_observe(u32 tgid, u8 *role, u8 tls, struct http_
             h->resp_status = 0;  // a request body, or the next read: the response is over
         else if (h->resp_status)
             http_measure(tgid, *role, tls, h, ts);
-        // A body going on while user space is far behind, past the connection's share: not
-        // sent, only counted, its bytes then one event moved, not copied (skipped_instead in
+        // A body going on while user space is behind, past the connection's share: not sent,
+        // only counted, its bytes then one event moved, not copied (skipped_instead in
         // socket_trace.c), so that one large transfer cannot fill the ring and lose its own
         // exchange (a Content-Length body keeps its size and its end; a message that follows the
-        // body's end in the same syscall is hidden).
-        h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG) && past_share(h, moved, ts);
+        // body's end in the same syscall is hidden). Behind here is half the backlog at which
+        // new exchanges are shed: a large transfer, whose copied calls come as fast as user space
+        // drains them, holds the backlog about there, below where other connections' requests
+        // would be shed.
+        h->behind = !h->shed && ring_backlog() > setting(SET_SHED_BACKLOG) / 2 && past_share(h, moved, ts);
     }
     return !h->shed;
 }
