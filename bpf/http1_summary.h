@@ -70,7 +70,7 @@ struct http_state {
     u64 skipped_end; // the last one's stamp
     u32 skipped;     // their bytes, sent as one event before the connection's next one
     u8 skipped_dir;  // their direction
-    // Bytes sent while behind anyway, within the connection's share (skipped_instead):
+    // Body bytes sent while behind anyway, within the connection's share (past_share):
     u32 share_window; // since this stamp >> SHARE_WINDOW_SHIFT
     u32 share_bytes;
 };
@@ -307,7 +307,8 @@ static __always_inline void http_response(u32 tgid, u8 role, u8 tls, struct http
 // While user space is behind, each connection still sends up to SHARE_BYTES of body per window of
 // 2^SHARE_WINDOW_SHIFT ns (16 KiB per 67 ms, 240 KB/s): "behind" is the whole ring's backlog, which
 // one large transfer makes, and a small stream meanwhile (an LLM's tokens as server-sent events)
-// must keep its bytes. The ring's unread half absorbs what the shares add.
+// must keep its bytes. The three quarters of the ring above where calls are left out absorb what
+// the shares add.
 #define SHARE_BYTES 16384
 #define SHARE_WINDOW_SHIFT 26
 

@@ -1652,7 +1652,8 @@ static __always_inline void exit_io_body(void *ctx, struct active_io *iop, long 
     }
     struct uiovec first = head[0];
     u32 first_len = first.len < ret ? first.len : ret;
-    if ((io.tls & IO_SSL_USER) && io.direction == DIR_EGRESS && place_ssl(tid, io.fd, generation, ts, first.base, first_len)) {
+    if ((io.tls & IO_SSL_USER) && io.direction == DIR_EGRESS &&
+        place_ssl(tid, io.fd, generation, ts, first.base, first_len)) {
         ci->tls = 1;
         return;
     }
