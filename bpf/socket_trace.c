@@ -120,6 +120,7 @@ struct ummsghdr {
 
 #define HDR_AFTER_LOSS 1  // event_header.flags: events of this connection were lost just before
 #define HDR_UNSEEN_IO 2   // a close: the socket moved bytes outside the syscalls (count_outside_syscalls)
+#define HDR_TLS 4         // a close: the SSL probes named the connection's socket (its bytes are TLS they see)
 
 struct event_header {
     u64 ts;
@@ -578,15 +579,16 @@ static __always_inline int emit_simple(void *ctx, u32 type, u64 pid_tgid, s32 fd
 static __always_inline void report_skipped(u64 id, s32 fd, struct conn_info *ci);
 
 // A connection's close or replacement; user space is told when it lost events of it since its
-// last delivered one, after the bytes it was not sent (report_skipped), and whether its socket
-// moved bytes it never saw (io_unseen).
+// last delivered one, after the bytes it was not sent (report_skipped), whether its socket moved
+// bytes it never saw (io_unseen), and whether the SSL probes knew it (a TLS connection that closed
+// after its handshake, a health check's, sent them no plaintext: not a library left unhooked).
 static __always_inline void emit_close(void *ctx, u64 id, s32 fd, struct conn_info *ci) {
     if (!ci->announced)
         return;
     report_skipped(id, fd, ci);
     struct event_header h = {};
     fill_header(&h, EV_CLOSE, bpf_ktime_get_ns(), id, fd, ci->generation);
-    h.flags = (ci->http.lost ? HDR_AFTER_LOSS : 0) | (io_unseen(ci) ? HDR_UNSEEN_IO : 0);
+    h.flags = (ci->http.lost ? HDR_AFTER_LOSS : 0) | (io_unseen(ci) ? HDR_UNSEEN_IO : 0) | (ci->tls ? HDR_TLS : 0);
     submit(&h, sizeof(h));
 }
 

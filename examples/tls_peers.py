@@ -4,6 +4,8 @@
     tls_peers.py https-client PORT CA N        (prints "ready", waits for a line, then N GETs)
     tls_peers.py https-connections PORT CA N K  (prints "ready", waits for a line, then K threads
                                                  make N GETs each, a new connection per GET)
+    tls_peers.py handshakes PORT CA N             (prints "ready", waits for a line, then N connections
+                                                 that close after their handshake, as health checks)
     tls_peers.py async-serve PORT_FILE CERT KEY   (aiohttp: asyncio TLS over memory BIOs)
     tls_peers.py async-client PORT CA N           (prints "ready", waits for a line, then N GETs)
     tls_peers.py grpc-serve PORT_FILE CERT KEY
@@ -19,6 +21,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import socket
 import ssl
 import sys
 import threading
@@ -108,6 +111,15 @@ def https_connections(port: int, ca: str, count: int, threads: int) -> None:
         worker.join()
 
 
+def handshakes(port: int, ca: str, count: int) -> None:
+    context = ssl.create_default_context(cafile=ca)
+    wait_for_go()
+    for i in range(count):
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                print(json.dumps({"handshake": i, "version": tls.version()}), flush=True)
+
+
 def async_serve(port_file: str, cert: str, key: str) -> None:
     import asyncio
 
@@ -184,6 +196,8 @@ def main() -> None:
         https_client(int(args[0]), args[1], int(args[2]))
     elif command == "https-connections":
         https_connections(int(args[0]), args[1], int(args[2]), int(args[3]))
+    elif command == "handshakes":
+        handshakes(int(args[0]), args[1], int(args[2]))
     elif command == "async-serve":
         async_serve(*args)
     elif command == "async-client":

@@ -41,7 +41,8 @@ DESCRIPTIONS: dict[str, tuple[str, str, bool]] = {
     "otel_ebpf.connections.tls_ciphertext": (
         "{connection}",
         "Connections given up on (at the sniff budget, or closed first) whose bytes were TLS records with no "
-        "plaintext from the SSL probes: a TLS library the agent does not hook, or one hooked after they began",
+        "plaintext from the SSL probes: a TLS library the agent does not hook, or one hooked after they began "
+        "(not those the probes knew that closed after their handshake, as health checks do)",
         False,
     ),
     "otel_ebpf.spans.exported": ("{span}", "Spans handed to an exporter successfully", False),

@@ -580,6 +580,17 @@ def test_a_tls_connection_closed_before_the_sniff_budget_is_told() -> None:
     assert run.unknown == [] and run.total("otel_ebpf.connections.unknown_protocol") == 0
 
 
+def test_a_tls_connection_the_ssl_probes_knew_is_not_told_for_closing_after_its_handshake() -> None:
+    """A TLS health check: a handshake, then the close. Its ciphertext reached user space before
+    the SSL probes named its socket (a memory-BIO server reads the ClientHello outside any SSL
+    call), and no plaintext came; the close says the probes knew it, so its library is hooked."""
+    run = Run()
+    events: list[Event] = [opened(0, PID, 7), data(1, PID, 7, IN, TLS_CLIENT_HELLO)]
+    events.append(ConnClose(at(2), PID, 7, 0, tls=True))
+    assert run.feed(events) == []
+    assert run.ciphertext == [] and run.total("otel_ebpf.connections.tls_ciphertext") == 0
+
+
 def test_udp_connection_is_not_offered_to_a_tcp_only_plugin() -> None:
     run = Run()
     events: list[Event] = [opened(0, PID, 5, transport=Transport.UDP)]

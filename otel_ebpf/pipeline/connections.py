@@ -240,7 +240,7 @@ class ConnectionTracker:
         conn = self._table.pop(event.key, None)
         if conn is not None and event.after_loss:
             self._drop_partial(conn)
-        return self._finish(conn, event.timestamp_ns, closed=True, unseen_io=event.unseen_io)
+        return self._finish(conn, event.timestamp_ns, closed=True, unseen_io=event.unseen_io, tls=event.tls)
 
     def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
         done: list[Outcome] = []
@@ -372,17 +372,19 @@ class ConnectionTracker:
         return done
 
     def _finish(
-        self, conn: Connection | None, timestamp_ns: int, closed: bool, unseen_io: bool = False
+        self, conn: Connection | None, timestamp_ns: int, closed: bool, unseen_io: bool = False, tls: bool = False
     ) -> list[Outcome]:
         """What ``conn`` still holds: the messages its close ends (``closed``), then the exchanges
         still waiting, unanswered; with ``unseen_io`` (its socket moved bytes through io_uring or
         splice, which no syscall shows) those may have had their responses there: they are
-        counted, not reported as failed."""
+        counted, not reported as failed. ``tls``: the SSL probes knew the connection, so
+        ciphertext and no plaintext means it closed after its handshake, not that its TLS library
+        went unhooked."""
         if conn is None:
             return []
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
         if conn.session is None:
-            if closed:  # before any plugin claimed it
+            if closed and not tls:  # before any plugin claimed it
                 self._judge_ciphertext(conn)
             return []
         claim = conn.claimed()

@@ -134,6 +134,8 @@ class ConnClose:
     # its socket moved bytes outside the syscalls (io_uring, splice): requests still waiting for a
     # response may have been answered there, unseen
     unseen_io: bool = False
+    # the SSL probes named its socket: TLS the agent decrypts, even if no plaintext came
+    tls: bool = False
 
     @property
     def key(self) -> ConnKey:

@@ -99,6 +99,7 @@ WAKEUP_SHARE = 1 / 16
 _HEADER = struct.Struct("<QIIIiII")  # ts, type, tgid, tid, fd, generation, flags
 HDR_AFTER_LOSS = 1
 HDR_UNSEEN_IO = 2
+HDR_TLS = 4
 _DATA = struct.Struct("<IIII")  # direction, length, captured, flags
 _DIRECTIONS = tuple(Direction)  # by value: indexing costs a tenth of calling the enum
 # A (TCP) data event's: _DATA's fields, then the connection's retransmissions so far; one unpack
@@ -807,7 +808,15 @@ class SocketProbe:
             self._conn_open(data, body, ts, tgid, fd, generation)  # queues the open itself, or its placeholder
         elif kind == EV_CLOSE:
             self._events.append(
-                ConnClose(ts, tgid, fd, generation, bool(flags & HDR_AFTER_LOSS), bool(flags & HDR_UNSEEN_IO))
+                ConnClose(
+                    ts,
+                    tgid,
+                    fd,
+                    generation,
+                    bool(flags & HDR_AFTER_LOSS),
+                    bool(flags & HDR_UNSEEN_IO),
+                    bool(flags & HDR_TLS),
+                )
             )
         elif kind == EV_EXEC:
             self._on_exec(tgid)

@@ -282,6 +282,18 @@ def test_memory_bio_server_under_concurrent_handshakes_names_each_connection(tmp
     assert latest_total(metrics, "otel_ebpf.parse.errors") == 0
 
 
+def test_tls_connections_closed_after_their_handshake_are_not_taken_for_an_unhooked_library(tmp_path: Path) -> None:
+    """Health checks against a memory-BIO server (aiohttp): a handshake, then the close. The
+    server reads each ClientHello outside any SSL call, so that ciphertext reaches user space
+    before the SSL probes name the socket, and no plaintext follows; the close says the probes
+    knew the connection. Counted ``tls_ciphertext`` (an unhooked TLS library) before: 20 of 20."""
+    lines, _, spans, metrics, _ = _serve_and_call(tmp_path, "async-serve", [*WORKLOAD, "handshakes"], 0)
+    assert len(lines) == CALLS
+    assert spans == []
+    assert latest_total(metrics, "otel_ebpf.connections.tls_ciphertext") == 0
+    assert latest_total(metrics, "otel_ebpf.kernel.drops", reason="tls_unattributed") == 0
+
+
 def test_grpc_over_tls_is_reported_not_parsed(tmp_path: Path) -> None:
     """grpcio's BoringSSL has no symbols to hook: the agent says so, and its ciphertext yields nothing."""
     lines, stderr, spans, metrics, _ = _serve_and_call(tmp_path, "grpc-serve", [*WORKLOAD, "grpc-client"], 0)
