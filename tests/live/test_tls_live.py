@@ -110,9 +110,14 @@ def _serve_and_call(
         port = int(_wait_for_file(tmp / "port", server))
         with OTLPReceiver() as receiver:
             client, agent = _client_and_agent(tmp, receiver, server, client_argv, port, ca, *options)
-            out, _ = client.communicate("go\n", timeout=60)
-            assert client.returncode == 0
-            stderr = _stop(agent)
+            try:
+                out, _ = client.communicate("go\n", timeout=60)
+                assert client.returncode == 0
+                stderr = _stop(agent)
+            finally:
+                if agent.poll() is None:  # an agent left attached would tax every later test's syscalls
+                    agent.kill()
+                    agent.wait()
             receiver.wait_for(lambda r: len(r.spans()) >= spans_expected and bool(r.metrics()), timeout=10)
             return out.splitlines(), stderr, receiver.spans(), receiver.metrics(), client.pid
     finally:
