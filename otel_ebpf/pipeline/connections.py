@@ -240,7 +240,10 @@ class ConnectionTracker:
         conn = self._table.pop(event.key, None)
         if conn is not None and event.after_loss:
             self._drop_partial(conn)
-        return self._finish(conn, event.timestamp_ns, closed=True, unseen_io=event.unseen_io, tls=event.tls)
+        # requests still waiting on a socket that moved bytes through io_uring or splice, which no
+        # syscall shows, may have had their responses there: counted, not reported as failed
+        shed_waiting = "response_unseen" if event.unseen_io else None
+        return self._finish(conn, event.timestamp_ns, closed=True, shed_waiting=shed_waiting, tls=event.tls)
 
     def close_process(self, pid: int, timestamp_ns: int) -> list[Outcome]:
         done: list[Outcome] = []
@@ -274,7 +277,7 @@ class ConnectionTracker:
         while len(self._table) >= self._max:
             _, evicted = self._table.popitem(last=False)
             self._metrics.add("otel_ebpf.connections.evicted")
-            self._forget(evicted)
+            self._finish(evicted, 0, closed=False, shed_waiting="evicted")  # open: what it holds is lost
         conn = Connection(key)
         self._table[key] = conn
         self._metrics.add("otel_ebpf.connections.opened")
@@ -372,14 +375,17 @@ class ConnectionTracker:
         return done
 
     def _finish(
-        self, conn: Connection | None, timestamp_ns: int, closed: bool, unseen_io: bool = False, tls: bool = False
+        self,
+        conn: Connection | None,
+        timestamp_ns: int,
+        closed: bool,
+        shed_waiting: str | None = None,
+        tls: bool = False,
     ) -> list[Outcome]:
         """What ``conn`` still holds: the messages its close ends (``closed``), then the exchanges
-        still waiting, unanswered; with ``unseen_io`` (its socket moved bytes through io_uring or
-        splice, which no syscall shows) those may have had their responses there: they are
-        counted, not reported as failed. ``tls``: the SSL probes knew the connection, so
-        ciphertext and no plaintext means it closed after its handshake, not that its TLS library
-        went unhooked."""
+        still waiting, unanswered, or with ``shed_waiting`` those counted in ``spans.shed`` under
+        that reason instead. ``tls``: the SSL probes knew the connection, so ciphertext and no
+        plaintext means it closed after its handshake, not that its TLS library went unhooked."""
         if conn is None:
             return []
         self._metrics.set("otel_ebpf.connections.tracked", len(self._table))
@@ -394,22 +400,11 @@ class ConnectionTracker:
         except Exception as exc:  # noqa: BLE001 -- as in data()
             self._give_up(conn, exc)
             return []
-        if unseen_io and waiting:
-            self._metrics.add("otel_ebpf.spans.shed", len(waiting), {"reason": "response_unseen"})
+        if shed_waiting and waiting:
+            self._metrics.add("otel_ebpf.spans.shed", len(waiting), {"reason": shed_waiting})
             waiting = []
         self._account(conn, claim)
         return done + [(conn, exchange, 0) for exchange in waiting]
-
-    def _forget(self, conn: Connection) -> None:
-        """``conn`` is evicted, open: the requests it holds, still waiting for their responses,
-        will never be spans; they are counted (``spans.shed``, ``reason=evicted``)."""
-        if conn.session is None:
-            return
-        claim = conn.claimed()
-        waiting = sum(1 for _ in claim.stitcher.flush(0))
-        if waiting:
-            self._metrics.add("otel_ebpf.spans.shed", waiting, {"reason": "evicted"})
-        self._account(conn, claim)
 
     def _judge_ciphertext(self, conn: Connection) -> None:
         """A connection no plugin claimed, judged unknown or closed: when its bytes began with a
